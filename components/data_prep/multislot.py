@@ -1,0 +1,285 @@
+"""The on-disk training format: Paddle ``MultiSlotDataFeed`` text.
+
+One example per line. For each slot, in schema order, the number of values then the
+values, all separated by single spaces:
+
+* ``click`` -- int64, exactly 1 value (0 or 1);
+* ``dense`` -- float, exactly ``dense_dim`` values; the slot is omitted entirely when
+  ``dense_dim == 0``;
+* each sparse slot -- int64 feature ids, at least 1 value (Paddle's feed rejects an
+  empty slot), several allowed.
+
+Example with ``dense_dim=2`` and two sparse slots::
+
+    1 0 2 0.5 0.25 1 1234 2 77 78
+
+Floats are written with ``%.6g``. :meth:`Schema.slot_names` gives the slot order the
+trainer must use when it declares its Paddle feed variables.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+
+LABEL_SLOT = "click"
+DENSE_SLOT = "dense"
+_RESERVED_SLOTS = frozenset({LABEL_SLOT, DENSE_SLOT})
+
+# Byte classes for the vectorised shard parser.
+_IS_SPACE = np.zeros(256, dtype=bool)
+_IS_SPACE[list(b" \t\r\n\v\f")] = True
+_IS_NON_DIGIT_TOKEN_BYTE = ~_IS_SPACE
+_IS_NON_DIGIT_TOKEN_BYTE[list(b"0123456789")] = False
+_MAX_INT_DIGITS = 15  # every 15-digit integer is exact in float64
+
+
+@dataclass(frozen=True)
+class Schema:
+    """Which slots a MultiSlot line holds: the label, ``dense_dim`` floats, sparse slots."""
+
+    dense_dim: int
+    sparse_slots: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if self.dense_dim < 0:
+            raise ValueError(f"dense_dim must be >= 0, got {self.dense_dim}")
+        if not self.sparse_slots:
+            raise ValueError("a schema needs at least one sparse slot")
+        if len(set(self.sparse_slots)) != len(self.sparse_slots):
+            raise ValueError(f"sparse slot names must be unique: {self.sparse_slots}")
+        clashes = _RESERVED_SLOTS.intersection(self.sparse_slots)
+        if clashes:
+            raise ValueError(f"sparse slots may not be named {sorted(clashes)}: reserved")
+        for name in self.sparse_slots:
+            if not name or any(ch.isspace() for ch in name):
+                raise ValueError(f"slot names must be non-empty without whitespace: {name!r}")
+
+    def slot_names(self) -> list[str]:
+        """Slot order of every line: ``["click", "dense", *sparse]`` (no "dense" if dim 0)."""
+        dense = [DENSE_SLOT] if self.dense_dim else []
+        return [LABEL_SLOT, *dense, *self.sparse_slots]
+
+    def slot_dtypes(self) -> list[str]:
+        """Paddle dtype of each slot in :meth:`slot_names` order."""
+        return ["float32" if name == DENSE_SLOT else "int64" for name in self.slot_names()]
+
+    def to_dict(self) -> dict:
+        return {"dense_dim": self.dense_dim, "sparse_slots": list(self.sparse_slots)}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> Schema:
+        return cls(dense_dim=int(data["dense_dim"]), sparse_slots=list(data["sparse_slots"]))
+
+
+def format_line(
+    label: int, dense: Sequence[float], sparse: Sequence[Sequence[int]], schema: Schema
+) -> str:
+    """One MultiSlot line (without newline) for one example."""
+    if label not in (0, 1):
+        raise ValueError(f"label must be 0 or 1, got {label!r}")
+    if len(dense) != schema.dense_dim:
+        raise ValueError(f"expected {schema.dense_dim} dense values, got {len(dense)}")
+    if len(sparse) != len(schema.sparse_slots):
+        raise ValueError(f"expected {len(schema.sparse_slots)} sparse slots, got {len(sparse)}")
+    tokens = ["1", str(int(label))]
+    if schema.dense_dim:
+        tokens.append(str(schema.dense_dim))
+        tokens.extend(format_float(value) for value in dense)
+    for name, ids in zip(schema.sparse_slots, sparse):
+        if len(ids) == 0:
+            raise ValueError(f"sparse slot {name!r} is empty; every slot needs >= 1 id")
+        tokens.append(str(len(ids)))
+        tokens.extend(str(int(feature)) for feature in ids)
+    return " ".join(tokens)
+
+
+def format_float(value: float) -> str:
+    """Compact float text used for dense values."""
+    return f"{value:.6g}"
+
+
+class ParsedLine(NamedTuple):
+    label: int
+    dense: list[float]
+    sparse: list[list[int]]
+
+
+def parse_line(line: str, schema: Schema) -> ParsedLine:
+    """Inverse of :func:`format_line`; raises ``ValueError`` saying what is wrong."""
+    tokens = line.split()
+    position = 0
+
+    def take_slot(name: str, exact: int | None) -> list[str]:
+        nonlocal position
+        if position >= len(tokens):
+            raise ValueError(f"line ends before slot {name!r}")
+        count_text = tokens[position]
+        if not count_text.isdigit():
+            raise ValueError(f"slot {name!r}: value count {count_text!r} is not an integer")
+        count = int(count_text)
+        if exact is not None and count != exact:
+            raise ValueError(f"slot {name!r} must have {exact} values, has {count}")
+        if count == 0:
+            raise ValueError(f"slot {name!r} is empty")
+        values = tokens[position + 1 : position + 1 + count]
+        if len(values) != count:
+            raise ValueError(f"slot {name!r} announces {count} values, line has {len(values)}")
+        position += 1 + count
+        return values
+
+    (label_text,) = take_slot(LABEL_SLOT, 1)
+    if label_text not in ("0", "1"):
+        raise ValueError(f"label must be 0 or 1, got {label_text!r}")
+    dense: list[float] = []
+    if schema.dense_dim:
+        dense = [float(value) for value in take_slot(DENSE_SLOT, schema.dense_dim)]
+        if not all(math.isfinite(value) for value in dense):
+            raise ValueError(f"dense values must be finite: {dense}")
+    sparse = [[int(value) for value in take_slot(name, None)] for name in schema.sparse_slots]
+    if position != len(tokens):
+        raise ValueError(f"{len(tokens) - position} unexpected trailing tokens")
+    return ParsedLine(int(label_text), dense, sparse)
+
+
+class RaggedIds(NamedTuple):
+    """Ids of one sparse slot for n rows: row i is ``values[offsets[i]:offsets[i + 1]]``."""
+
+    values: np.ndarray  # int64
+    offsets: np.ndarray  # int64, length n + 1, offsets[0] == 0
+
+    def row(self, index: int) -> np.ndarray:
+        return self.values[self.offsets[index] : self.offsets[index + 1]]
+
+
+def read_shards(
+    paths: Iterable[str | Path], schema: Schema
+) -> tuple[np.ndarray, np.ndarray, list[RaggedIds]]:
+    """Load MultiSlot shards into arrays (rows in file order, files in the given order).
+
+    Returns ``(labels int64[n], dense float32[n, dense_dim], sparse)`` where ``sparse``
+    has one :class:`RaggedIds` per schema sparse slot. Parsing is vectorised per file;
+    ids must be below 2**53 (guaranteed by ``hashing.MAX_VOCAB_SIZE``). Raises
+    ``ValueError`` naming the file and line of the first malformed example.
+    """
+    per_file = [_read_shard(Path(path), schema) for path in paths]
+    if not per_file:
+        return _no_rows(schema)
+    labels = np.concatenate([labels for labels, _, _ in per_file])
+    dense = np.concatenate([dense for _, dense, _ in per_file])
+    sparse = []
+    for slot_index in range(len(schema.sparse_slots)):
+        parts = [slots[slot_index] for _, _, slots in per_file]
+        starts = np.cumsum([0] + [len(part.values) for part in parts[:-1]])
+        shifted = [part.offsets[1:] + start for part, start in zip(parts, starts)]
+        offsets = np.concatenate([np.zeros(1, np.int64), *shifted])
+        sparse.append(RaggedIds(np.concatenate([part.values for part in parts]), offsets))
+    return labels, dense, sparse
+
+
+def _no_rows(schema: Schema) -> tuple[np.ndarray, np.ndarray, list[RaggedIds]]:
+    empty = RaggedIds(np.zeros(0, np.int64), np.zeros(1, np.int64))
+    return (
+        np.zeros(0, np.int64),
+        np.zeros((0, schema.dense_dim), np.float32),
+        [empty for _ in schema.sparse_slots],
+    )
+
+
+def _read_shard(path: Path, schema: Schema) -> tuple[np.ndarray, np.ndarray, list[RaggedIds]]:
+    data = path.read_bytes()
+    if not data.strip():
+        return _no_rows(schema)
+    tokens, token_lines = _parse_numbers(path, data)
+    # Tokens per non-blank line; token_lines is sorted, so lines are contiguous runs.
+    tokens_per_line = np.bincount(token_lines)
+    line_numbers = np.flatnonzero(tokens_per_line) + 1
+    tokens_per_line = tokens_per_line[line_numbers - 1]
+    line_starts = np.concatenate([[0], np.cumsum(tokens_per_line)[:-1]]).astype(np.int64)
+    cursor = line_starts.copy()
+
+    def check(bad_rows: np.ndarray, reason: str) -> None:
+        if bad_rows.any():
+            first = int(np.flatnonzero(bad_rows)[0])
+            raise ValueError(f"{path}:{line_numbers[first]}: {reason}")
+
+    def take_counts(name: str) -> np.ndarray:
+        check(cursor >= line_starts + tokens_per_line, f"line ends before slot {name!r}")
+        counts_float = tokens[cursor]
+        counts = counts_float.astype(np.int64)
+        check((counts < 1) | (counts != counts_float), f"slot {name!r} has a bad value count")
+        check(
+            cursor + 1 + counts > line_starts + tokens_per_line,
+            f"slot {name!r} announces more values than the line has",
+        )
+        return counts
+
+    check(take_counts(LABEL_SLOT) != 1, "click slot must hold exactly one value")
+    labels_float = tokens[cursor + 1]
+    check(~np.isin(labels_float, (0.0, 1.0)), "label must be 0 or 1")
+    cursor += 2
+    dense = np.zeros((len(cursor), schema.dense_dim), np.float32)
+    if schema.dense_dim:
+        dense_counts = take_counts(DENSE_SLOT)
+        check(dense_counts != schema.dense_dim, f"dense slot must hold {schema.dense_dim} values")
+        dense = tokens[(cursor + 1)[:, None] + np.arange(schema.dense_dim)].astype(np.float32)
+        cursor += 1 + schema.dense_dim
+    sparse = []
+    for name in schema.sparse_slots:
+        counts = take_counts(name)
+        offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        # Token index of every value: row start + position within the row.
+        value_index = np.repeat(cursor + 1 - offsets[:-1], counts) + np.arange(offsets[-1])
+        sparse.append(RaggedIds(tokens[value_index].astype(np.int64), offsets))
+        cursor += 1 + counts
+    check(cursor != line_starts + tokens_per_line, "unexpected trailing tokens")
+    return labels_float.astype(np.int64), dense, sparse
+
+
+def _parse_numbers(path: Path, data: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """All whitespace-separated numbers of ``data`` as float64, plus each one's 0-based line.
+
+    Integer tokens (labels, counts, ids: most of a shard) are decoded with vectorised
+    digit arithmetic; only the remaining tokens (dense floats) go through ``float()``.
+    """
+    raw = np.frombuffer(data, dtype=np.uint8)
+    is_space = _IS_SPACE[raw]
+    is_token = ~is_space
+    starts = np.flatnonzero(is_token & np.concatenate([[True], is_space[:-1]]))
+    ends = np.flatnonzero(is_token & np.concatenate([is_space[1:], [True]])) + 1
+    lengths = ends - starts
+    token_lines = np.searchsorted(np.flatnonzero(raw == ord("\n")), starts)
+    # Token index of every non-digit byte ('.', 'e', '-', ...): those tokens are not integers.
+    non_digit_bytes = np.flatnonzero(_IS_NON_DIGIT_TOKEN_BYTE[raw])
+    is_integer = lengths <= _MAX_INT_DIGITS
+    is_integer[np.searchsorted(starts, non_digit_bytes, side="right") - 1] = False
+    values = np.zeros(len(starts), np.float64)
+    int_starts, int_lengths = starts[is_integer], lengths[is_integer]
+    int_values = np.zeros(len(int_starts), np.int64)
+    for offset in range(int(int_lengths.max(initial=0))):
+        has_digit = offset < int_lengths
+        digit = raw[np.minimum(int_starts + offset, len(raw) - 1)].astype(np.int64) - ord("0")
+        int_values = np.where(has_digit, int_values * 10 + digit, int_values)
+    values[is_integer] = int_values
+    other = ~is_integer
+    texts = [data[start:end] for start, end in zip(starts[other].tolist(), ends[other].tolist())]
+    try:
+        values[other] = [float(text) for text in texts]
+    except ValueError:
+        bad = next(index for index, text in enumerate(texts) if not _is_float(text))
+        line = int(token_lines[other][bad]) + 1
+        raise ValueError(f"{path}:{line}: {texts[bad]!r} is not a number") from None
+    return values, token_lines
+
+
+def _is_float(text: bytes) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,263 @@
+"""Deterministic Criteo-like synthetic CTR data with a known (hidden) click model.
+
+Rows have 13 dense count features (heavy-tailed, some missing, normalised exactly like
+raw Criteo by ``readers.normalize_count``) and 26 categorical fields ``C1..C26`` with
+varied cardinalities (3 to 40,000) and Zipf-skewed category frequencies. The
+click probability of a row is ``sigmoid(logit)`` with
+
+    logit = bias
+          + dense_weights . x                        (x = normalised counts, as for raw Criteo)
+          + sum_f w_f[c_f]                           (per-category weights, shrinking with rarity)
+          + sum_{f<g in interacting} <v_f[c_f], v_g[c_g]>   (rank-4 FM-style term over the
+                                                               10 smallest fields)
+
+and the label is a Bernoulli draw of that probability. The hidden model depends on the
+seed only (the bias is calibrated to ``base_ctr`` on a fixed-size sample), so datasets
+of different sizes share it. Because the true probabilities are known,
+:func:`bayes_metrics` gives the best AUC/logloss any model can reach on a split.
+
+Same seed and spec -> identical arrays and identical text (for a given numpy version).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from components.data_prep.hashing import feature_ids
+from components.data_prep.multislot import Schema, format_float
+from components.data_prep.readers import normalize_count
+
+# Criteo-like spread: a few tiny fields, many mid-sized, several large ones.
+DEFAULT_CARDINALITIES = (
+    1400, 550, 30000, 12000, 300, 24, 9000, 630, 3, 40000, 5200, 25000, 3100,
+    27, 10000, 20000, 10, 4500, 2000, 4, 22000, 18, 15, 16000, 100, 12000,
+)  # fmt: skip
+_CALIBRATION_ROWS = 100_000
+_SMALL_COUNTS = 1 << 16
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Shape and signal strength of the generator.
+
+    The defaults give a base CTR of 0.25 and a Bayes AUC of about 0.84; logistic
+    regression on 200k rows reaches ~0.80 and an FM ~0.80+ (>= 95% of Bayes).
+    """
+
+    cardinalities: tuple[int, ...] = DEFAULT_CARDINALITIES
+    dense_dim: int = 13
+    zipf_exponent: float = 1.2
+    base_ctr: float = 0.25
+    dense_missing_rate: float = 0.15
+    dense_weight_scale: float = 2.2
+    id_weight_scale: float = 0.3
+    id_weight_decay_rank: float = 20.0
+    interaction_fields: int = 10
+    interaction_rank: int = 4
+    interaction_scale: float = 0.2
+
+    @property
+    def sparse_slots(self) -> list[str]:
+        return [f"C{index}" for index in range(1, len(self.cardinalities) + 1)]
+
+    @property
+    def schema(self) -> Schema:
+        return Schema(self.dense_dim, self.sparse_slots)
+
+    def to_dict(self) -> dict:
+        """JSON-ready fields (lists, not tuples, so a JSON round trip is identical)."""
+        return {**asdict(self), "cardinalities": list(self.cardinalities)}
+
+
+class SyntheticRows(NamedTuple):
+    labels: np.ndarray  # int64[n]
+    probabilities: np.ndarray  # float64[n], the true click probabilities
+    dense_counts: np.ndarray  # int64[n, dense_dim], raw counts (0 where missing)
+    categories: np.ndarray  # int64[n, fields], category index per field
+
+
+class _HiddenModel(NamedTuple):
+    category_cdfs: list[np.ndarray]
+    dense_log_means: np.ndarray
+    dense_log_stds: np.ndarray
+    dense_weights: np.ndarray
+    id_weights: list[np.ndarray]
+    interacting_fields: np.ndarray
+    factors: list[np.ndarray]
+    bias: float
+
+
+def generate(rows: int, seed: int, spec: SyntheticSpec | None = None) -> SyntheticRows:
+    """``rows`` i.i.d. rows from the hidden model of ``seed``."""
+    spec = spec or SyntheticSpec()
+    model_seed, rows_seed = np.random.SeedSequence(seed).spawn(2)
+    model = _hidden_model(spec, np.random.default_rng(model_seed))
+    rng = np.random.default_rng(rows_seed)
+    dense_counts, categories = _draw_features(model, rows, spec, rng)
+    logits = _logits(model, dense_counts, categories) + model.bias
+    probabilities = 1.0 / (1.0 + np.exp(-logits))
+    labels = (rng.random(rows) < probabilities).astype(np.int64)
+    return SyntheticRows(labels, probabilities, dense_counts, categories)
+
+
+def _hidden_model(spec: SyntheticSpec, rng: np.random.Generator) -> _HiddenModel:
+    cdfs = []
+    for cardinality in spec.cardinalities:
+        weights = np.arange(1, cardinality + 1, dtype=np.float64) ** -spec.zipf_exponent
+        cdf = np.cumsum(weights)
+        cdfs.append(cdf / cdf[-1])
+    fields = len(spec.cardinalities)
+    # Some fields carry much more signal than others.
+    field_strength = spec.id_weight_scale * rng.uniform(0.2, 1.8, fields)
+    # Rarer categories get smaller effects, so what a model cannot learn from a few
+    # sightings is mostly noise-sized rather than the bulk of the signal.
+    id_weights = [
+        rng.normal(0.0, strength, cardinality)
+        / np.sqrt(1.0 + np.arange(cardinality) / spec.id_weight_decay_rank)
+        for strength, cardinality in zip(field_strength, spec.cardinalities)
+    ]
+    # Interactions between the smallest fields: enough rows per pair to be learnable.
+    interacting = np.sort(np.argsort(spec.cardinalities, kind="stable")[: spec.interaction_fields])
+    factors = [
+        rng.normal(0.0, spec.interaction_scale, (spec.cardinalities[field], spec.interaction_rank))
+        for field in interacting
+    ]
+    partial = _HiddenModel(
+        category_cdfs=cdfs,
+        dense_log_means=rng.uniform(0.5, 6.0, spec.dense_dim),
+        dense_log_stds=rng.uniform(0.8, 2.0, spec.dense_dim),
+        dense_weights=rng.normal(0.0, spec.dense_weight_scale, spec.dense_dim),
+        id_weights=id_weights,
+        interacting_fields=interacting,
+        factors=factors,
+        bias=0.0,
+    )
+    sample_dense, sample_categories = _draw_features(partial, _CALIBRATION_ROWS, spec, rng)
+    bias = _calibrate_bias(_logits(partial, sample_dense, sample_categories), spec.base_ctr)
+    return partial._replace(bias=bias)
+
+
+def _draw_features(
+    model: _HiddenModel, rows: int, spec: SyntheticSpec, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
+    noise = rng.standard_normal((rows, spec.dense_dim))
+    log_counts = model.dense_log_means + model.dense_log_stds * noise
+    dense_counts = np.floor(np.expm1(np.maximum(log_counts, 0.0))).astype(np.int64)
+    dense_counts[rng.random((rows, spec.dense_dim)) < spec.dense_missing_rate] = 0
+    categories = np.empty((rows, len(model.category_cdfs)), dtype=np.int64)
+    for field, cdf in enumerate(model.category_cdfs):
+        categories[:, field] = np.minimum(np.searchsorted(cdf, rng.random(rows)), len(cdf) - 1)
+    return dense_counts, categories
+
+
+def _logits(model: _HiddenModel, dense_counts: np.ndarray, categories: np.ndarray) -> np.ndarray:
+    logits = normalize_counts(dense_counts) @ model.dense_weights
+    for field, weights in enumerate(model.id_weights):
+        logits += weights[categories[:, field]]
+    if model.factors:
+        # sum_{f<g} <v_f, v_g> = (|sum_f v_f|^2 - sum_f |v_f|^2) / 2
+        factor_sum = np.zeros((len(categories), model.factors[0].shape[1]))
+        square_sum = np.zeros(len(categories))
+        for field, factors in zip(model.interacting_fields, model.factors):
+            vectors = factors[categories[:, field]]
+            factor_sum += vectors
+            square_sum += np.einsum("ij,ij->i", vectors, vectors)
+        logits += 0.5 * (np.einsum("ij,ij->i", factor_sum, factor_sum) - square_sum)
+    return logits
+
+
+def _calibrate_bias(logits: np.ndarray, target_ctr: float) -> float:
+    low, high = -20.0, 20.0
+    for _ in range(60):
+        middle = 0.5 * (low + high)
+        mean_ctr = np.mean(1.0 / (1.0 + np.exp(-(logits + middle))))
+        low, high = (middle, high) if mean_ctr < target_ctr else (low, middle)
+    return 0.5 * (low + high)
+
+
+def normalize_counts(counts: np.ndarray) -> np.ndarray:
+    """:func:`readers.normalize_count` over an array of non-negative integer counts."""
+    return _map_counts(counts, formatted=False)
+
+
+def _map_counts(counts: np.ndarray, *, formatted: bool) -> np.ndarray:
+    """``normalize_count`` (or its ``format_float`` text) of every count, computed per
+    distinct count: a cached table for small counts, a sort only for the rare large ones."""
+    small = counts < _SMALL_COUNTS
+    result = np.empty(counts.shape, dtype=object if formatted else np.float64)
+    result[small] = _small_count_table(formatted)[counts[small]]
+    distinct, inverse = np.unique(counts[~small], return_inverse=True)
+    result[~small] = _count_table(distinct.tolist(), formatted)[inverse]
+    return result
+
+
+@functools.cache
+def _small_count_table(formatted: bool) -> np.ndarray:
+    return _count_table(range(_SMALL_COUNTS), formatted)
+
+
+def _count_table(counts: Iterable[int], formatted: bool) -> np.ndarray:
+    values = [normalize_count(float(count)) for count in counts]
+    if formatted:
+        return np.array([format_float(value) for value in values], dtype=object)
+    return np.array(values, dtype=np.float64)
+
+
+def category_id_tables(spec: SyntheticSpec, vocab_size: int) -> list[np.ndarray]:
+    """Per field, the feature id of every category: ``feature_id(slot, category_value(k))``."""
+    return [
+        feature_ids(slot, (category_value(index) for index in range(cardinality)), vocab_size)
+        for slot, cardinality in zip(spec.sparse_slots, spec.cardinalities)
+    ]
+
+
+def format_lines(
+    rows: SyntheticRows, spec: SyntheticSpec, id_tables: list[np.ndarray]
+) -> list[str]:
+    """MultiSlot lines of ``rows``, identical to ``multislot.format_line`` per row.
+
+    Vectorised: each distinct dense count and each category is formatted once.
+    """
+    label_tokens = np.array(["1 0", "1 1"], dtype=object)[rows.labels]
+    dense_cells = _map_counts(rows.dense_counts, formatted=True)
+    columns = [label_tokens.tolist(), [str(spec.dense_dim)] * len(rows.labels)]
+    columns.extend(dense_cells[:, column].tolist() for column in range(spec.dense_dim))
+    for field, ids in enumerate(id_tables):
+        tokens = np.array([f"1 {feature}" for feature in ids.tolist()], dtype=object)
+        columns.append(tokens[rows.categories[:, field]].tolist())
+    return [" ".join(tokens) for tokens in zip(*columns)]
+
+
+def category_value(index: int) -> str:
+    """Raw categorical value of category ``index`` (hex, like Criteo's hashed strings)."""
+    return f"{index:08x}"
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    """Area under the ROC curve; tied scores count half (Mann-Whitney U)."""
+    labels = np.asarray(labels)
+    positives = int(labels.sum())
+    negatives = len(labels) - positives
+    if positives == 0 or negatives == 0:
+        raise ValueError("AUC needs both positive and negative labels")
+    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
+    # Average 1-based rank of each distinct score.
+    average_rank = np.cumsum(counts) - (counts - 1) / 2.0
+    positive_rank_sum = float(average_rank[inverse][labels == 1].sum())
+    return (positive_rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives)
+
+
+def log_loss(labels: np.ndarray, probabilities: np.ndarray) -> float:
+    """Mean binary cross-entropy (natural log), probabilities clipped to [1e-15, 1-1e-15]."""
+    clipped = np.clip(probabilities, 1e-15, 1 - 1e-15)
+    return float(-np.mean(np.where(np.asarray(labels) == 1, np.log(clipped), np.log1p(-clipped))))
+
+
+def bayes_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
+    """AUC and logloss of the true probabilities: the best any model can do on ``labels``."""
+    return {"auc": roc_auc(labels, probabilities), "logloss": log_loss(labels, probabilities)}

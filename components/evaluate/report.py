@@ -1,0 +1,318 @@
+"""Human-readable evaluation report (Markdown, self-contained HTML, ROC PNG) and KFP metrics.
+
+The report content is assembled once as titled tables and then rendered to
+either Markdown (for the run's output bucket) or HTML with the ROC plot
+embedded as base64 (for a KFP ``HTML`` artifact, which the UI shows inline but
+cannot resolve relative image links for).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import json
+import math
+import numbers
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+
+# Display labels for the keys binary_metrics returns, in table order; any other
+# scalar key in the metrics dict is still shown, under its own name.
+_METRIC_LABELS = {
+    "auc": "ROC AUC",
+    "logloss": "Logloss",
+    "calibration": "Calibration (mean prediction / observed CTR)",
+    "mean_pred": "Mean prediction",
+    "observed_ctr": "Observed CTR",
+    "count": "Examples",
+    "positives": "Positives",
+}
+
+
+def write_roc_png(
+    path: str | os.PathLike[str],
+    fpr: Sequence[float],
+    tpr: Sequence[float],
+    auc: float,
+    reference_auc: float | None = None,
+) -> None:
+    """Plot the ROC curve with the chance diagonal; the legend carries the AUC."""
+    # A bare Figure on the Agg canvas leaves pyplot's global backend alone.
+    figure = Figure(figsize=(5.5, 5.5), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    axes.plot(fpr, tpr, color="tab:blue", linewidth=2, label=f"model (AUC = {auc:.4f})")
+    axes.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="chance (AUC = 0.5)")
+    title = "ROC curve"
+    if reference_auc is not None:
+        title += f"\nBayes-optimal AUC = {reference_auc:.4f} (model reaches {auc / reference_auc:.1%})"
+    axes.set_title(title)
+    axes.set_xlabel("False positive rate")
+    axes.set_ylabel("True positive rate")
+    axes.set_xlim(0, 1)
+    axes.set_ylim(0, 1.01)
+    axes.set_aspect("equal")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="lower right")
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+
+
+def write_report(
+    path: str | os.PathLike[str],
+    metrics: Mapping[str, Any],
+    *,
+    title: str,
+    reference: Mapping[str, Any] | None = None,
+    calibration: Sequence[Mapping[str, Any]] | None = None,
+    training: Mapping[str, Any] | None = None,
+    config_summary: Mapping[str, Any] | None = None,
+    roc_png_name: str | None = None,
+) -> None:
+    """Write the report as Markdown; ``roc_png_name`` is linked relative to the report.
+
+    ``metrics`` is what ``binary_metrics`` returns; ``reference`` the data
+    generator's Bayes-optimal ``{"auc", "logloss"}``; ``calibration`` the rows of
+    ``calibration_bins``; ``training`` and ``config_summary`` any flat key/values.
+    Sections whose input is None or empty are left out.
+    """
+    summary, metrics_table, other_tables = _report_content(
+        metrics, reference, calibration, training, config_summary
+    )
+    lines = [f"# {title}", ""]
+    if summary:
+        lines += [summary, ""]
+    lines += [f"## {metrics_table.heading}", "", *_markdown_table(metrics_table), ""]
+    if roc_png_name:
+        lines += ["## ROC curve", "", f"![ROC curve]({roc_png_name})", ""]
+    for table in other_tables:
+        lines += [f"## {table.heading}", "", *_markdown_table(table), ""]
+    _write_text(path, "\n".join(lines))
+
+
+def write_report_html(
+    path: str | os.PathLike[str],
+    metrics: Mapping[str, Any],
+    *,
+    title: str,
+    reference: Mapping[str, Any] | None = None,
+    calibration: Sequence[Mapping[str, Any]] | None = None,
+    training: Mapping[str, Any] | None = None,
+    config_summary: Mapping[str, Any] | None = None,
+    roc_png_path: str | os.PathLike[str] | None = None,
+) -> None:
+    """Write the same report as one self-contained HTML page, the ROC PNG inlined as base64."""
+    summary, metrics_table, other_tables = _report_content(
+        metrics, reference, calibration, training, config_summary
+    )
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    if summary:
+        body.append(f"<p>{html.escape(summary)}</p>")
+    body += [f"<h2>{html.escape(metrics_table.heading)}</h2>", _html_table(metrics_table)]
+    if roc_png_path is not None:
+        encoded = base64.b64encode(Path(roc_png_path).read_bytes()).decode("ascii")
+        body += ["<h2>ROC curve</h2>", f'<img alt="ROC curve" src="data:image/png;base64,{encoded}">']
+    for table in other_tables:
+        body += [f"<h2>{html.escape(table.heading)}</h2>", _html_table(table)]
+    page = f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<title>{html.escape(title)}</title>
+<style>
+body {{ font-family: sans-serif; max-width: 60em; margin: 2em auto; color: #222; }}
+table {{ border-collapse: collapse; margin-bottom: 1em; }}
+th, td {{ border: 1px solid #ccc; padding: 0.3em 0.8em; }}
+th {{ background: #f3f3f3; text-align: left; }}
+</style>
+</head>
+<body>
+{chr(10).join(body)}
+</body>
+</html>
+"""
+    _write_text(path, page)
+
+
+def log_kfp_metrics(
+    metrics_artifact: Any,
+    classification_artifact: Any,
+    metrics: Mapping[str, Any],
+    fpr: Iterable[float],
+    tpr: Iterable[float],
+    thresholds: Iterable[float],
+) -> None:
+    """Log the numeric metrics to a ``kfp.dsl.Metrics``, the ROC curve to a ``ClassificationMetrics``.
+
+    KFP stores artifact metadata as JSON, which has no NaN or infinity: a
+    non-finite metric is an error, while the ``+inf`` threshold that opens a
+    ROC curve becomes 1.0 (no probability exceeds it, so the meaning is kept).
+    """
+    for key, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            continue
+        if not math.isfinite(value):
+            raise ValueError(f"metric {key!r} is {value}; KFP metadata only holds finite numbers")
+        metrics_artifact.log_metric(key, float(value))
+
+    threshold_array = np.asarray(list(thresholds), dtype=np.float64)
+    if np.isnan(threshold_array).any():
+        raise ValueError("ROC thresholds contain NaN")
+    finite_thresholds = np.nan_to_num(threshold_array, posinf=1.0, neginf=0.0)
+    classification_artifact.log_roc_curve(
+        [float(value) for value in fpr],
+        [float(value) for value in tpr],
+        [float(value) for value in finite_thresholds],
+    )
+
+
+@dataclass(frozen=True)
+class _Table:
+    heading: str
+    header: tuple[str, ...]
+    rows: list[tuple[str, ...]]
+
+
+def _report_content(
+    metrics: Mapping[str, Any],
+    reference: Mapping[str, Any] | None,
+    calibration: Sequence[Mapping[str, Any]] | None,
+    training: Mapping[str, Any] | None,
+    config_summary: Mapping[str, Any] | None,
+) -> tuple[str, _Table, list[_Table]]:
+    """The one-line summary, the metrics table and the other tables, shared by both renderings."""
+    metric_rows = [
+        (label, _format_score(metrics[key])) for key, label in _METRIC_LABELS.items() if key in metrics
+    ]
+    metric_rows += [
+        (key, _format_value(value)) for key, value in metrics.items() if key not in _METRIC_LABELS
+    ]
+    metric_rows += _reference_rows(metrics, reference or {})
+    metrics_table = _Table("Metrics", ("Metric", "Value"), metric_rows)
+
+    other_tables = []
+    if calibration:
+        other_tables.append(
+            _Table(
+                "Calibration by prediction quantile",
+                ("Bin", "Examples", "Prediction range", "Mean prediction", "Observed rate", "Ratio"),
+                [_calibration_row(row) for row in calibration],
+            )
+        )
+    if training:
+        other_tables.append(_key_value_table("Training", training))
+    if config_summary:
+        other_tables.append(_key_value_table("Configuration", config_summary))
+    return _summary_sentence(metrics, reference or {}), metrics_table, other_tables
+
+
+def _reference_rows(metrics: Mapping[str, Any], reference: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """Bayes-optimal ceilings from the data generator and how close the model gets."""
+    rows = []
+    reference_auc = reference.get("auc")
+    if reference_auc is not None:
+        rows.append(("Reference (Bayes-optimal) AUC", _format_score(reference_auc)))
+        if "auc" in metrics:
+            rows.append(("AUC / reference AUC", f"{metrics['auc'] / reference_auc:.2%}"))
+            # The plain ratio is flattered by the 0.5 every random model gets.
+            if reference_auc > 0.5:
+                lift_share = (metrics["auc"] - 0.5) / (reference_auc - 0.5)
+                rows.append(("(AUC - 0.5) / (reference AUC - 0.5)", f"{lift_share:.2%}"))
+    reference_logloss = reference.get("logloss")
+    if reference_logloss is not None:
+        rows.append(("Reference (Bayes-optimal) logloss", _format_score(reference_logloss)))
+        if "logloss" in metrics:
+            excess_logloss = metrics["logloss"] - reference_logloss
+            rows.append(("Logloss - reference logloss", _format_score(excess_logloss)))
+    rows += [
+        (f"Reference {key}", _format_value(value))
+        for key, value in reference.items()
+        if key not in ("auc", "logloss")
+    ]
+    return rows
+
+
+def _summary_sentence(metrics: Mapping[str, Any], reference: Mapping[str, Any]) -> str:
+    if "auc" not in metrics:
+        return ""
+    sentence = f"ROC AUC {_format_score(metrics['auc'])}"
+    if "count" in metrics:
+        sentence += f" on {_format_score(metrics['count'])} examples"
+    if reference.get("auc") is not None:
+        sentence += (
+            f" ({metrics['auc'] / reference['auc']:.1%} of the Bayes-optimal "
+            f"{_format_score(reference['auc'])})"
+        )
+    if "calibration" in metrics:
+        sentence += f"; calibration {_format_score(metrics['calibration'])}"
+    return sentence + "."
+
+
+def _calibration_row(row: Mapping[str, Any]) -> tuple[str, ...]:
+    observed = row["observed_rate"]
+    ratio = _format_score(row["mean_pred"] / observed) if observed > 0 else "n/a"
+    return (
+        str(row["bin"]),
+        _format_score(row["count"]),
+        f"{_format_score(row['pred_min'])} - {_format_score(row['pred_max'])}",
+        _format_score(row["mean_pred"]),
+        _format_score(observed),
+        ratio,
+    )
+
+
+def _key_value_table(heading: str, values: Mapping[str, Any]) -> _Table:
+    rows = [(str(key), _format_value(value)) for key, value in values.items()]
+    return _Table(heading, ("Key", "Value"), rows)
+
+
+def _format_score(value: Any) -> str:
+    """AUC, logloss, rates and ratios to a fixed 4 decimals so they line up and compare at a glance."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
+        return _format_value(value)
+    return f"{float(value):.4f}"
+
+
+def _format_value(value: Any) -> str:
+    """Any key/value entry: counts with thousands separators, floats to 6 significant digits."""
+    if isinstance(value, (bool, np.bool_)):
+        return str(bool(value))
+    if isinstance(value, numbers.Integral):
+        return f"{int(value):,}"
+    if isinstance(value, numbers.Real):
+        value = float(value)
+        if math.isfinite(value) and abs(value) >= 1000:
+            return f"{value:,.1f}"
+        return f"{value:.6g}"
+    if isinstance(value, (Mapping, list, tuple)):
+        return json.dumps(value, default=str)
+    return str(value)
+
+
+def _markdown_table(table: _Table) -> list[str]:
+    def cells(values: Iterable[str]) -> str:
+        # A pipe or newline inside a cell would break the table's row structure.
+        return "| " + " | ".join(v.replace("|", "\\|").replace("\n", " ") for v in values) + " |"
+
+    return [cells(table.header), "|" + "---|" * len(table.header), *(cells(row) for row in table.rows)]
+
+
+def _html_table(table: _Table) -> str:
+    head = "".join(f"<th>{html.escape(cell)}</th>" for cell in table.header)
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(cell)}</td>" for cell in row) + "</tr>" for row in table.rows
+    )
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _write_text(path: str | os.PathLike[str], text: str) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(text, encoding="utf-8")
