@@ -1,0 +1,149 @@
+"""Checkpoint layout, manifest and the portable export of a trained PS model.
+
+A checkpoint directory holds::
+
+    tables/NNN/part-*.gz     the servers' own table files (fleet.save_persistables, mode 0):
+                             what a PS job reloads to resume
+    export/embedding.npz     ids (uint64, sorted) and rows (float32 [n, dim]) of the sparse table
+    export/dense.npz         every dense parameter by name
+    model.json               what rebuilds the network: model config, data schema, table config, mode,
+                             Paddle version, server count
+    MANIFEST.json            written last: every file with size and sha256
+
+A directory without ``MANIFEST.json`` is not a checkpoint: it is never loaded. Files are checked against
+the manifest at load, so a truncated or altered file is reported by name.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.config import SparseRule
+from components.train.strategy import rule_state_dim
+
+MANIFEST = "MANIFEST.json"
+MODEL_META = "model.json"
+TABLES = "tables"
+EXPORT = "export"
+EMBEDDING_FILE = "embedding.npz"
+DENSE_FILE = "dense.npz"
+# SparseAccessor's saved row: key, then slot, unseen_days, delta_score, show, click, embed_w.
+_SPARSE_HEADER = 6
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+@dataclass
+class Checkpoint:
+    """A committed checkpoint, loaded for evaluation or serving."""
+
+    meta: dict[str, Any]
+    ids: np.ndarray
+    rows: np.ndarray
+    dense: dict[str, np.ndarray]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def commit(root: str | os.PathLike, meta: dict[str, Any]) -> dict[str, Any]:
+    """Write ``model.json`` then the manifest of every file: the checkpoint becomes visible only now."""
+    root = Path(root)
+    write_json_atomic(root / MODEL_META, meta)
+    files = {
+        str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST
+    }
+    manifest = {"files": files, "paddle_version": meta.get("paddle_version"), "format": 1}
+    write_json_atomic(root / MANIFEST, manifest)
+    return manifest
+
+
+def verify(root: str | os.PathLike) -> dict[str, Any]:
+    """The manifest, after checking every file in it; raises :class:`CheckpointError` naming the file."""
+    root = Path(root)
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{root} is not a committed checkpoint: {MANIFEST} is missing "
+                              "(the save did not finish); it is never loaded")
+    manifest = json.loads(manifest_path.read_text())
+    for name, expected in manifest["files"].items():
+        path = root / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} listed in {MANIFEST} is missing")
+        if path.stat().st_size != expected["size"] or _sha256(path) != expected["sha256"]:
+            raise CheckpointError(f"checkpoint file {path} does not match its checksum in {MANIFEST} "
+                                  "(truncated or altered)")
+    return manifest
+
+
+def read_sparse_table(table_dir: str | os.PathLike, rule: SparseRule, dim: int) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of a SparseAccessor table as saved by the servers: ``(ids, [n, dim] = [embed_w, embedx...])``.
+
+    A saved line is ``key slot unseen delta show click embed_w <embed state> [embedx_w <embedx state>]``;
+    the optimizer state widths depend on the rule, and ``embedx`` is absent for rows below the
+    accessor's embedx threshold (those rows use zeros, as the servers serve them).
+    """
+    embedx_start = 1 + _SPARSE_HEADER + rule_state_dim(rule, 1)
+    ids, rows = [], []
+    for path in sorted(Path(table_dir).glob("part-*")):
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rt") as f:
+            for line in f:
+                fields = line.split()
+                if not fields:
+                    continue
+                row = np.zeros(dim, dtype=np.float32)
+                row[0] = float(fields[_SPARSE_HEADER])
+                if len(fields) >= embedx_start + dim - 1:
+                    row[1:] = np.asarray(fields[embedx_start:embedx_start + dim - 1], dtype=np.float32)
+                ids.append(int(fields[0]))
+                rows.append(row)
+    if not ids:
+        raise CheckpointError(f"no rows in sparse table files under {table_dir}")
+    return sort_rows(np.asarray(ids, dtype=np.uint64), np.stack(rows))
+
+
+def sort_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(ids, kind="stable")
+    return ids[order], rows[order]
+
+
+def save_export(root: str | os.PathLike, ids: np.ndarray, rows: np.ndarray, dense: dict[str, np.ndarray]) -> None:
+    export = Path(root) / EXPORT
+    export.mkdir(parents=True, exist_ok=True)
+    np.savez(export / EMBEDDING_FILE, ids=ids.astype(np.uint64), rows=rows.astype(np.float32))
+    np.savez(export / DENSE_FILE, **dense)
+
+
+def load(root: str | os.PathLike) -> Checkpoint:
+    """A verified checkpoint's export, the form evaluation and serving read."""
+    root = Path(root)
+    verify(root)
+    meta = json.loads((root / MODEL_META).read_text())
+    with np.load(root / EXPORT / EMBEDDING_FILE) as table:
+        ids, rows = table["ids"], table["rows"]
+    with np.load(root / EXPORT / DENSE_FILE) as dense:
+        params = {name: dense[name] for name in dense.files}
+    return Checkpoint(meta=meta, ids=ids, rows=rows, dense=params)

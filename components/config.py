@@ -1,0 +1,206 @@
+"""The structured config schema: one dataclass per Hydra config group, closed vocabularies as enums.
+
+Hydra merges the YAML files of ``conf/`` into :class:`CtrConfig`, so a typo in an enum value or a wrong
+type fails when the config is composed. :func:`validate` adds the checks a type cannot express (counts
+> 0, paths that exist, mode-specific limits) and runs before any process starts. Components receive the
+resolved config as a plain dict and rebuild it with :func:`from_dict`, so the code inside a container
+sees exactly the same types as the driver.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from omegaconf import OmegaConf
+
+
+def _vocabulary(name: str, values: list[str], doc: str) -> type[enum.Enum]:
+    """A closed vocabulary whose member names are the config spellings.
+
+    OmegaConf matches enum fields by member *name*, so names must equal what users type
+    (``ps.mode=async``); ``async`` is a Python keyword, hence the functional form.
+    """
+    vocabulary = enum.Enum(name, [(value, value) for value in values], type=str)
+    vocabulary.__doc__ = doc
+    return vocabulary
+
+
+Mode = _vocabulary("Mode", ["async", "sync", "geo"],
+                   "How workers' updates reach the servers (README: what each mode guarantees).")
+DataSource = _vocabulary("DataSource", ["synthetic", "files"], "Where training data comes from.")
+FileFormat = _vocabulary("FileFormat", ["raw", "slot", "feasign"],
+                         "Criteo Kaggle TSV, PaddleRec CTR-DNN slot text, PaddleRec feasign:slot text.")
+ModelName = _vocabulary("ModelName", ["dnn", "wide_deep", "deepfm"], "The CTR model families.")
+DenseOptimizer = _vocabulary("DenseOptimizer", ["sgd", "adagrad", "adam"],
+                             "The optimizer the servers apply to dense parameters.")
+TableClass = _vocabulary("TableClass", ["MemorySparseTable"], "Server-side sparse table implementations.")
+Accessor = _vocabulary("Accessor", ["SparseAccessor"], "Row layouts of the sparse table.")
+SparseRule = _vocabulary("SparseRule", ["naive", "adagrad", "std_adagrad", "adam"],
+                         "The optimizer rule the servers apply to embedding rows.")
+ClusterBackend = _vocabulary("ClusterBackend", ["local"], "Where the PS processes run.")
+
+
+@dataclass
+class DataConfig:
+    source: DataSource = DataSource.synthetic
+    rows: int = 200_000  # synthetic only
+    uri: Optional[str] = None  # files only: fsspec URL or glob
+    format: FileFormat = FileFormat.raw
+    slots: Optional[list[str]] = None  # feasign only: the sparse slots to keep (None = all seen)
+    test_fraction: float = 0.2
+    shards_per_worker: int = 1
+    max_malformed_fraction: float = 0.01
+    seed: int = 0
+
+
+@dataclass
+class ModelConfig:
+    name: ModelName = ModelName.dnn
+    hidden: list[int] = field(default_factory=lambda: [256, 128])
+    optimizer: DenseOptimizer = DenseOptimizer.adam
+    learning_rate: float = 0.001
+
+
+@dataclass
+class TableConfig:
+    table_class: TableClass = TableClass.MemorySparseTable
+    accessor: Accessor = Accessor.SparseAccessor
+    # Feature ids are hashed into [0, vocab_size). A geo worker keeps a dense local copy of this size.
+    vocab_size: int = 1 << 20
+    embedding_dim: int = 9
+    shard_num: int = 16
+    rule: SparseRule = SparseRule.adagrad
+    learning_rate: float = 2.0
+    initial_range: float = 1e-4
+    initial_g2sum: float = 3.0
+    weight_bounds: list[float] = field(default_factory=lambda: [-10.0, 10.0])
+
+
+@dataclass
+class PsConfig:
+    mode: Mode = Mode["async"]
+    servers: int = 2
+    workers: int = 2
+    threads: int = 1  # reader/trainer threads per worker
+    batch_size: int = 256
+    epochs: int = 2
+    geo_k_steps: int = 100  # geo: local steps between delta pushes
+    sync_batches: int = 16  # sync: batches per worker between global barriers
+    host: str = "127.0.0.1"  # local backend: the address every role binds and dials
+    progress_period_s: float = 5.0
+    # A job whose process dies is torn down; this bounds how long a silent hang may last.
+    startup_timeout_s: float = 120.0
+
+
+@dataclass
+class CheckpointConfig:
+    uri: str = "checkpoint"
+
+
+@dataclass
+class EvalConfig:
+    roc_points: int = 200
+    calibration_bins: int = 10
+
+
+@dataclass
+class ClusterConfig:
+    name: str = "local"
+    backend: ClusterBackend = ClusterBackend.local
+
+
+@dataclass
+class CtrConfig:
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    table: TableConfig = field(default_factory=TableConfig)
+    ps: PsConfig = field(default_factory=PsConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    run_dir: str = "."
+    objective: str = "auc"
+
+
+class ConfigError(ValueError):
+    """A config value that cannot work: names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: Any, allowed: str, hint: str = ""):
+        self.key, self.value = key, value
+        message = f"config key '{key}' has value {value!r}; allowed: {allowed}"
+        super().__init__(message + (f". {hint}" if hint else ""))
+
+
+def register_configs() -> None:
+    """Register the schema so that ``conf/config.yaml`` can name it first in its defaults list."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="ctr_schema", node=CtrConfig)
+
+
+def from_dict(raw: Any) -> CtrConfig:
+    """Rebuild a typed config from a resolved dict (what components receive) or a DictConfig."""
+    merged = OmegaConf.merge(OmegaConf.structured(CtrConfig), raw)
+    return OmegaConf.to_object(merged)  # type: ignore[return-value]
+
+
+def to_dict(cfg: CtrConfig) -> dict:
+    """The JSON-safe form passed to components (enums as their values)."""
+    return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)  # type: ignore
+
+
+def _positive(key: str, value: float) -> None:
+    if not value > 0:
+        raise ConfigError(key, value, "a number > 0")
+
+
+def validate(cfg: CtrConfig) -> None:
+    """Checks beyond types; raises :class:`ConfigError` before anything expensive starts."""
+    for key in ("ps.servers", "ps.workers", "ps.threads", "ps.batch_size", "ps.epochs",
+                "table.embedding_dim", "table.vocab_size", "table.shard_num", "table.learning_rate",
+                "model.learning_rate", "data.shards_per_worker"):
+        group, name = key.split(".")
+        _positive(key, getattr(getattr(cfg, group), name))
+    if cfg.ps.mode is Mode.geo:
+        _positive("ps.geo_k_steps", cfg.ps.geo_k_steps)
+    if cfg.ps.mode is Mode.sync:
+        _positive("ps.sync_batches", cfg.ps.sync_batches)
+    if cfg.table.accessor is Accessor.SparseAccessor and cfg.table.embedding_dim < 2:
+        raise ConfigError("table.embedding_dim", cfg.table.embedding_dim, "an integer >= 2",
+                          "SparseAccessor splits a row into 1 embed weight + (dim - 1) embedx weights")
+    if cfg.ps.mode is Mode.geo and cfg.table.vocab_size * cfg.table.embedding_dim > 1 << 28:
+        raise ConfigError("table.vocab_size", cfg.table.vocab_size,
+                          f"vocab_size * embedding_dim <= {1 << 28} in geo mode",
+                          "each geo worker holds a dense local copy of the whole table; use ps.mode=async")
+    if any(h <= 0 for h in cfg.model.hidden):
+        raise ConfigError("model.hidden", list(cfg.model.hidden), "a list of layer widths > 0")
+    if not 0 < cfg.data.test_fraction < 1:
+        raise ConfigError("data.test_fraction", cfg.data.test_fraction, "a fraction in (0, 1)")
+    if not 0 <= cfg.data.max_malformed_fraction <= 1:
+        raise ConfigError("data.max_malformed_fraction", cfg.data.max_malformed_fraction, "a fraction in [0, 1]")
+    if cfg.data.source is DataSource.synthetic:
+        _positive("data.rows", cfg.data.rows)
+    else:
+        _check_data_uri(cfg.data.uri)
+    if len(cfg.table.weight_bounds) != 2 or cfg.table.weight_bounds[0] >= cfg.table.weight_bounds[1]:
+        raise ConfigError("table.weight_bounds", list(cfg.table.weight_bounds), "[low, high] with low < high")
+    if cfg.objective not in ("auc", "logloss"):
+        raise ConfigError("objective", cfg.objective, "'auc' or 'logloss'")
+
+
+def _check_data_uri(uri: Optional[str]) -> None:
+    if not uri:
+        raise ConfigError("data.uri", uri, "a path, glob or fsspec URL of the input files",
+                          "set data.uri=... when data=criteo")
+    import fsspec
+
+    try:
+        fs, _, paths = fsspec.get_fs_token_paths(uri)
+        found = [p for p in paths if fs.exists(p)]
+    except Exception as err:  # an unknown protocol or an unreachable store
+        raise ConfigError("data.uri", uri, "an existing path, glob or fsspec URL", f"cannot list it: {err}")
+    if not found:
+        raise ConfigError("data.uri", uri, "an existing path, glob or fsspec URL", "nothing matches it")
+

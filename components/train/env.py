@@ -1,0 +1,86 @@
+"""The one place that turns a PS cluster layout into each process's Paddle environment.
+
+Every launcher backend (local processes today, Kubernetes pods later) computes the endpoints up front
+and calls :func:`role_env`, so a server or worker sees the same variables wherever it runs.
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Role(str, Enum):
+    SERVER = "server"
+    WORKER = "worker"
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    """Who listens where. ``gloo_endpoint`` is the rendezvous store that server 0 serves."""
+
+    server_endpoints: tuple[str, ...]
+    worker_endpoints: tuple[str, ...]
+    gloo_endpoint: str
+    job_id: str
+
+    @property
+    def servers(self) -> int:
+        return len(self.server_endpoints)
+
+    @property
+    def workers(self) -> int:
+        return len(self.worker_endpoints)
+
+    def endpoint(self, role: Role, index: int) -> str:
+        endpoints = self.server_endpoints if role is Role.SERVER else self.worker_endpoints
+        return endpoints[index]
+
+
+def role_env(layout: ClusterLayout, role: Role, index: int) -> dict[str, str]:
+    """Environment for one process. A server's POD_IP:PADDLE_PORT must equal its entry in the list."""
+    ip, port = layout.endpoint(role, index).rsplit(":", 1)
+    env = {
+        "TRAINING_ROLE": "PSERVER" if role is Role.SERVER else "TRAINER",
+        "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(layout.server_endpoints),
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(layout.worker_endpoints),
+        "PADDLE_TRAINERS_NUM": str(layout.workers),
+        "POD_IP": ip,
+        "PADDLE_PORT": port,
+        # Workers barrier and all-reduce AUC statistics through gloo; server 0 hosts the HTTP store.
+        "PADDLE_WITH_GLOO": "1",
+        "PADDLE_GLOO_RENDEZVOUS": "3",
+        "PADDLE_GLOO_HTTP_ENDPOINT": layout.gloo_endpoint,
+        "SYS_JOB_ID": layout.job_id,
+        "PS_ROLE": role.value,
+        "PS_ROLE_INDEX": str(index),
+    }
+    if role is Role.WORKER:
+        env["PADDLE_TRAINER_ID"] = str(index)
+    return env
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the OS reports free right now; held open together so they are distinct."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def local_layout(servers: int, workers: int, host: str, job_id: str) -> ClusterLayout:
+    """A layout on one host with fresh ports, so concurrent jobs (sweeps, tests) never collide."""
+    ports = free_ports(servers + workers + 1, host)
+    return ClusterLayout(
+        server_endpoints=tuple(f"{host}:{port}" for port in ports[:servers]),
+        worker_endpoints=tuple(f"{host}:{port}" for port in ports[servers:servers + workers]),
+        gloo_endpoint=f"{host}:{ports[-1]}",
+        job_id=job_id,
+    )

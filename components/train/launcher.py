@@ -1,0 +1,209 @@
+"""Runs a PS job: the ``local`` backend starts servers and workers as supervised local processes.
+
+Each process gets exactly the environment a Kubernetes pod would (:func:`env.role_env`). The launcher
+streams every process's output into ``logs/<role>-<i>.log``, prints the workers' progress, and owns
+shutdown: when all workers finish it waits for the servers to stop; when any process dies it stops
+the whole job within seconds and raises :class:`PsJobError` naming the role and its last log lines.
+No process of the job outlives :func:`run_local_job`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from components.config import CtrConfig, to_dict
+from components.train.env import ClusterLayout, Role, local_layout, role_env
+from components.train.role import DONE, EPOCH, PROGRESS
+
+TAIL_LINES = 30
+POLL_S = 0.2
+TERM_GRACE_S = 5.0
+# Once the job is ending, every process gets this long to exit before it is reported and killed.
+SERVER_EXIT_S = 30.0
+
+
+class PsJobError(RuntimeError):
+    """A PS job failed; ``role`` names the process that failed first."""
+
+    def __init__(self, role: str, message: str):
+        self.role = role
+        super().__init__(message)
+
+
+@dataclass
+class Process:
+    role: Role
+    index: int
+    popen: subprocess.Popen
+    log_path: Path
+    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value}-{self.index}"
+
+
+@dataclass
+class JobResult:
+    epochs: list[dict]
+    progress: dict[str, dict]
+    seconds: float
+    logs: dict[str, str]
+
+
+def _format_progress(event: dict) -> str:
+    if event.get("state"):
+        return f"[{event['role']} {event['index']}] {event['state']}"
+    loss = event.get("loss")
+    return (f"[worker {event['index']}] epoch {event['epoch']} | {event['examples']:,} examples | "
+            f"{event['examples_per_s']:,.0f} ex/s | loss {loss:.4f} | auc {event['auc']:.4f}"
+            if loss is not None else f"[worker {event['index']}] epoch {event['epoch']} | {event['examples']:,} examples")
+
+
+def _format_epoch(event: dict) -> str:
+    return (f"== epoch {event['epoch']} done: {event['examples']:,} examples in {event['seconds']:.1f}s, "
+            f"global train AUC {event['auc']:.4f}")
+
+
+class LocalJob:
+    def __init__(self, cfg: CtrConfig, data_dir: Path, checkpoint_dir: Path, log_dir: Path,
+                 echo: Callable[[str], None] = print):
+        self.cfg, self.echo = cfg, echo
+        self.job_id = uuid.uuid4().hex[:12]
+        self.log_dir = Path(log_dir)
+        self.work_root = self.log_dir / "work"
+        self.job_file = self.work_root / "job.json"
+        self.spec = {"config": to_dict(cfg), "data_dir": str(Path(data_dir).resolve()),
+                     "checkpoint_dir": str(Path(checkpoint_dir).resolve())}
+        self.processes: list[Process] = []
+        self.epochs: list[dict] = []
+        self.progress: dict[str, dict] = {}
+        self._lock = threading.Lock()
+
+    def _start(self, layout: ClusterLayout, role: Role, index: int) -> Process:
+        workdir = self.work_root / f"{role.value}-{index}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        spec_path = workdir / "job.json"
+        spec_path.write_text(json.dumps({**self.spec, "workdir": str(workdir)}))
+        env = {**os.environ, **role_env(layout, role, index), "PYTHONUNBUFFERED": "1",
+               "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1")}
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "components.train.role", str(spec_path)],
+            cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True, bufsize=1,
+            start_new_session=True,  # its own process group, so teardown reaches Paddle's children too
+        )
+        process = Process(role, index, popen, self.log_dir / f"{role.value}-{index}.log")
+        threading.Thread(target=self._pump, args=(process,), daemon=True).start()
+        return process
+
+    def _pump(self, process: Process) -> None:
+        """Copy a process's output to its log; surface progress lines."""
+        with open(process.log_path, "w") as log:
+            for line in process.popen.stdout:  # type: ignore[union-attr]
+                log.write(line)
+                log.flush()
+                process.tail.append(line.rstrip("\n"))
+                tag, _, payload = line.partition(" ")
+                if tag not in (PROGRESS, EPOCH, DONE):
+                    continue
+                event = json.loads(payload)
+                with self._lock:
+                    if tag == PROGRESS:
+                        self.progress[process.name] = event
+                        self.echo(_format_progress(event))
+                    elif tag == EPOCH:
+                        self.epochs.append(event)
+                        self.echo(_format_epoch(event))
+
+    def _failure(self, process: Process, what: str) -> PsJobError:
+        time.sleep(0.3)  # let the pump catch the last lines
+        tail = "\n".join(f"    {line}" for line in list(process.tail)[-15:])
+        return PsJobError(process.name, f"PS job {self.job_id}: {process.name} {what}. "
+                                        f"Last lines of {process.log_path}:\n{tail}")
+
+    def _stop_all(self) -> None:
+        alive = [p for p in self.processes if p.popen.poll() is None]
+        for p in alive:
+            _signal_group(p.popen, signal.SIGTERM)
+        deadline = time.time() + TERM_GRACE_S
+        for p in alive:
+            try:
+                p.popen.wait(max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p.popen, signal.SIGKILL)
+                p.popen.wait()
+        for p in self.processes:  # Paddle may leave helpers in the group after its leader exits
+            _signal_group(p.popen, signal.SIGKILL)
+
+    def run(self) -> JobResult:
+        cfg = self.cfg
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        layout = local_layout(cfg.ps.servers, cfg.ps.workers, cfg.ps.host, self.job_id)
+        started = time.time()
+        self.echo(f"PS job {self.job_id}: {cfg.ps.servers} server(s) + {cfg.ps.workers} worker(s), "
+                  f"mode {cfg.ps.mode.value}, logs in {self.log_dir}")
+        try:
+            self.processes = [self._start(layout, Role.SERVER, i) for i in range(cfg.ps.servers)]
+            self.processes += [self._start(layout, Role.WORKER, i) for i in range(cfg.ps.workers)]
+            self._supervise()
+        finally:
+            self._stop_all()
+        return JobResult(epochs=self.epochs, progress=self.progress, seconds=time.time() - started,
+                         logs={p.name: str(p.log_path) for p in self.processes})
+
+    def _supervise(self) -> None:
+        """Return when every process exited 0; raise on the first failure or a stuck ending.
+
+        Only worker 0 stops the servers, and only after the final barrier, so the ending starts when
+        the first server or the last worker exits cleanly; from then on, everyone has SERVER_EXIT_S to go.
+        """
+        workers = [p for p in self.processes if p.role is Role.WORKER]
+        ending_since: Optional[float] = None
+        while True:
+            codes = [p.popen.poll() for p in self.processes]
+            for p, code in zip(self.processes, codes):
+                if code not in (None, 0):
+                    raise self._failure(p, f"exited with code {code}{_signal_name(code)}")
+            if all(code == 0 for code in codes):
+                return
+            if ending_since is None and (
+                    any(p.role is Role.SERVER and c == 0 for p, c in zip(self.processes, codes))
+                    or all(p.popen.poll() == 0 for p in workers)):
+                ending_since = time.time()
+            if ending_since is not None and time.time() - ending_since > SERVER_EXIT_S:
+                stuck = next(p for p in self.processes if p.popen.poll() is None)
+                raise self._failure(stuck, f"did not exit within {SERVER_EXIT_S:.0f}s of the job's end")
+            time.sleep(POLL_S)
+
+
+def _signal_group(popen: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_name(code: int) -> str:
+    if code < 0:
+        try:
+            return f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return ""
+    return ""
+
+
+def run_local_job(cfg: CtrConfig, data_dir: Path, checkpoint_dir: Path, log_dir: Path,
+                  echo: Callable[[str], None] = print) -> JobResult:
+    return LocalJob(cfg, data_dir, checkpoint_dir, log_dir, echo).run()

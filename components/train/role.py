@@ -1,0 +1,291 @@
+"""Entry point of one PS process: ``python -m components.train.role JOB_JSON``.
+
+The role comes from the environment that :mod:`components.train.env` builds. A server serves its
+shard of the tables until worker 0 stops it. A worker trains its data shards through Paddle's C++ data
+path (``QueueDataset`` + ``train_from_dataset``), and the job ends on purpose: all workers barrier,
+save, then worker 0 exports the model and stops the servers.
+
+Lines starting with ``@progress`` / ``@epoch`` / ``@done`` carry JSON for the launcher, which prints them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from components import checkpoint
+from components.config import CtrConfig, Mode, from_dict
+from components.data_prep.multislot import Schema, read_shards
+from components.train import models
+from components.train.strategy import EMBEDDING_TABLE, build_strategy, dense_optimizer
+
+PROGRESS, EPOCH, DONE = "@progress", "@epoch", "@done"
+
+
+def emit(tag: str, **payload) -> None:
+    print(f"{tag} {json.dumps(payload)}", flush=True)
+
+
+def import_paddle():
+    """Paddle in static mode, with its ``proto`` package ahead of proto-plus's.
+
+    kfp depends on proto-plus, whose top-level ``proto`` package shadows the one Paddle's trainer imports
+    with ``from proto import trainer_desc_pb2``. PS processes never import kfp, so aliasing is safe here.
+    """
+    import paddle
+
+    paddle_proto = importlib.import_module("paddle.base.proto")
+    importlib.import_module("paddle.base.proto.trainer_desc_pb2")
+    sys.modules["proto"] = paddle_proto
+    paddle.enable_static()
+    return paddle
+
+
+@dataclass
+class TrainProgram:
+    feeds: models.Feeds
+    heads: models.Heads
+    running_loss: object
+
+
+def build_train_program(cfg: CtrConfig, schema: Schema, paddle) -> TrainProgram:
+    import paddle.distributed.fleet as fleet
+
+    feeds = models.create_feeds(schema)
+    dim = cfg.table.embedding_dim
+    attr = paddle.ParamAttr(name=EMBEDDING_TABLE)
+    if cfg.ps.mode is Mode.geo:
+        def lookup(slot):
+            return paddle.static.nn.embedding(slot, size=[cfg.table.vocab_size, dim], is_sparse=True, param_attr=attr)
+    else:
+        def lookup(slot):
+            return paddle.static.nn.sparse_embedding(slot, size=[cfg.table.vocab_size, dim], param_attr=attr)
+    logit = models.net(cfg.model, feeds, lookup, dim)
+    heads = models.heads(logit, feeds.label)
+    # An exponential average of the batch loss, persistable so the progress thread can read it.
+    running_loss = paddle.static.create_global_var([1], 0.0, "float32", persistable=True, name="running_loss")
+    paddle.assign(0.98 * running_loss + 0.02 * heads.loss, running_loss)
+    optimizer = fleet.distributed_optimizer(dense_optimizer(cfg), build_strategy(cfg))
+    optimizer.minimize(heads.loss)
+    return TrainProgram(feeds, heads, running_loss)
+
+
+def auc_from_stats(pos: np.ndarray, neg: np.ndarray) -> float:
+    """AUC from the auc op's bucket counts (bucket index grows with the prediction)."""
+    pos, neg = pos.ravel().astype(np.float64), neg.ravel().astype(np.float64)
+    neg_below = np.cumsum(neg) - neg
+    total = pos.sum() * neg.sum()
+    return float(((neg_below + neg / 2) * pos).sum() / total) if total else float("nan")
+
+
+class Worker:
+    def __init__(self, cfg: CtrConfig, job: dict, program: TrainProgram, paddle):
+        import paddle.distributed.fleet as fleet
+
+        self.cfg, self.job, self.program, self.paddle, self.fleet = cfg, job, program, paddle, fleet
+        self.index, self.count = fleet.worker_index(), fleet.worker_num()
+        self.scope = paddle.static.global_scope()
+        self.exe = paddle.static.Executor(paddle.CPUPlace())
+        data_dir = Path(job["data_dir"])
+        self.stats = json.loads((data_dir / "stats.json").read_text())
+        self.shards = [str(data_dir / p) for p in self.stats["shards"]["train"]][self.index::self.count]
+        shard_rows = self.stats["shard_rows"]["train"]
+        self.rows_per_worker = [sum(shard_rows[w::self.count]) for w in range(self.count)]
+        self.workdir = Path(job["workdir"])
+
+    # -- training -------------------------------------------------------------------------------
+    def _tensor(self, var) -> np.ndarray:
+        return np.array(self.scope.find_var(var.name).get_tensor())
+
+    def _reset_auc(self) -> None:
+        for var in self.program.heads.auc_stats:
+            tensor = self.scope.find_var(var.name).get_tensor()
+            tensor.set(np.zeros_like(np.array(tensor)), self.paddle.CPUPlace())
+
+    def _dataset(self, files: list[str]):
+        dataset = self.paddle.distributed.QueueDataset()
+        dataset.init(use_var=self.program.feeds.in_order(), pipe_command="cat",
+                     batch_size=self.cfg.ps.batch_size, thread_num=self.cfg.ps.threads)
+        dataset.set_filelist(files)
+        return dataset
+
+    def _progress_handler(self, epoch: int, started: float):
+        worker = self
+        pos, neg = self.program.heads.auc_stats
+
+        class Progress(self.paddle.base.executor.FetchHandler):
+            def handler(self, fetched):
+                p, n = fetched["pos"], fetched["neg"]
+                if p is None or n is None:
+                    return
+                seen = float(p.sum() + n.sum())
+                loss = fetched["loss"]
+                emit(PROGRESS, role="worker", index=worker.index, epoch=epoch, examples=int(seen),
+                     examples_per_s=seen / max(time.time() - started, 1e-9),
+                     loss=float(loss.ravel()[0]) if loss is not None else None, auc=auc_from_stats(p, n))
+
+        return Progress(var_dict={"pos": pos, "neg": neg, "loss": self.program.running_loss},
+                        period_secs=max(1, int(self.cfg.ps.progress_period_s)))
+
+    def _train(self, files: list[str], handler=None) -> None:
+        self.exe.train_from_dataset(program=self.paddle.static.default_main_program(),
+                                    dataset=self._dataset(files), fetch_handler=handler)
+
+    def _sync_rounds(self, epoch: int) -> list[list[str]]:
+        """This worker's data cut into rounds of ``sync_batches`` batches; every worker gets the same count."""
+        round_rows = self.cfg.ps.sync_batches * self.cfg.ps.batch_size * self.cfg.ps.threads
+        rounds = max(1, min(self.rows_per_worker) // round_rows)
+        lines = [line for shard in self.shards for line in open(shard)]
+        bounds = np.linspace(0, len(lines), rounds + 1).astype(int)
+        round_dir = self.workdir / f"rounds-epoch{epoch}"
+        round_dir.mkdir(parents=True, exist_ok=True)
+        files = []
+        for r in range(rounds):
+            path = round_dir / f"round-{r:05d}.txt"
+            path.write_text("".join(lines[bounds[r]:bounds[r + 1]]))
+            files.append([str(path)])
+        return files
+
+    def train(self) -> dict:
+        fleet = self.fleet
+        self.exe.run(self.paddle.static.default_startup_program())
+        fleet.init_worker()
+        fleet.barrier_worker()
+        job_started = time.time()
+        history = []
+        for epoch in range(1, self.cfg.ps.epochs + 1):
+            self._reset_auc()
+            started = time.time()
+            if self.cfg.ps.mode is Mode.sync:
+                # Every push of a round is flushed to the servers when train_from_dataset returns; the
+                # barrier then keeps any worker from starting round r+1 before all of round r is applied.
+                rounds = self._sync_rounds(epoch)
+                for r, files in enumerate(rounds):
+                    self._train(files)
+                    fleet.barrier_worker()
+                    if r % 20 == 0 or r == len(rounds) - 1:
+                        self._emit_progress(epoch, started)
+            else:
+                self._train(self.shards, self._progress_handler(epoch, started))
+            history.append(self._end_epoch(epoch, started))
+        return {"epochs": history, "train_seconds": time.time() - job_started}
+
+    def _emit_progress(self, epoch: int, started: float) -> None:
+        pos, neg = (self._tensor(v) for v in self.program.heads.auc_stats)
+        seen = float(pos.sum() + neg.sum())
+        emit(PROGRESS, role="worker", index=self.index, epoch=epoch, examples=int(seen),
+             examples_per_s=seen / max(time.time() - started, 1e-9),
+             loss=float(self._tensor(self.program.running_loss).ravel()[0]), auc=auc_from_stats(pos, neg))
+
+    def _end_epoch(self, epoch: int, started: float) -> dict:
+        """Global AUC of the pass: every worker's bucket counts summed over gloo."""
+        seconds = time.time() - started
+        pos, neg = (self._tensor(v) for v in self.program.heads.auc_stats)
+        local_examples = float(pos.sum() + neg.sum())
+        all_pos = np.asarray(self.fleet.util.all_reduce(pos.ravel(), "sum"))
+        all_neg = np.asarray(self.fleet.util.all_reduce(neg.ravel(), "sum"))
+        summary = {"epoch": epoch, "seconds": seconds, "examples": int(all_pos.sum() + all_neg.sum()),
+                   "worker_examples_per_s": local_examples / max(seconds, 1e-9),
+                   "auc": auc_from_stats(all_pos, all_neg)}
+        if self.index == 0:
+            emit(EPOCH, **summary)
+        return summary
+
+    # -- ending ---------------------------------------------------------------------------------
+    def finish(self, training: dict) -> None:
+        """Barrier, save, export, stop: the order keeps every update in the checkpoint and nothing hanging."""
+        fleet, root = self.fleet, Path(self.job["checkpoint_dir"])
+        main = self.paddle.static.default_main_program()
+        fleet.barrier_worker()
+        fleet.save_persistables(self.exe, str(root / checkpoint.TABLES), main)  # worker 0 saves; all barrier
+        # Pulls the servers' dense parameters into every worker's scope.
+        fleet.save_dense_params(self.exe, str(self.workdir / "dense.pdparams"), self.scope, main)
+        if self.cfg.ps.mode is Mode.geo:
+            self._save_geo_rows()
+        fleet.barrier_worker()
+        if self.index == 0:
+            self._export(root, main, training)
+        fleet.stop_worker()
+        fleet.barrier_worker()
+        if self.index == 0:
+            fleet.fleet._runtime_handle._worker.stop_server()
+        emit(DONE, role="worker", index=self.index)
+
+    def _geo_rows_path(self, index: int) -> Path:
+        return Path(self.job["checkpoint_dir"]) / "geo" / f"worker-{index}.npz"
+
+    def _save_geo_rows(self) -> None:
+        """Geo servers do not save their table; each worker writes its local rows for the ids it trained."""
+        schema = Schema.from_dict(self.stats["schema"])
+        _, _, sparse = read_shards(self.shards, schema)
+        ids = np.unique(np.concatenate([slot.values for slot in sparse]))
+        table = np.array(self.scope.find_var(EMBEDDING_TABLE).get_tensor())
+        path = self._geo_rows_path(self.index)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, ids=ids.astype(np.uint64), rows=table[ids])
+
+    def _merged_geo_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Workers' copies of a row converge through geo's delta exchange; the export averages them."""
+        parts = [np.load(self._geo_rows_path(i)) for i in range(self.count)]
+        ids = np.concatenate([p["ids"] for p in parts])
+        rows = np.concatenate([p["rows"] for p in parts]).astype(np.float64)
+        unique, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+        summed = np.zeros((len(unique), rows.shape[1]))
+        np.add.at(summed, inverse, rows)
+        return unique, (summed / counts[:, None]).astype(np.float32)
+
+    def _sparse_table_id(self, main) -> int:
+        for op in main.global_block().ops:
+            if op.type in ("distributed_lookup_table", "distributed_push_sparse"):
+                return int(op.attr("table_id"))
+        raise RuntimeError("no distributed sparse lookup in the training program")
+
+    def _export(self, root: Path, main, training: dict) -> None:
+        cfg = self.cfg
+        if cfg.ps.mode is Mode.geo:
+            ids, rows = self._merged_geo_rows()
+        else:
+            table_dir = root / checkpoint.TABLES / f"{self._sparse_table_id(main):03d}"
+            ids, rows = checkpoint.read_sparse_table(table_dir, cfg.table.rule, cfg.table.embedding_dim)
+        dense = {p.name: np.array(self.scope.find_var(p.name).get_tensor()) for p in main.all_parameters()
+                 if p.name != EMBEDDING_TABLE}
+        checkpoint.save_export(root, ids, rows, dense)
+        from components.config import to_dict
+
+        full = to_dict(cfg)
+        checkpoint.commit(root, {
+            "model": full["model"], "table": full["table"], "mode": cfg.ps.mode.value,
+            "schema": self.stats["schema"], "servers": cfg.ps.servers, "workers": cfg.ps.workers,
+            "paddle_version": self.paddle.__version__, "training": training, "rows": int(len(ids)),
+        })
+
+
+def main(job_path: str) -> None:
+    job = json.loads(Path(job_path).read_text())
+    cfg = from_dict(job["config"])
+    schema = Schema.from_dict(json.loads((Path(job["data_dir"]) / "stats.json").read_text())["schema"])
+    paddle = import_paddle()
+    import paddle.distributed.fleet as fleet
+    from paddle.distributed.fleet.base.role_maker import PaddleCloudRoleMaker
+
+    fleet.init(PaddleCloudRoleMaker(is_collective=False))
+    program = build_train_program(cfg, schema, paddle)
+    if fleet.is_server():
+        fleet.init_server()
+        emit(PROGRESS, role="server", index=fleet.server_index(), state="serving")
+        fleet.run_server()  # returns when worker 0 stops the servers
+        emit(DONE, role="server", index=fleet.server_index())
+        return
+    worker = Worker(cfg, job, program, paddle)
+    worker.finish(worker.train())
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,94 @@
+"""The one place that maps our config onto Paddle's PS strategy, sparse table and optimizers.
+
+Everything here is pure except :func:`build_strategy`, which needs Paddle; the table layout functions
+are shared with the checkpoint exporter, which parses the servers' table files.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from components.config import CtrConfig, DenseOptimizer, Mode, SparseRule, TableConfig
+
+EMBEDDING_TABLE = "embedding"
+
+# Paddle's names for our sparse rules and the sub-message holding their settings.
+_RULES = {
+    SparseRule.naive: ("SparseNaiveSGDRule", "naive"),
+    SparseRule.adagrad: ("SparseAdaGradSGDRule", "adagrad"),
+    SparseRule.std_adagrad: ("StdAdaGradSGDRule", "adagrad"),
+    SparseRule.adam: ("SparseAdamSGDRule", "adam"),
+}
+
+
+def rule_state_dim(rule: SparseRule, weights: int) -> int:
+    """Floats of optimizer state a rule keeps beside ``weights`` weights (Paddle's SGDRule::Dim)."""
+    if rule is SparseRule.naive:
+        return 0
+    if rule is SparseRule.adagrad:
+        return 1
+    if rule is SparseRule.std_adagrad:
+        return weights
+    return 2 * weights + 2  # adam: gsum, g2sum per weight, then beta1^t, beta2^t
+
+
+def sparse_table_configs(table: TableConfig, table_name: str = EMBEDDING_TABLE) -> dict[str, Any]:
+    """``DistributedStrategy.sparse_table_configs`` for one table, set explicitly.
+
+    The implicit default rule learns far worse than an explicit one, so every value is spelled out.
+    """
+    prefix = f"table_parameters.{table_name}."
+    paddle_rule, settings = _RULES[table.rule]
+    configs: dict[str, Any] = {
+        prefix + "table_class": table.table_class.value,
+        prefix + "shard_num": table.shard_num,
+        prefix + "accessor.accessor_class": table.accessor.value,
+        prefix + "accessor.fea_dim": table.embedding_dim + 2,
+        prefix + "accessor.embedx_dim": table.embedding_dim - 1,
+    }
+    for part in ("embed_sgd_param", "embedx_sgd_param"):
+        key = f"{prefix}accessor.{part}."
+        configs[key + "name"] = paddle_rule
+        configs[key + f"{settings}.learning_rate"] = table.learning_rate
+        configs[key + f"{settings}.initial_range"] = table.initial_range
+        configs[key + f"{settings}.weight_bounds"] = list(table.weight_bounds)
+        if settings == "adagrad":
+            configs[key + "adagrad.initial_g2sum"] = table.initial_g2sum
+    return {table_name: configs}
+
+
+def strategy_settings(cfg: CtrConfig) -> dict[str, Any]:
+    """What :func:`build_strategy` sets, as plain data (testable without Paddle).
+
+    ``sync`` runs on the asynchronous engine (``a_sync=False`` segfaults in SendBarrierOp on the 2.6.2
+    CPU wheel); its bulk-synchronous rounds come from the trainer's per-round barriers.
+    """
+    geo = cfg.ps.mode is Mode.geo
+    return {
+        "a_sync": True,
+        "a_sync_configs": {"k_steps": cfg.ps.geo_k_steps if geo else 0},
+        # Geo keeps its own MemorySparseGeoTable; the table settings apply to the PS hash table.
+        "sparse_table_configs": None if geo else sparse_table_configs(cfg.table),
+    }
+
+
+def build_strategy(cfg: CtrConfig):
+    import paddle.distributed.fleet as fleet
+
+    strategy = fleet.DistributedStrategy()
+    for name, value in strategy_settings(cfg).items():
+        if value is not None:
+            setattr(strategy, name, value)
+    return strategy
+
+
+def dense_optimizer(cfg: CtrConfig):
+    """The optimizer the servers run on dense parameters."""
+    import paddle
+
+    kind = cfg.model.optimizer
+    if kind is DenseOptimizer.sgd:
+        return paddle.optimizer.SGD(learning_rate=cfg.model.learning_rate)
+    if kind is DenseOptimizer.adagrad:
+        return paddle.optimizer.Adagrad(learning_rate=cfg.model.learning_rate)
+    return paddle.optimizer.Adam(learning_rate=cfg.model.learning_rate)
