@@ -45,7 +45,7 @@ ClusterBackend = _vocabulary("ClusterBackend", ["local"], "Where the PS processe
 @dataclass
 class DataConfig:
     source: DataSource = DataSource.synthetic
-    rows: int = 200_000  # synthetic only
+    rows: int = 400_000  # synthetic only
     uri: Optional[str] = None  # files only: fsspec URL or glob
     format: FileFormat = FileFormat.raw
     slots: Optional[list[str]] = None  # feasign only: the sparse slots to keep (None = all seen)
@@ -72,7 +72,7 @@ class TableConfig:
     embedding_dim: int = 9
     shard_num: int = 16
     rule: SparseRule = SparseRule.adagrad
-    learning_rate: float = 2.0
+    learning_rate: float = 0.05
     initial_range: float = 1e-4
     initial_g2sum: float = 3.0
     weight_bounds: list[float] = field(default_factory=lambda: [-10.0, 10.0])
@@ -85,7 +85,7 @@ class PsConfig:
     workers: int = 2
     threads: int = 1  # reader/trainer threads per worker
     batch_size: int = 256
-    epochs: int = 2
+    epochs: int = 1
     geo_k_steps: int = 100  # geo: local steps between delta pushes
     sync_batches: int = 16  # sync: batches per worker between global barriers
     host: str = "127.0.0.1"  # local backend: the address every role binds and dials

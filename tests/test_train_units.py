@@ -1,0 +1,112 @@
+"""Pure pieces of the training step: env builder, strategy mapping, checkpoint files."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from components import checkpoint
+from components.config import CtrConfig, Mode, SparseRule, from_dict
+from components.train.env import Role, local_layout, role_env
+from components.train.strategy import rule_state_dim, sparse_table_configs, strategy_settings
+
+
+def test_role_env_matches_paddle_contract():
+    layout = local_layout(servers=2, workers=3, host="127.0.0.1", job_id="j1")
+    servers = layout.server_endpoints
+    for i in range(2):
+        env = role_env(layout, Role.SERVER, i)
+        assert env["TRAINING_ROLE"] == "PSERVER"
+        # Paddle finds a server's own shard by matching POD_IP:PADDLE_PORT against the list exactly.
+        assert f"{env['POD_IP']}:{env['PADDLE_PORT']}" == servers[i]
+        assert env["PADDLE_PSERVERS_IP_PORT_LIST"].split(",") == list(servers)
+        assert "PADDLE_TRAINER_ID" not in env
+    for i in range(3):
+        env = role_env(layout, Role.WORKER, i)
+        assert env["TRAINING_ROLE"] == "TRAINER"
+        assert env["PADDLE_TRAINER_ID"] == str(i)
+        assert env["PADDLE_TRAINERS_NUM"] == "3"
+        assert env["PADDLE_GLOO_HTTP_ENDPOINT"] == layout.gloo_endpoint
+    ports = [e.rsplit(":", 1)[1] for e in servers + layout.worker_endpoints + (layout.gloo_endpoint,)]
+    assert len(set(ports)) == len(ports)
+
+
+def test_sparse_table_configs_spell_out_the_rule():
+    table = CtrConfig().table
+    table.rule, table.learning_rate, table.embedding_dim = SparseRule.adam, 0.01, 9
+    (name, configs), = sparse_table_configs(table).items()
+    prefix = f"table_parameters.{name}.accessor."
+    assert configs[prefix + "embed_sgd_param.name"] == "SparseAdamSGDRule"
+    assert configs[prefix + "embedx_sgd_param.adam.learning_rate"] == 0.01
+    # Paddle checks fea_dim = dim + 2 and embedx_dim = dim - 1 for SparseAccessor.
+    assert configs[prefix + "fea_dim"] == 11 and configs[prefix + "embedx_dim"] == 8
+    assert configs[f"table_parameters.{name}.shard_num"] == table.shard_num
+
+
+@pytest.mark.parametrize("mode,k_steps,has_table", [("async", 0, True), ("sync", 0, True), ("geo", 7, False)])
+def test_strategy_per_mode(mode, k_steps, has_table):
+    cfg = from_dict({"ps": {"mode": mode, "geo_k_steps": 7}, "run_dir": "."})
+    settings = strategy_settings(cfg)
+    assert settings["a_sync"] is True
+    assert settings["a_sync_configs"] == {"k_steps": k_steps}
+    assert (settings["sparse_table_configs"] is not None) == has_table
+
+
+def test_strategy_builds_in_paddle():
+    from components.train.strategy import build_strategy
+
+    cfg = from_dict({"table": {"rule": "adagrad", "learning_rate": 0.3}, "run_dir": "."})
+    strategy = build_strategy(cfg)
+    (table,) = strategy.sparse_table_configs
+    assert table.accessor.embed_sgd_param.name == "SparseAdaGradSGDRule"
+    assert table.accessor.embedx_sgd_param.adagrad.learning_rate == pytest.approx(0.3)
+    assert list(table.accessor.embedx_sgd_param.adagrad.weight_bounds) == [-10.0, 10.0]
+
+
+def _write_table(path, rule, dim, rows):
+    state_embed, state_embedx = rule_state_dim(rule, 1), rule_state_dim(rule, dim - 1)
+    with gzip.open(path, "wt") as f:
+        for key, row, full in rows:
+            fields = [key, 0, 0, 1.5, 15, 1, row[0]] + [0.5] * state_embed
+            if full:
+                fields += list(row[1:]) + [0.25] * state_embedx
+            f.write(" ".join(str(v) for v in fields) + "\n")
+
+
+@pytest.mark.parametrize("rule", list(SparseRule))
+def test_read_sparse_table_per_rule(tmp_path, rule):
+    dim = 5
+    rows = [(7, [0.1, 1, 2, 3, 4], True), (2**63 + 5, [0.2, -1, -2, -3, -4], True), (3, [0.3, 0, 0, 0, 0], False)]
+    _write_table(tmp_path / "part-000-00000.gz", rule, dim, rows[:2])
+    _write_table(tmp_path / "part-001-00000.gz", rule, dim, rows[2:])
+    ids, values = checkpoint.read_sparse_table(tmp_path, rule, dim)
+    assert ids.tolist() == [3, 7, 2**63 + 5]
+    np.testing.assert_allclose(values, np.array([rows[2][1], rows[0][1], rows[1][1]], dtype=np.float32))
+
+
+def test_commit_verify_detects_missing_and_altered_files(tmp_path):
+    root = tmp_path / "ckpt"
+    checkpoint.save_export(root, np.array([1, 2], np.uint64), np.ones((2, 3), np.float32), {"w": np.zeros(4)})
+    with pytest.raises(checkpoint.CheckpointError, match="MANIFEST.json is missing"):
+        checkpoint.verify(root)
+    manifest = checkpoint.commit(root, {"paddle_version": "2.6.2"})
+    assert set(manifest["files"]) == {"model.json", "export/embedding.npz", "export/dense.npz"}
+    assert checkpoint.load(root).rows.shape == (2, 3)
+    dense = root / "export" / "dense.npz"
+    dense.write_bytes(dense.read_bytes()[:-10])
+    with pytest.raises(checkpoint.CheckpointError, match="export/dense.npz.*checksum"):
+        checkpoint.load(root)
+    dense.unlink()
+    with pytest.raises(checkpoint.CheckpointError, match="dense.npz.*missing"):
+        checkpoint.verify(root)
+    assert json.loads((root / "model.json").read_text()) == {"paddle_version": "2.6.2"}
+
+
+def test_geo_mode_refuses_huge_local_tables():
+    from components.config import ConfigError, validate
+
+    cfg = from_dict({"ps": {"mode": "geo"}, "table": {"vocab_size": 1 << 30}, "run_dir": "."})
+    assert cfg.ps.mode is Mode.geo
+    with pytest.raises(ConfigError, match="table.vocab_size.*geo"):
+        validate(cfg)
