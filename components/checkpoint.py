@@ -53,6 +53,18 @@ class Checkpoint:
     dense: dict[str, np.ndarray]
 
 
+def local_path(uri: str) -> Path:
+    """The local directory behind a checkpoint URI (a plain path or ``file://``).
+
+    Remote stores (s3://, hdfs://) are refused rather than written to a local directory named ``s3:``.
+    """
+    if uri.startswith("file://"):
+        uri = uri[len("file://"):]
+    elif "://" in uri:
+        raise ValueError(f"checkpoint.uri {uri!r}: only local paths are supported by this version")
+    return Path(uri).expanduser().resolve()
+
+
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:

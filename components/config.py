@@ -140,8 +140,24 @@ def register_configs() -> None:
     ConfigStore.instance().store(name="ctr_schema", node=CtrConfig)
 
 
+def ints_from_struct(value: Any) -> Any:
+    """Undo what a protobuf Struct (a KFP dict parameter, artifact metadata) does to ints: ``2`` -> ``2.0``.
+
+    Integral floats go back to ints; a float field takes the int as well, an int field refuses ``2.0``.
+    """
+    if isinstance(value, dict):
+        return {k: ints_from_struct(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [ints_from_struct(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
 def from_dict(raw: Any) -> CtrConfig:
     """Rebuild a typed config from a resolved dict (what components receive) or a DictConfig."""
+    if isinstance(raw, dict):
+        raw = ints_from_struct(raw)
     merged = OmegaConf.merge(OmegaConf.structured(CtrConfig), raw)
     return OmegaConf.to_object(merged)  # type: ignore[return-value]
 

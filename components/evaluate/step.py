@@ -1,0 +1,50 @@
+"""What the evaluation step runs: plain functions over :func:`components.evaluate.evaluate.evaluate`.
+
+Artifacts of the component:
+
+* ``metrics`` (``Metrics``): the scalar metrics in its metadata (what the KFP UI shows); its path is the
+  evaluation directory: ``metrics.json``, ``roc.png``, ``roc.npz``, ``report.md``, ``report.html``.
+* ``roc`` (``ClassificationMetrics``): the ROC curve, drawn by the KFP UI.
+* ``report`` (``HTML``): the self-contained report page (ROC plot inlined).
+"""
+
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from components.checkpoint import local_path
+from components.config import from_dict, ints_from_struct
+from components.evaluate.evaluate import evaluate
+from components.train.step import read_pointer
+
+# Training facts from the Model artifact's metadata that the report lists.
+TRAINING_KEYS = ("epochs", "examples", "seconds", "examples_per_s", "final_train_auc")
+
+
+def training_facts(checkpoint_metadata: Optional[dict]) -> Optional[dict]:
+    """The training summary the train step left on the Model artifact, for the report."""
+    meta = ints_from_struct(dict(checkpoint_metadata or {}))
+    facts = {k: meta[k] for k in TRAINING_KEYS if meta.get(k) is not None}
+    return facts or None
+
+
+def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkpoint_metadata: Optional[dict],
+                        out_dir: str, report_path: Optional[str] = None) -> tuple[dict, dict]:
+    """Score the checkpoint the Model artifact points at on the test split of ``data_dir``.
+
+    Writes the evaluation files into ``out_dir`` and, when given, the HTML report to ``report_path``;
+    returns ``(metrics, roc)`` with ``roc`` holding ``fpr``, ``tpr`` and ``thresholds``.
+    """
+    cfg = from_dict(config)
+    uri = read_pointer(checkpoint_path, checkpoint_metadata)
+    metrics = evaluate(local_path(uri), data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata))
+    if report_path:
+        Path(report_path).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(Path(out_dir) / "report.html", report_path)
+    with np.load(Path(out_dir) / "roc.npz") as roc:
+        curve = {name: roc[name] for name in ("fpr", "tpr", "thresholds")}
+    return metrics, curve
+
+

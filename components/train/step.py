@@ -1,0 +1,83 @@
+"""What the train step runs: plain functions around the PS launcher (no KFP needed).
+
+The checkpoint is not copied into the artifact store: the job writes it to ``cfg.checkpoint.uri``
+(the checkpoint group's URI), and the ``Model`` artifact only points at it: ``metadata["uri"]`` and a
+small JSON pointer file at ``checkpoint.path`` (:func:`read_pointer` reads either). The processes' logs
+go into the ``logs`` artifact directory as ``<role>-<i>.log``.
+"""
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from components.checkpoint import local_path
+from components.config import from_dict
+
+POINTER_FORMAT = 1
+
+
+def echo_now(line: str) -> None:
+    """Print and flush: a task's stdout is a pipe (block-buffered), and progress must show as it happens."""
+    print(line, flush=True)
+
+
+def run_job(cfg: Any, data_dir: Path, checkpoint: Path, log_dir: Path,
+            echo: Callable[[str], None] = echo_now) -> Any:
+    """The single dispatch point from ``cluster.backend`` to the code that runs a PS job."""
+    from components.config import ClusterBackend
+
+    if cfg.cluster.backend is ClusterBackend.local:
+        from components.train.launcher import run_local_job
+
+        return run_local_job(cfg, data_dir, checkpoint, log_dir, echo=echo)
+    raise ValueError(f"cluster.backend {cfg.cluster.backend.value!r} has no launcher yet")
+
+
+def training_summary(result: Any, checkpoint_uri: str) -> dict:
+    """What the Model artifact records about the run (JSON-safe)."""
+    examples = sum(int(e["examples"]) for e in result.epochs)
+    train_seconds = sum(float(e["seconds"]) for e in result.epochs)
+    summary = {
+        "uri": checkpoint_uri,
+        "epochs": len(result.epochs),
+        "examples": examples,
+        "seconds": round(float(result.seconds), 3),
+        "examples_per_s": round(examples / train_seconds, 1) if train_seconds > 0 else None,
+    }
+    if result.epochs:
+        summary["final_train_auc"] = float(result.epochs[-1]["auc"])
+    return summary
+
+
+def write_pointer(path: str | os.PathLike, summary: dict) -> None:
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps({"format": POINTER_FORMAT, **summary}, indent=2, sort_keys=True))
+
+
+def read_pointer(path: str | os.PathLike, metadata: Optional[dict] = None) -> str:
+    """The checkpoint URI a ``Model`` artifact points at: its metadata, else its pointer file."""
+    if metadata and metadata.get("uri"):
+        return str(metadata["uri"])
+    return str(json.loads(Path(path).read_text())["uri"])
+
+
+def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
+                echo: Callable[[str], None] = echo_now) -> dict:
+    """Run the PS job of ``config`` on ``data_dir``; returns the summary for the Model artifact.
+
+    The checkpoint goes to ``checkpoint.uri``; the pointer file to ``pointer_path``; the logs to
+    ``log_dir`` (the launcher's per-role scratch directories are dropped from it after a successful job).
+    """
+    cfg = from_dict(config)
+    target = local_path(cfg.checkpoint.uri)
+    result = run_job(cfg, Path(data_dir), target, Path(log_dir), echo=echo)
+    shutil.rmtree(Path(log_dir) / "work", ignore_errors=True)  # kept on failure, for debugging
+    summary = training_summary(result, str(target))
+    write_pointer(pointer_path, summary)
+    echo(f"checkpoint: {target} ({summary['epochs']} epoch(s), {summary['seconds']:.1f}s, "
+         f"{summary['examples_per_s'] or 0:,.0f} examples/s)")
+    return summary
+
+

@@ -1,0 +1,183 @@
+"""Run the CTR pipeline on this machine with ``kfp.local`` (each step a subprocess of this Python).
+
+After the run the run directory holds what a person looks at::
+
+    run_dir/metrics.json  report.md  report.html  roc.png
+    run_dir/logs/<role>-<i>.log         the PS processes' logs
+    run_dir/checkpoint/                 (checkpoint.uri; the train step writes it there directly)
+    run_dir/kfp/                        kfp.local's pipeline root: every artifact of every step
+
+Console: ``kfp.local`` pipes a step's stdout+stderr and re-prints it line by line (indented) through
+``print`` in this process. The steps run with ``PYTHONUNBUFFERED=1`` and the train step flushes each
+progress line; :class:`_ConsoleTap` flushes this process's stdout at every line, so the PS job's progress
+shows while it trains even when stdout is a pipe. The tap also keeps the last lines, because a failed
+step only makes ``kfp.local`` raise "Inner task failed: <task>": :class:`PipelineRunError` carries the
+step's own error (for a PS job, the failing role and its log tail) in its message.
+"""
+
+import dataclasses
+import io
+import json
+import re
+import shutil
+import sys
+import time
+import warnings
+from collections import deque
+from pathlib import Path
+from typing import Any, Optional
+
+from components.checkpoint import local_path
+from components.config import ConfigError, CtrConfig
+
+# What the run directory gets from the evaluation directory (the Metrics artifact's path).
+EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png")
+TAP_LINES = 400
+_KFP_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - [A-Z]+ - ")
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+class PipelineRunError(RuntimeError):
+    """A step of a local pipeline run failed; the message ends with that step's own error."""
+
+    def __init__(self, message: str, step_error: str = ""):
+        found = re.search(r"Inner task failed: '?([\w-]+)", message)
+        self.step = found.group(1) if found else None
+        self.step_error = step_error
+        super().__init__(message + (f"\n{step_error}" if step_error else ""))
+
+
+class _ConsoleTap(io.TextIOBase):
+    """Stands in for ``sys.stdout`` during a run: writes through, flushes per line, keeps a tail."""
+
+    def __init__(self, target):
+        self.target = target
+        self.lines: deque[str] = deque(maxlen=TAP_LINES)
+        self._partial = ""
+
+    def write(self, text: str) -> int:
+        self.target.write(text)
+        if "\n" in text:
+            self.target.flush()
+        *complete, self._partial = (self._partial + text).split("\n")
+        self.lines.extend(complete)
+        return len(text)
+
+    def flush(self) -> None:
+        self.target.flush()
+
+    def isatty(self) -> bool:
+        return bool(getattr(self.target, "isatty", lambda: False)())
+
+    def step_error(self) -> str:
+        return step_error(list(self.lines) + ([self._partial] if self._partial else []))
+
+
+def step_error(lines: list[str]) -> str:
+    """The exception a step's Python process died with, taken from its re-printed output.
+
+    The step's last ``Traceback`` wins; the frames are dropped, the exception line and its continuation lines
+    (a PsJobError's log tail) are kept, up to kfp's own log lines. Without a traceback: the last lines.
+    """
+    lines = [_ANSI.sub("", line) for line in lines]
+    starts = {i: len(line) - len(line.lstrip()) for i, line in enumerate(lines)
+              if line.strip() == "Traceback (most recent call last):"}
+    if not starts:
+        tail = [line for line in lines if line.strip() and not _KFP_LOG_LINE.match(line)]
+        return "\n".join(tail[-20:])
+    # A traceback quoted inside the error (a role's log tail) is indented deeper than the step's own.
+    indent = min(starts.values())
+    start = max(i for i, depth in starts.items() if depth == indent)
+    out: list[str] = []
+    for line in lines[start + 1:]:
+        if _KFP_LOG_LINE.match(line) or set(line.strip()) == {"-"}:
+            break
+        if not out and (not line.strip() or len(line) - len(line.lstrip()) > indent):
+            continue  # a frame of the traceback
+        out.append(line[indent:] if line[:indent].isspace() else line)
+    while out and not out[-1].strip():
+        out.pop()
+    return "\n".join(out)
+
+
+def local_config(cfg: CtrConfig) -> CtrConfig:
+    """Absolute paths for a local run: ``run_dir``, and ``checkpoint.uri`` (relative = under run_dir).
+
+    Raises :class:`ConfigError` for a checkpoint URI this backend cannot write (a remote store).
+    """
+    run_dir = Path(cfg.run_dir).expanduser().resolve()
+    uri = cfg.checkpoint.uri
+    try:
+        local_path(uri)
+    except ValueError:
+        raise ConfigError("checkpoint.uri", uri, "a local path or file:// URI",
+                          "remote checkpoint stores are not supported by this version") from None
+    checkpoint = Path(uri.removeprefix("file://")).expanduser()
+    checkpoint = checkpoint if checkpoint.is_absolute() else run_dir / checkpoint
+    return dataclasses.replace(cfg, run_dir=str(run_dir),
+                               checkpoint=dataclasses.replace(cfg.checkpoint, uri=str(checkpoint.resolve())))
+
+
+def run_local(cfg: CtrConfig) -> dict:
+    """Execute :func:`pipelines.pipeline.ctr_pipeline` with kfp.local; returns the test metrics.
+
+    Raises :class:`PipelineRunError` naming the failed step and quoting its error.
+    """
+    from kfp import local
+
+    from pipelines.pipeline import ctr_pipeline, pipeline_arguments
+
+    cfg = local_config(cfg)
+    run_dir = Path(cfg.run_dir)
+    pipeline_root = run_dir / "kfp"
+    workspace = pipeline_root / "workspace"  # must exist; kfp.local deletes it after the run
+    workspace.mkdir(parents=True, exist_ok=True)
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
+               workspace_root=str(workspace))
+    started = time.time()
+    tap, stdout = _ConsoleTap(sys.stdout), sys.stdout
+    sys.stdout = tap
+    try:
+        with warnings.catch_warnings():
+            # The subprocess runner warns about any image name without "python" in it.
+            warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
+            task = ctr_pipeline(config=pipeline_arguments(cfg))
+    except RuntimeError as err:
+        raise PipelineRunError(_ANSI.sub("", str(err)), tap.step_error()) from None
+    finally:
+        sys.stdout = stdout
+    wall_s = time.time() - started
+    outputs = task.outputs
+    metrics = collect_outputs(run_dir, metrics_dir=outputs["metrics"].path, logs_dir=outputs["logs"].path)
+    print_summary(metrics, outputs["checkpoint"].metadata, wall_s, run_dir, cfg.checkpoint.uri)
+    return metrics
+
+
+def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str) -> dict:
+    """Copy the evaluation files and the PS logs out of the artifact store into the run directory."""
+    for name in EVALUATION_FILES:
+        shutil.copyfile(Path(metrics_dir) / name, run_dir / name)
+    logs = run_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    for log in sorted(Path(logs_dir).glob("*.log")):
+        shutil.copyfile(log, logs / log.name)
+    return json.loads((run_dir / "metrics.json").read_text())
+
+
+def summary_rows(metrics: dict, training: Optional[dict], wall_s: float) -> list[tuple[str, str]]:
+    rows = [("test AUC", f"{metrics['auc']:.4f}"), ("test logloss", f"{metrics['logloss']:.4f}"),
+            ("calibration", f"{metrics['calibration']:.4f}")]
+    if metrics.get("auc_ratio_to_bayes") is not None:
+        rows.append(("AUC / Bayes AUC", f"{metrics['auc_ratio_to_bayes']:.2%} (Bayes {metrics['bayes_auc']:.4f})"))
+    if training and training.get("seconds") is not None:
+        rows.append(("training", f"{training['seconds']:.1f}s, {training.get('examples_per_s') or 0:,.0f} examples/s"))
+    rows.append(("wall time", f"{wall_s:.1f}s"))
+    return rows
+
+
+def print_summary(metrics: dict, training: Optional[dict], wall_s: float, run_dir: Path, checkpoint: Any) -> None:
+    rows = summary_rows(metrics, training, wall_s)
+    width = max(len(name) for name, _ in rows)
+    print("\n".join(["", "== CTR pipeline done", *(f"  {name:<{width}}  {value}" for name, value in rows),
+                     f"  {'run dir':<{width}}  {run_dir}", f"  {'checkpoint':<{width}}  {checkpoint}", ""]),
+          flush=True)

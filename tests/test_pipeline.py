@@ -1,0 +1,143 @@
+"""The KFP pipeline: compiled IR, thin component wrappers, the Hydra entry point, one local end-to-end run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from google.protobuf import json_format, struct_pb2
+from hydra import compose, initialize_config_dir
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+import pipelines
+from components.config import ConfigError, from_dict, register_configs
+from components.data_prep.component import prepare_data
+from components.evaluate.component import evaluate_model
+from components.train.component import train
+from components.train.step import read_pointer
+from pipelines.ctr import run
+from pipelines.local import PipelineRunError, step_error
+from pipelines.pipeline import TASKS, compile_pipeline, pipeline_arguments
+
+CONF = Path(pipelines.__file__).resolve().parent.parent / "conf"
+
+
+def _compose(run_dir, *overrides):
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[f"run_dir={run_dir}", *overrides])
+
+
+def _spec(tmp_path) -> pipeline_spec_pb2.PipelineSpec:
+    path = compile_pipeline(tmp_path / "pipeline.yaml")
+    return json_format.ParseDict(yaml.safe_load(Path(path).read_text()), pipeline_spec_pb2.PipelineSpec())
+
+
+def test_pipeline_compiles_to_three_tasks_in_order(tmp_path):
+    spec = _spec(tmp_path)
+    tasks = spec.root.dag.tasks
+    assert set(tasks) == set(TASKS)
+    # Each task depends on exactly the ones before it: prepare-data -> train -> evaluate-model.
+    for i, name in enumerate(TASKS):
+        assert set(tasks[name].dependent_tasks) == set(TASKS[:i]), name
+    assert spec.root.input_definitions.parameters["config"].parameter_type == \
+        pipeline_spec_pb2.ParameterType.STRUCT
+    assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report"}
+
+
+def test_components_run_without_installing_anything(tmp_path):
+    for component in (prepare_data, train, evaluate_model):
+        container = component.component_spec.implementation.container
+        command = " ".join([*container.command, *(container.args or [])])
+        assert "pip install" not in command and "kfp.dsl.executor_main" in command, component.name
+    executors = _spec(tmp_path).deployment_spec["executors"]
+    images = {executor["container"]["image"] for executor in executors.values()}
+    assert len(images) == 1
+    for executor in executors.values():
+        assert "pip install" not in " ".join(executor["container"]["command"])
+        assert {"name": "PYTHONUNBUFFERED", "value": "1"} in executor["container"]["env"]
+
+
+def test_config_survives_the_struct_parameter(tmp_path):
+    """A dict parameter travels as a protobuf Struct: ints become doubles, nulls are not allowed."""
+    cfg = from_dict(_compose(tmp_path, "data=criteo", "data.uri=/some/files"))
+    struct = struct_pb2.Struct()
+    struct.update(pipeline_arguments(cfg))
+    assert from_dict(json_format.MessageToDict(struct)) == cfg
+
+
+def test_checkpoint_pointer_from_metadata_or_file(tmp_path):
+    (tmp_path / "pointer").write_text(json.dumps({"uri": "/ckpt/a"}))
+    assert read_pointer(tmp_path / "pointer") == "/ckpt/a"
+    assert read_pointer(tmp_path / "missing", {"uri": "/ckpt/b"}) == "/ckpt/b"
+
+
+def test_step_error_keeps_the_role_and_log_tail():
+    out = [
+        "    [KFP Executor 12:00:00 INFO]: Got executor_input:",
+        "    PS job abc: 1 server(s) + 1 worker(s), mode async",
+        "    Traceback (most recent call last):",
+        '      File "/x/launcher.py", line 178, in _supervise',
+        "        raise self._failure(p, ...)",
+        "    components.train.launcher.PsJobError: PS job abc: worker-0 exited with code 1. Last lines of w.log:",
+        "        Traceback (most recent call last):",
+        "        ValueError: bad shard",
+        "    ",
+        "",
+        "12:00:01.000 - ERROR - Task 'train' finished with status FAILURE",
+        "-" * 80,
+    ]
+    assert step_error(out) == ("components.train.launcher.PsJobError: PS job abc: worker-0 exited with code 1. "
+                               "Last lines of w.log:\n    Traceback (most recent call last):\n"
+                               "    ValueError: bad shard")
+    err = PipelineRunError("Pipeline 'x' finished with status FAILURE. Inner task failed: 'train'.", step_error(out))
+    assert err.step == "train" and "worker-0" in str(err)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["ps.workers=0"], "ps.workers"),
+    (["data=criteo"], "data.uri"),
+    (["checkpoint.uri=s3://bucket/ckpt"], "checkpoint.uri"),
+])
+def test_bad_config_fails_before_anything_starts(tmp_path, overrides, key):
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as err:
+        run(_compose(run_dir, *overrides))
+    assert err.value.key == key
+    assert not run_dir.exists()  # no data, no logs, no kfp root
+
+
+def test_unknown_enum_value_fails_at_compose(tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="ps.mode=bogus"):
+        _compose(tmp_path, "ps.mode=bogus")
+
+
+def test_cli_reports_a_config_error_in_one_line(tmp_path):
+    """From a directory outside the project: the config path resolves from the installed package."""
+    proc = subprocess.run([sys.executable, "-m", "pipelines.ctr", "ps.workers=0", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == "error: config key 'ps.workers' has value 0; allowed: a number > 0"
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_local_pipeline_end_to_end(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    objective = run(_compose(run_dir, "experiment=tiny"))
+    out = capsys.readouterr().out
+    for name in ("metrics.json", "report.md", "report.html", "roc.png", "config.yaml",
+                 "logs/worker-0.log", "logs/server-0.log", "checkpoint/MANIFEST.json"):
+        assert (run_dir / name).is_file(), name
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert objective == metrics["auc"]
+    assert metrics["auc"] > 0.6, metrics
+    # The PS job's progress came through kfp.local to this process's stdout, then the summary table.
+    assert "== epoch 2 done" in out and "== CTR pipeline done" in out and "test AUC" in out
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["checkpoint"]["uri"] == str(run_dir / "checkpoint")
+    assert "Training" in (run_dir / "report.md").read_text()  # the train step's summary reached the report
