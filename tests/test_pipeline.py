@@ -141,3 +141,18 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     assert "== epoch 2 done" in out and "== CTR pipeline done" in out and "test AUC" in out
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["checkpoint"]["uri"] == str(run_dir / "checkpoint")
     assert "Training" in (run_dir / "report.md").read_text()  # the train step's summary reached the report
+
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo"
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data/criteo is not beside the checkout")
+def test_local_pipeline_on_real_criteo_format(tmp_path):
+    """Raw Criteo TSV from a glob: parsed, hashed, trained on the PS and scored from the checkpoint."""
+    run_dir = tmp_path / "run"
+    objective = run(_compose(run_dir, "experiment=tiny", "data=criteo", f"data.uri={SHARED}/raw_*.tsv",
+                             "data.test_fraction=0.3"))
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    stats = json.loads(next((run_dir / "kfp").rglob("stats.json")).read_text())
+    assert stats["format"] == "raw" and stats["rows"]["train"] + stats["rows"]["test"] == 100
+    assert metrics["count"] == stats["rows"]["test"] and objective == metrics["auc"]

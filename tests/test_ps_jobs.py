@@ -69,7 +69,8 @@ def test_two_servers_two_workers_learn(tmp_path, datasets, mode):
     assert metrics["auc"] > 0.7, (mode, metrics)
 
 
-def test_killed_worker_stops_the_whole_job(tmp_path, datasets):
+@pytest.mark.parametrize("victim_name", ["worker-1", "server-0"])
+def test_killed_process_stops_the_whole_job(tmp_path, datasets, victim_name):
     cfg = _config(tmp_path, servers=2, workers=2, epochs=200, progress_period_s=1)
     data_dir, _ = datasets[2]
     job = LocalJob(cfg, data_dir, tmp_path / "ckpt", tmp_path / "logs", echo=lambda line: None)
@@ -87,14 +88,14 @@ def test_killed_worker_stops_the_whole_job(tmp_path, datasets):
     while "worker-1" not in job.progress and time.time() < deadline:  # training has started
         time.sleep(0.2)
     assert "worker-1" in job.progress, "worker 1 never reported progress"
-    victim = next(p for p in job.processes if p.name == "worker-1")
+    victim = next(p for p in job.processes if p.name == victim_name)
     killed_at = time.time()
     os.kill(victim.popen.pid, signal.SIGKILL)
     thread.join(60)
     assert not thread.is_alive()
     assert time.time() - killed_at < 30
     error = outcome["error"]
-    assert error.role == "worker-1"
-    assert "SIGKILL" in str(error) and "worker-1.log" in str(error)
+    assert error.role == victim_name
+    assert "SIGKILL" in str(error) and f"{victim_name}.log" in str(error)
     assert not _job_processes_alive(str(tmp_path))
     assert not (tmp_path / "ckpt" / "MANIFEST.json").exists()
