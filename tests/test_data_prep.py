@@ -21,7 +21,6 @@ from components.data_prep.synthetic import (
     bayes_metrics,
     category_value,
     generate,
-    roc_auc,
 )
 
 SAMPLES = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo"
@@ -172,14 +171,6 @@ def test_vocab_size_out_of_range_is_rejected():
 
 
 # --- synthetic ----------------------------------------------------------------------------
-
-
-def test_roc_auc_counts_ties_as_half():
-    labels = np.array([0, 1, 0, 1, 1, 0])
-    scores = np.array([0.1, 0.4, 0.4, 0.8, 0.2, 0.05])
-    pairs = [(p, n) for p in scores[labels == 1] for n in scores[labels == 0]]
-    expected = np.mean([1.0 if p > n else 0.5 if p == n else 0.0 for p, n in pairs])
-    assert roc_auc(labels, scores) == pytest.approx(expected)
 
 
 def test_synthetic_same_seed_is_byte_identical_and_other_seed_differs(tmp_path):

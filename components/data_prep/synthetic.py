@@ -31,6 +31,7 @@ import numpy as np
 from components.data_prep.hashing import feature_ids
 from components.data_prep.multislot import Schema, format_float
 from components.data_prep.readers import normalize_count
+from components.evaluate.metrics import binary_metrics
 
 # Criteo-like spread: a few tiny fields, many mid-sized, several large ones.
 DEFAULT_CARDINALITIES = (
@@ -238,26 +239,7 @@ def category_value(index: int) -> str:
     return f"{index:08x}"
 
 
-def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    """Area under the ROC curve; tied scores count half (Mann-Whitney U)."""
-    labels = np.asarray(labels)
-    positives = int(labels.sum())
-    negatives = len(labels) - positives
-    if positives == 0 or negatives == 0:
-        raise ValueError("AUC needs both positive and negative labels")
-    _, inverse, counts = np.unique(scores, return_inverse=True, return_counts=True)
-    # Average 1-based rank of each distinct score.
-    average_rank = np.cumsum(counts) - (counts - 1) / 2.0
-    positive_rank_sum = float(average_rank[inverse][labels == 1].sum())
-    return (positive_rank_sum - positives * (positives + 1) / 2.0) / (positives * negatives)
-
-
-def log_loss(labels: np.ndarray, probabilities: np.ndarray) -> float:
-    """Mean binary cross-entropy (natural log), probabilities clipped to [1e-15, 1-1e-15]."""
-    clipped = np.clip(probabilities, 1e-15, 1 - 1e-15)
-    return float(-np.mean(np.where(np.asarray(labels) == 1, np.log(clipped), np.log1p(-clipped))))
-
-
 def bayes_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
     """AUC and logloss of the true probabilities: the best any model can do on ``labels``."""
-    return {"auc": roc_auc(labels, probabilities), "logloss": log_loss(labels, probabilities)}
+    metrics = binary_metrics(labels, probabilities)
+    return {"auc": metrics["auc"], "logloss": metrics["logloss"]}
