@@ -90,7 +90,7 @@ class PsConfig:
     sync_batches: int = 16  # sync: batches per worker between global barriers
     host: str = "127.0.0.1"  # local backend: the address every role binds and dials
     progress_period_s: float = 5.0
-    # A job whose process dies is torn down; this bounds how long a silent hang may last.
+    # How long the servers may take to come up (rendezvous store, PS ports) before the job fails.
     startup_timeout_s: float = 120.0
 
 

@@ -7,6 +7,7 @@ and calls :func:`role_env`, so a server or worker sees the same variables wherev
 from __future__ import annotations
 
 import socket
+import time
 from dataclasses import dataclass
 from enum import Enum
 
@@ -58,6 +59,8 @@ def role_env(layout: ClusterLayout, role: Role, index: int) -> dict[str, str]:
     }
     if role is Role.WORKER:
         env["PADDLE_TRAINER_ID"] = str(index)
+        # Paddle's own wait for servers retries every 3 s; the worker polls them itself (role.py).
+        env["FLAGS_LAUNCH_BARRIER"] = "0"
     return env
 
 
@@ -84,3 +87,24 @@ def local_layout(servers: int, workers: int, host: str, job_id: str) -> ClusterL
         gloo_endpoint=f"{host}:{ports[-1]}",
         job_id=job_id,
     )
+
+
+def wait_until_listening(endpoints: list[str], timeout_s: float, poll_s: float = 0.1) -> None:
+    """Block until every endpoint accepts TCP connections; TimeoutError names those that do not."""
+    deadline = time.time() + timeout_s
+    pending = list(endpoints)
+    while pending:
+        pending = [ep for ep in pending if not endpoint_accepts(ep)]
+        if pending and time.time() > deadline:
+            raise TimeoutError(f"PS servers {pending} did not listen within {timeout_s:.0f}s")
+        if pending:
+            time.sleep(poll_s)
+
+
+def endpoint_accepts(endpoint: str) -> bool:
+    host, port = endpoint.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False

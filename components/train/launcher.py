@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from components.config import CtrConfig, to_dict
-from components.train.env import ClusterLayout, Role, local_layout, role_env
+from components.train.env import ClusterLayout, Role, endpoint_accepts, local_layout, role_env
 from components.train.role import DONE, EPOCH, PROGRESS
 
 TAIL_LINES = 30
@@ -156,12 +156,25 @@ class LocalJob:
                   f"mode {cfg.ps.mode.value}, logs in {self.log_dir}")
         try:
             self.processes = [self._start(layout, Role.SERVER, i) for i in range(cfg.ps.servers)]
+            self._wait_for_rendezvous(layout)
             self.processes += [self._start(layout, Role.WORKER, i) for i in range(cfg.ps.workers)]
             self._supervise()
         finally:
             self._stop_all()
         return JobResult(epochs=self.epochs, progress=self.progress, seconds=time.time() - started,
                          logs={p.name: str(p.log_path) for p in self.processes})
+
+    def _wait_for_rendezvous(self, layout: ClusterLayout) -> None:
+        """Start workers once server 0 serves the gloo store: a worker that finds it down sleeps 3 s per retry."""
+        deadline = time.time() + self.cfg.ps.startup_timeout_s
+        while not endpoint_accepts(layout.gloo_endpoint):
+            server_0 = self.processes[0]
+            if server_0.popen.poll() is not None:
+                raise self._failure(server_0, f"exited with code {server_0.popen.returncode} while starting")
+            if time.time() > deadline:
+                raise self._failure(server_0, f"did not serve the rendezvous store {layout.gloo_endpoint} within "
+                                              f"{self.cfg.ps.startup_timeout_s:.0f}s (ps.startup_timeout_s)")
+            time.sleep(POLL_S)
 
     def _supervise(self) -> None:
         """Return when every process exited 0; raise on the first failure or a stuck ending.

@@ -14,6 +14,7 @@ import importlib
 import json
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +25,7 @@ from components import checkpoint
 from components.config import CtrConfig, Mode, from_dict
 from components.data_prep.multislot import Schema, read_shards
 from components.train import models
+from components.train.env import wait_until_listening
 from components.train.strategy import EMBEDDING_TABLE, build_strategy, dense_optimizer
 
 PROGRESS, EPOCH, DONE = "@progress", "@epoch", "@done"
@@ -116,27 +118,8 @@ class Worker:
         dataset.set_filelist(files)
         return dataset
 
-    def _progress_handler(self, epoch: int, started: float):
-        worker = self
-        pos, neg = self.program.heads.auc_stats
-
-        class Progress(self.paddle.base.executor.FetchHandler):
-            def handler(self, fetched):
-                p, n = fetched["pos"], fetched["neg"]
-                if p is None or n is None:
-                    return
-                seen = float(p.sum() + n.sum())
-                loss = fetched["loss"]
-                emit(PROGRESS, role="worker", index=worker.index, epoch=epoch, examples=int(seen),
-                     examples_per_s=seen / max(time.time() - started, 1e-9),
-                     loss=float(loss.ravel()[0]) if loss is not None else None, auc=auc_from_stats(p, n))
-
-        return Progress(var_dict={"pos": pos, "neg": neg, "loss": self.program.running_loss},
-                        period_secs=max(1, int(self.cfg.ps.progress_period_s)))
-
-    def _train(self, files: list[str], handler=None) -> None:
-        self.exe.train_from_dataset(program=self.paddle.static.default_main_program(),
-                                    dataset=self._dataset(files), fetch_handler=handler)
+    def _train(self, files: list[str]) -> None:
+        self.exe.train_from_dataset(program=self.paddle.static.default_main_program(), dataset=self._dataset(files))
 
     def _sync_rounds(self, epoch: int) -> list[list[str]]:
         """This worker's data cut into rounds of ``sync_batches`` batches; every worker gets the same count."""
@@ -156,6 +139,7 @@ class Worker:
     def train(self) -> dict:
         fleet = self.fleet
         self.exe.run(self.paddle.static.default_startup_program())
+        wait_until_listening(os.environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(","), self.cfg.ps.startup_timeout_s)
         fleet.init_worker()
         fleet.barrier_worker()
         job_started = time.time()
@@ -173,9 +157,22 @@ class Worker:
                     if r % 20 == 0 or r == len(rounds) - 1:
                         self._emit_progress(epoch, started)
             else:
-                self._train(self.shards, self._progress_handler(epoch, started))
+                # Paddle's own fetch_handler costs ~3 s per pass to stop (its monitor sleeps holding a lock).
+                stop = threading.Event()
+                reporter = threading.Thread(target=self._report_progress, args=(epoch, started, stop), daemon=True)
+                reporter.start()
+                try:
+                    self._train(self.shards)
+                finally:
+                    stop.set()
+                    reporter.join()
             history.append(self._end_epoch(epoch, started))
         return {"epochs": history, "train_seconds": time.time() - job_started}
+
+    def _report_progress(self, epoch: int, started: float, stop: threading.Event) -> None:
+        """Reads the persistable counters the trainer threads update, every progress period."""
+        while not stop.wait(self.cfg.ps.progress_period_s):
+            self._emit_progress(epoch, started)
 
     def _emit_progress(self, epoch: int, started: float) -> None:
         pos, neg = (self._tensor(v) for v in self.program.heads.auc_stats)
