@@ -13,8 +13,8 @@ adagrad sparse table, Adam on dense; one epoch):
 * **hand-written dataset** -- the same script with ``--loop dataset`` (``QueueDataset`` + ``train_from_dataset``).
 
 Each for every layout (default 1 server/1 worker and 2 servers/2 workers). The hand-written processes get
-exactly the environment ours get (``components.train.env.role_env`` over a fresh ``local_layout``; no
-``paddle.distributed.launch``), each in its own process group, killed (SIGTERM, then SIGKILL) when the job ends
+the environment ours get (``components.train.env.role_env`` over a fresh ``local_layout``; no
+``paddle.distributed.launch``) except ``FLAGS_LAUNCH_BARRIER``, so they keep Paddle's own wait for the servers, each in its own process group, killed (SIGTERM, then SIGKILL) when the job ends
 or fails; leftovers are checked for with ``pgrep`` after every job.
 
 Measures:
@@ -33,11 +33,6 @@ Measures:
 * **job wall** = command start to the last process gone (includes startup, the end barriers, and for ours the
   checkpoint save + export).
 * **ours / best** = ours' examples/s divided by the best hand-written examples/s of the layout.
-
-Known (measured separately, not by this script): ours passes a ``fetch_handler`` to ``train_from_dataset`` for its
-``@progress`` lines; Paddle 2.6.2's ``FetchHandlerMonitor.stop()`` then waits for a lock its thread holds while
-sleeping 1 s at a time (and re-takes at once), which added 2.6-2.9 s at the end of each epoch here. That wait is in
-ours' epoch seconds and dominates the gap on small data. The hand-written loops use no fetch handler.
 
 Before every job the script waits (polling every 10 s, up to 10 minutes) until no other PS job
 (``components.train.role``, ``paddle.distributed.launch``, the hand-written script) is running on the machine.
@@ -220,6 +215,8 @@ def run_handwritten(servers: int, workers: int, loop: str, data_dir: Path, work:
                 log_path = work / f"{name}.log"
                 env = {**os.environ, **role_env(layout, role, i), "PYTHONUNBUFFERED": "1",
                        "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1")}
+                # A hand-written script relies on Paddle's own wait for the servers (ours polls them itself).
+                env.pop("FLAGS_LAUNCH_BARRIER", None)
                 with open(log_path, "w") as out:
                     popen = subprocess.Popen(command, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
                                              stdin=subprocess.DEVNULL, start_new_session=True)
@@ -316,8 +313,6 @@ def render(results: list[dict], meta: dict) -> str:
         "examples/s = examples trained by all workers / longest worker's training-loop seconds (startup and "
         "teardown excluded). to 1st batch = command start -> first worker's training-loop start. "
         "Method: docstring of `bench/throughput.py`.",
-        "Ours' loop seconds include Paddle's `FetchHandlerMonitor.stop()` wait at each epoch's end (2.6-2.9 s, "
-        "measured separately; see the docstring).",
     ]
     if any(r["polluted"] for r in results):
         lines += ["", "(*) other PS jobs were running on this machine during that measurement (after retries): "

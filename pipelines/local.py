@@ -48,20 +48,40 @@ class PipelineRunError(RuntimeError):
 
 
 class _ConsoleTap(io.TextIOBase):
-    """Stands in for ``sys.stdout`` during a run: writes through, flushes per line, keeps a tail."""
+    """Stands in for ``sys.stdout`` during a run: writes whole lines, flushes each, keeps a tail.
+
+    It drops the executor-input JSON that kfp's executor logs at the start of every step (~125 lines of
+    artifact plumbing); it stays in the run's kfp/ folder, and the tail keeps it for error reports.
+    """
 
     def __init__(self, target):
         self.target = target
         self.lines: deque[str] = deque(maxlen=TAP_LINES)
         self._partial = ""
+        self._json_indent: Optional[int] = None  # set while inside an executor-input dump
 
     def write(self, text: str) -> int:
-        self.target.write(text)
-        if "\n" in text:
-            self.target.flush()
         *complete, self._partial = (self._partial + text).split("\n")
-        self.lines.extend(complete)
+        for line in complete:
+            self.lines.append(line)
+            if self._shown(line):
+                self.target.write(line + "\n")
+        if complete:
+            self.target.flush()
         return len(text)
+
+    def _shown(self, line: str) -> bool:
+        stripped = line.strip()
+        if self._json_indent is None:
+            if line.rstrip().endswith("Got executor_input:"):
+                self._json_indent = -1  # the next line opens the JSON object
+                return False
+            return True
+        if self._json_indent == -1:
+            self._json_indent = len(line) - len(line.lstrip())
+        elif stripped == "}" and len(line) - len(line.lstrip()) == self._json_indent:
+            self._json_indent = None
+        return False
 
     def flush(self) -> None:
         self.target.flush()
@@ -146,6 +166,7 @@ def run_local(cfg: CtrConfig) -> dict:
         raise PipelineRunError(_ANSI.sub("", str(err)), tap.step_error()) from None
     finally:
         sys.stdout = stdout
+        stdout.write(tap._partial)
     wall_s = time.time() - started
     outputs = task.outputs
     metrics = collect_outputs(run_dir, metrics_dir=outputs["metrics"].path, logs_dir=outputs["logs"].path)
