@@ -177,11 +177,12 @@ def run_ours(servers: int, workers: int, data_dir: Path, work: Path) -> dict:
         "table": {"embedding_dim": EMB_DIM, "vocab_size": VOCAB},
         "ps": {"mode": "async", "servers": servers, "workers": workers, "epochs": 1, "threads": THREADS,
                "batch_size": BATCH, "progress_period_s": 2},
+        "checkpoint": {"uri": str(work / "ckpt")},
         "run_dir": str(work),
     })
     echo = OursEcho()
     started = time.time()
-    result = run_local_job(cfg, data_dir, work / "ckpt", work / "logs", echo=echo)
+    result = run_local_job(cfg, data_dir, work / "logs", echo=echo)
     wall = time.time() - started
     left = leftovers(str(work))
     if left:

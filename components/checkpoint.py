@@ -11,7 +11,8 @@ A checkpoint directory holds::
     MANIFEST.json            written last: every file with size and sha256
 
 A directory without ``MANIFEST.json`` is not a checkpoint: it is never loaded. Files are checked against
-the manifest at load, so a truncated or altered file is reported by name.
+the manifest at load, so a truncated or altered file is reported by name. Where checkpoints live (any
+fsspec store) and how they get there is :mod:`components.checkpoint_store`; this module is the format.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -39,6 +40,10 @@ DENSE_FILE = "dense.npz"
 _SPARSE_HEADER = 6
 
 
+# What scoring needs of a checkpoint: the export and what rebuilds the network.
+SCORING_PARTS = (MODEL_META, EXPORT + "/")
+
+
 class CheckpointError(RuntimeError):
     pass
 
@@ -51,18 +56,6 @@ class Checkpoint:
     ids: np.ndarray
     rows: np.ndarray
     dense: dict[str, np.ndarray]
-
-
-def local_path(uri: str) -> Path:
-    """The local directory behind a checkpoint URI (a plain path or ``file://``).
-
-    Remote stores (s3://, hdfs://) are refused rather than written to a local directory named ``s3:``.
-    """
-    if uri.startswith("file://"):
-        uri = uri[len("file://"):]
-    elif "://" in uri:
-        raise ValueError(f"checkpoint.uri {uri!r}: only local paths are supported by this version")
-    return Path(uri).expanduser().resolve()
 
 
 def _sha256(path: Path) -> str:
@@ -92,8 +85,11 @@ def commit(root: str | os.PathLike, meta: dict[str, Any]) -> dict[str, Any]:
     return manifest
 
 
-def verify(root: str | os.PathLike) -> dict[str, Any]:
-    """The manifest, after checking every file in it; raises :class:`CheckpointError` naming the file."""
+def verify(root: str | os.PathLike, parts: Optional[tuple[str, ...]] = None) -> dict[str, Any]:
+    """The manifest, after checking its files (those starting with one of ``parts``, or all).
+
+    Raises :class:`CheckpointError` naming the file that is missing, truncated or altered.
+    """
     root = Path(root)
     manifest_path = root / MANIFEST
     if not manifest_path.is_file():
@@ -101,6 +97,8 @@ def verify(root: str | os.PathLike) -> dict[str, Any]:
                               "(the save did not finish); it is never loaded")
     manifest = json.loads(manifest_path.read_text())
     for name, expected in manifest["files"].items():
+        if parts is not None and not name.startswith(parts):
+            continue
         path = root / name
         if not path.is_file():
             raise CheckpointError(f"checkpoint file {path} listed in {MANIFEST} is missing")
@@ -150,9 +148,9 @@ def save_export(root: str | os.PathLike, ids: np.ndarray, rows: np.ndarray, dens
 
 
 def load(root: str | os.PathLike) -> Checkpoint:
-    """A verified checkpoint's export, the form evaluation and serving read."""
+    """A verified checkpoint's export, the form evaluation and serving read (the tables need not be here)."""
     root = Path(root)
-    verify(root)
+    verify(root, parts=SCORING_PARTS)
     meta = json.loads((root / MODEL_META).read_text())
     with np.load(root / EXPORT / EMBEDDING_FILE) as table:
         ids, rows = table["ids"], table["rows"]

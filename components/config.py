@@ -96,7 +96,10 @@ class PsConfig:
 
 @dataclass
 class CheckpointConfig:
-    uri: str = "checkpoint"
+    uri: str = "checkpoint"  # fsspec URL of the checkpoint store: a path, s3://bucket/prefix, hdfs://...
+    every_passes: int = 1  # commit a checkpoint after every N passes; the last pass is always committed
+    keep_last: int = 3  # committed checkpoints kept in the store (older ones are pruned)
+    resume: str = "none"  # none | latest | <checkpoint id>: where training continues from
 
 
 @dataclass
@@ -202,6 +205,11 @@ def validate(cfg: CtrConfig) -> None:
         _check_data_uri(cfg.data.uri)
     if len(cfg.table.weight_bounds) != 2 or cfg.table.weight_bounds[0] >= cfg.table.weight_bounds[1]:
         raise ConfigError("table.weight_bounds", list(cfg.table.weight_bounds), "[low, high] with low < high")
+    _positive("checkpoint.every_passes", cfg.checkpoint.every_passes)
+    _positive("checkpoint.keep_last", cfg.checkpoint.keep_last)
+    if cfg.checkpoint.resume != "none" and cfg.ps.mode is Mode.geo:
+        raise ConfigError("checkpoint.resume", cfg.checkpoint.resume, "'none' in geo mode",
+                          "geo servers do not save their table in Paddle 2.6.2, so a geo job cannot resume")
     if cfg.objective not in ("auc", "logloss"):
         raise ConfigError("objective", cfg.objective, "'auc' or 'logloss'")
 

@@ -26,7 +26,8 @@ def run(cfg: DictConfig) -> float:
     if typed.cluster.backend is ClusterBackend.local:
         from pipelines.local import local_config, run_local
 
-        typed = local_config(typed)  # raises ConfigError too: still before anything starts
+        typed = local_config(typed)
+        check_resume(typed)
         run_dir = Path(typed.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))))
@@ -34,6 +35,20 @@ def run(cfg: DictConfig) -> float:
     else:  # pragma: no cover - the enum has no other member yet
         raise ConfigError("cluster.backend", typed.cluster.backend.value, "local")
     return float(metrics[typed.objective])
+
+
+def check_resume(cfg) -> None:
+    """A resume target that names no committed checkpoint fails here, before anything starts."""
+    from components.checkpoint import CheckpointError
+    from components.checkpoint_store import CheckpointStore
+
+    if cfg.checkpoint.resume in ("none", "latest"):
+        return
+    try:
+        CheckpointStore(cfg.checkpoint.uri).resolve(cfg.checkpoint.resume)
+    except CheckpointError as err:
+        raise ConfigError("checkpoint.resume", cfg.checkpoint.resume, "none, latest or a committed checkpoint id",
+                          str(err)) from None
 
 
 register_configs()

@@ -5,6 +5,7 @@ After the run the run directory holds what a person looks at::
     run_dir/metrics.json  report.md  report.html  roc.png
     run_dir/logs/<role>-<i>.log         the PS processes' logs
     run_dir/checkpoint/                 (checkpoint.uri; the train step writes it there directly)
+    run_dir/serving_model/              the exported inference model (python -m components.serving predict)
     run_dir/kfp/                        kfp.local's pipeline root: every artifact of every step
 
 Console: ``kfp.local`` pipes a step's stdout+stderr and re-prints it line by line (indented) through
@@ -27,8 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from components.checkpoint import local_path
-from components.config import ConfigError, CtrConfig
+from components.config import CtrConfig
 
 # What the run directory gets from the evaluation directory (the Metrics artifact's path).
 EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png")
@@ -121,21 +121,16 @@ def step_error(lines: list[str]) -> str:
 
 
 def local_config(cfg: CtrConfig) -> CtrConfig:
-    """Absolute paths for a local run: ``run_dir``, and ``checkpoint.uri`` (relative = under run_dir).
+    """Absolute paths for a local run: ``run_dir``, and a local ``checkpoint.uri`` (relative = under run_dir).
 
-    Raises :class:`ConfigError` for a checkpoint URI this backend cannot write (a remote store).
+    Remote stores (``s3://...``, ``hdfs://...``) pass through unchanged.
     """
     run_dir = Path(cfg.run_dir).expanduser().resolve()
     uri = cfg.checkpoint.uri
-    try:
-        local_path(uri)
-    except ValueError:
-        raise ConfigError("checkpoint.uri", uri, "a local path or file:// URI",
-                          "remote checkpoint stores are not supported by this version") from None
-    checkpoint = Path(uri.removeprefix("file://")).expanduser()
-    checkpoint = checkpoint if checkpoint.is_absolute() else run_dir / checkpoint
-    return dataclasses.replace(cfg, run_dir=str(run_dir),
-                               checkpoint=dataclasses.replace(cfg.checkpoint, uri=str(checkpoint.resolve())))
+    if "://" not in uri or uri.startswith("file://"):
+        checkpoint = Path(uri.removeprefix("file://")).expanduser()
+        uri = str((checkpoint if checkpoint.is_absolute() else run_dir / checkpoint).resolve())
+    return dataclasses.replace(cfg, run_dir=str(run_dir), checkpoint=dataclasses.replace(cfg.checkpoint, uri=uri))
 
 
 def run_local(cfg: CtrConfig) -> dict:
@@ -169,13 +164,19 @@ def run_local(cfg: CtrConfig) -> dict:
         stdout.write(tap._partial)
     wall_s = time.time() - started
     outputs = task.outputs
-    metrics = collect_outputs(run_dir, metrics_dir=outputs["metrics"].path, logs_dir=outputs["logs"].path)
+    metrics = collect_outputs(run_dir, metrics_dir=outputs["metrics"].path, logs_dir=outputs["logs"].path,
+                              serving_dir=outputs["serving_model"].path)
     print_summary(metrics, outputs["checkpoint"].metadata, wall_s, run_dir, cfg.checkpoint.uri)
     return metrics
 
 
-def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str) -> dict:
-    """Copy the evaluation files and the PS logs out of the artifact store into the run directory."""
+def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str, serving_dir: Optional[str] = None) -> dict:
+    """Copy the evaluation files, the PS logs and the serving model out of the artifact store into the run
+    directory (``run_dir/serving_model/`` is replaced as a whole)."""
+    if serving_dir is not None:
+        target = run_dir / "serving_model"
+        shutil.rmtree(target, ignore_errors=True)
+        shutil.copytree(serving_dir, target)
     for name in EVALUATION_FILES:
         shutil.copyfile(Path(metrics_dir) / name, run_dir / name)
     logs = run_dir / "logs"

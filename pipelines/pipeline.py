@@ -1,4 +1,4 @@
-"""The CTR pipeline: prepare data -> PS training -> evaluation.
+"""The CTR pipeline: prepare data -> PS training -> evaluation, and beside it the serving model export.
 
 This one definition is what ``kfp.local`` executes for a local run (:mod:`pipelines.local`) and what
 :func:`compile_pipeline` turns into the IR YAML submitted to Kubeflow Pipelines. Its only parameter is
@@ -15,14 +15,18 @@ from kfp.dsl import HTML, Artifact, Metrics, Model
 from components.config import CtrConfig, to_dict
 from components.data_prep.component import prepare_data
 from components.evaluate.component import evaluate_model
+from components.export.component import export_model
 from components.train.component import train
 
 PIPELINE_NAME = "ctr-ps-training"
-TASKS = ("prepare-data", "train", "evaluate-model")  # execution order
+TASKS = ("prepare-data", "train", "evaluate-model", "export-model")  # a topological order
+# What each task waits for: evaluation and export both start once training is done.
+DEPENDENCIES = {"prepare-data": (), "train": ("prepare-data",), "evaluate-model": ("prepare-data", "train"),
+                "export-model": ("train",)}
 
 # Pipeline outputs: what a local run copies into its run directory.
 Outputs = NamedTuple("Outputs", [("checkpoint", Model), ("logs", Artifact), ("metrics", Metrics),
-                                 ("report", HTML)])
+                                 ("report", HTML), ("serving_model", Model)])
 
 
 @dsl.pipeline(name=PIPELINE_NAME, description="Parameter-server training of a CTR model on PaddlePaddle")
@@ -32,10 +36,12 @@ def ctr_pipeline(config: dict) -> Outputs:
     # The checkpoint lives outside the artifact store (checkpoint.uri): a cached step would only point at it.
     fit.set_caching_options(False)
     scored = evaluate_model(config=config, dataset=prep.outputs["dataset"], checkpoint=fit.outputs["checkpoint"])
-    for task in (prep, fit, scored):
+    served = export_model(config=config, checkpoint=fit.outputs["checkpoint"])
+    for task in (prep, fit, scored, served):
         task.set_env_variable("PYTHONUNBUFFERED", "1")  # progress lines reach the logs as they happen
     return Outputs(checkpoint=fit.outputs["checkpoint"], logs=fit.outputs["logs"],
-                   metrics=scored.outputs["metrics"], report=scored.outputs["report"])
+                   metrics=scored.outputs["metrics"], report=scored.outputs["report"],
+                   serving_model=served.outputs["serving_model"])
 
 
 def _drop_nones(value: Any) -> Any:

@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from google.protobuf import json_format, struct_pb2
@@ -13,14 +14,18 @@ from hydra import compose, initialize_config_dir
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 import pipelines
+from components.checkpoint import load as load_checkpoint
 from components.config import ConfigError, from_dict, register_configs
 from components.data_prep.component import prepare_data
 from components.evaluate.component import evaluate_model
+from components.evaluate.evaluate import Scorer, read_test_split, score_serving_model
+from components.export.component import export_model
 from components.train.component import train
+from components.checkpoint_store import CheckpointStore, fetch_for_scoring
 from components.train.step import read_pointer
 from pipelines.ctr import run
 from pipelines.local import PipelineRunError, step_error
-from pipelines.pipeline import TASKS, compile_pipeline, pipeline_arguments
+from pipelines.pipeline import DEPENDENCIES, TASKS, compile_pipeline, pipeline_arguments
 
 CONF = Path(pipelines.__file__).resolve().parent.parent / "conf"
 
@@ -36,20 +41,24 @@ def _spec(tmp_path) -> pipeline_spec_pb2.PipelineSpec:
     return json_format.ParseDict(yaml.safe_load(Path(path).read_text()), pipeline_spec_pb2.PipelineSpec())
 
 
-def test_pipeline_compiles_to_three_tasks_in_order(tmp_path):
+def test_pipeline_compiles_to_four_tasks_in_order(tmp_path):
     spec = _spec(tmp_path)
     tasks = spec.root.dag.tasks
-    assert set(tasks) == set(TASKS)
-    # Each task depends on exactly the ones before it: prepare-data -> train -> evaluate-model.
-    for i, name in enumerate(TASKS):
-        assert set(tasks[name].dependent_tasks) == set(TASKS[:i]), name
+    assert TASKS == ("prepare-data", "train", "evaluate-model", "export-model")
+    assert set(tasks) == set(TASKS) == set(DEPENDENCIES)
+    # prepare-data -> train -> evaluate-model, and export-model beside evaluation: it needs only the checkpoint.
+    assert {name: set(tasks[name].dependent_tasks) for name in TASKS} == \
+        {"prepare-data": set(), "train": {"prepare-data"}, "evaluate-model": {"prepare-data", "train"},
+         "export-model": {"train"}}
+    for i, name in enumerate(TASKS):  # TASKS is a topological order
+        assert set(DEPENDENCIES[name]) == set(tasks[name].dependent_tasks) <= set(TASKS[:i]), name
     assert spec.root.input_definitions.parameters["config"].parameter_type == \
         pipeline_spec_pb2.ParameterType.STRUCT
-    assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report"}
+    assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report", "serving_model"}
 
 
 def test_components_run_without_installing_anything(tmp_path):
-    for component in (prepare_data, train, evaluate_model):
+    for component in (prepare_data, train, evaluate_model, export_model):
         container = component.component_spec.implementation.container
         command = " ".join([*container.command, *(container.args or [])])
         assert "pip install" not in command and "kfp.dsl.executor_main" in command, component.name
@@ -70,9 +79,9 @@ def test_config_survives_the_struct_parameter(tmp_path):
 
 
 def test_checkpoint_pointer_from_metadata_or_file(tmp_path):
-    (tmp_path / "pointer").write_text(json.dumps({"uri": "/ckpt/a"}))
-    assert read_pointer(tmp_path / "pointer") == "/ckpt/a"
-    assert read_pointer(tmp_path / "missing", {"uri": "/ckpt/b"}) == "/ckpt/b"
+    (tmp_path / "pointer").write_text(json.dumps({"uri": "/ckpt/a", "id": "x1"}))
+    assert read_pointer(tmp_path / "pointer") == ("/ckpt/a", "x1")
+    assert read_pointer(tmp_path / "missing", {"uri": "s3://b/ckpt", "id": "x2"}) == ("s3://b/ckpt", "x2")
 
 
 def test_step_error_keeps_the_role_and_log_tail():
@@ -100,7 +109,7 @@ def test_step_error_keeps_the_role_and_log_tail():
 @pytest.mark.parametrize("overrides, key", [
     (["ps.workers=0"], "ps.workers"),
     (["data=criteo"], "data.uri"),
-    (["checkpoint.uri=s3://bucket/ckpt"], "checkpoint.uri"),
+    (["checkpoint.resume=20261129T000000000000Z-e0001-s0000000001"], "checkpoint.resume"),
 ])
 def test_bad_config_fails_before_anything_starts(tmp_path, overrides, key):
     run_dir = tmp_path / "run"
@@ -132,7 +141,8 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     objective = run(_compose(run_dir, "experiment=tiny"))
     out = capsys.readouterr().out
     for name in ("metrics.json", "report.md", "report.html", "roc.png", "config.yaml",
-                 "logs/worker-0.log", "logs/server-0.log", "checkpoint/MANIFEST.json"):
+                 "logs/worker-0.log", "logs/server-0.log", "checkpoint/LATEST", "serving_model/serving.json",
+                 "serving_model/model.pdmodel", "serving_model/model.pdiparams", "serving_model/ids.npy"):
         assert (run_dir / name).is_file(), name
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert objective == metrics["auc"]
@@ -142,6 +152,16 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     assert "Got executor_input" not in out and '"outputFile"' not in out  # kfp's plumbing dump is filtered
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["checkpoint"]["uri"] == str(run_dir / "checkpoint")
     assert "Training" in (run_dir / "report.md").read_text()  # the train step's summary reached the report
+    # The exported serving model scores the test split as the evaluated checkpoint does.
+    data_dir = next((run_dir / "kfp").rglob("stats.json")).parent
+    served = score_serving_model(run_dir / "serving_model", data_dir)
+    assert served["metrics"]["auc"] == pytest.approx(metrics["auc"], abs=1e-9)
+    source = json.loads((run_dir / "serving_model" / "serving.json").read_text())["source_checkpoint"]
+    assert source["uri"] == str(run_dir / "checkpoint")
+    assert source["id"] == CheckpointStore(source["uri"]).latest()
+    checkpoint = fetch_for_scoring(source["uri"], source["id"], tmp_path / "fetched")
+    _, dense, sparse = read_test_split(data_dir)
+    assert np.max(np.abs(served["preds"] - Scorer(load_checkpoint(checkpoint)).predict(dense, sparse))) < 1e-6
 
 
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo"

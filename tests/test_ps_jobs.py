@@ -11,19 +11,27 @@ import pytest
 from components.config import EvalConfig, from_dict
 from components.data_prep.prepare import prepare_synthetic
 from components.evaluate.evaluate import evaluate
+from components.checkpoint_store import CheckpointStore, fetch_for_scoring, parse_id
 from components.train.launcher import LocalJob, PsJobError, run_local_job
 
 ROWS = 60_000
 
 
-def _config(tmp_path, **ps):
+def _config(tmp_path, checkpoint=None, model=None, table=None, **ps):
     return from_dict({
         # Small data needs more, smaller steps than the defaults tuned for 400k rows.
         "ps": {"servers": 1, "workers": 1, "epochs": 2, "batch_size": 64, **ps},
-        "model": {"hidden": [64, 32]},
-        "table": {"learning_rate": 0.1},
+        "model": {"hidden": [64, 32], **(model or {})},
+        "table": {"learning_rate": 0.1, **(table or {})},
+        "checkpoint": {"uri": str(tmp_path / "ckpt"), **(checkpoint or {})},
         "run_dir": str(tmp_path),
     })
+
+
+def _score(uri, ckpt_id, data_dir, out_dir):
+    """Test metrics of a committed checkpoint, fetched from its store as the evaluate step does."""
+    local = fetch_for_scoring(uri, ckpt_id, out_dir / "fetched")
+    return evaluate(local, data_dir, out_dir, EvalConfig())
 
 
 @pytest.fixture(scope="module")
@@ -43,8 +51,8 @@ def _train_and_score(tmp_path, datasets, **ps):
     cfg = _config(tmp_path, **ps)
     data_dir, stats = datasets[cfg.ps.workers]
     lines = []
-    result = run_local_job(cfg, data_dir, tmp_path / "ckpt", tmp_path / "logs", echo=lines.append)
-    metrics = evaluate(tmp_path / "ckpt", data_dir, tmp_path / "eval", EvalConfig())
+    result = run_local_job(cfg, data_dir, tmp_path / "logs", echo=lines.append)
+    metrics = _score(cfg.checkpoint.uri, result.checkpoints[-1]["id"], data_dir, tmp_path / "eval")
     assert not _job_processes_alive(str(tmp_path))
     return result, metrics, stats, lines
 
@@ -54,6 +62,9 @@ def test_one_server_one_worker_learns(tmp_path, datasets):
     assert [e["epoch"] for e in result.epochs] == [1, 2]
     assert result.epochs[-1]["examples"] == stats["rows"]["train"]
     assert any("global train AUC" in line for line in lines)
+    # every_passes=1: one committed checkpoint per pass, LATEST on the last one
+    assert [parse_id(c["id"])[0] for c in result.checkpoints] == [1, 2]
+    assert CheckpointStore(str(tmp_path / "ckpt")).latest() == result.checkpoints[-1]["id"]
     # Learned: well above chance on held-out rows, and on the way to the generator's ceiling.
     assert metrics["auc"] > 0.7, metrics
     assert metrics["auc"] / stats["bayes"]["auc"] > 0.85
@@ -73,7 +84,7 @@ def test_two_servers_two_workers_learn(tmp_path, datasets, mode):
 def test_killed_process_stops_the_whole_job(tmp_path, datasets, victim_name):
     cfg = _config(tmp_path, servers=2, workers=2, epochs=200, progress_period_s=1)
     data_dir, _ = datasets[2]
-    job = LocalJob(cfg, data_dir, tmp_path / "ckpt", tmp_path / "logs", echo=lambda line: None)
+    job = LocalJob(cfg, data_dir, tmp_path / "logs", echo=lambda line: None)
     outcome = {}
 
     def run():
@@ -98,4 +109,32 @@ def test_killed_process_stops_the_whole_job(tmp_path, datasets, victim_name):
     assert error.role == victim_name
     assert "SIGKILL" in str(error) and f"{victim_name}.log" in str(error)
     assert not _job_processes_alive(str(tmp_path))
-    assert not (tmp_path / "ckpt" / "MANIFEST.json").exists()
+    assert CheckpointStore(cfg.checkpoint.uri).committed() == []
+
+
+def test_resume_restores_the_model_exactly_and_continues(tmp_path, datasets):
+    """Pass 1 is committed; a rerun with resume=latest trains pass 2 only, from the restored model.
+
+    A third run resumes from pass 2 on a different server count with learning rates so small that
+    training cannot move the model: its checkpoint must score exactly like the one it started from.
+    """
+    data_dir, _ = datasets[2]
+    first = run_local_job(_config(tmp_path, servers=2, workers=2, epochs=1), data_dir, tmp_path / "l1",
+                          echo=lambda line: None)
+    (pass1,) = [c["id"] for c in first.checkpoints]
+    second = run_local_job(_config(tmp_path, servers=2, workers=2, epochs=2, checkpoint={"resume": "latest"}),
+                           data_dir, tmp_path / "l2", echo=lambda line: None)
+    assert second.resumed_from == pass1
+    assert [e["epoch"] for e in second.epochs] == [2]  # pass 1 is not trained twice
+    (pass2,) = [c["id"] for c in second.checkpoints]
+    uri = str(tmp_path / "ckpt")
+    resumed = _score(uri, pass2, data_dir, tmp_path / "e2")
+    assert resumed["auc"] > _score(uri, pass1, data_dir, tmp_path / "e1")["auc"]
+
+    frozen = _config(tmp_path, servers=3, workers=2, epochs=3, checkpoint={"resume": pass2},
+                     model={"learning_rate": 1e-12}, table={"learning_rate": 1e-12})
+    third = run_local_job(frozen, data_dir, tmp_path / "l3", echo=lambda line: None)
+    assert third.resumed_from == pass2 and [e["epoch"] for e in third.epochs] == [3]
+    restored = _score(uri, third.checkpoints[-1]["id"], data_dir, tmp_path / "e3")
+    assert restored["auc"] == pytest.approx(resumed["auc"], abs=1e-6)
+    assert restored["logloss"] == pytest.approx(resumed["logloss"], abs=1e-6)

@@ -9,12 +9,13 @@ Artifacts of the component:
 """
 
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from components.checkpoint import local_path
+from components.checkpoint_store import fetch_for_scoring
 from components.config import from_dict, ints_from_struct
 from components.evaluate.evaluate import evaluate
 from components.train.step import read_pointer
@@ -38,8 +39,10 @@ def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkp
     returns ``(metrics, roc)`` with ``roc`` holding ``fpr``, ``tpr`` and ``thresholds``.
     """
     cfg = from_dict(config)
-    uri = read_pointer(checkpoint_path, checkpoint_metadata)
-    metrics = evaluate(local_path(uri), data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata))
+    uri, ckpt_id = read_pointer(checkpoint_path, checkpoint_metadata)
+    with tempfile.TemporaryDirectory() as scratch:
+        local = fetch_for_scoring(uri, ckpt_id, Path(scratch) / ckpt_id)
+        metrics = evaluate(local, data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata))
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(out_dir) / "report.html", report_path)

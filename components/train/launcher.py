@@ -24,7 +24,8 @@ from typing import Callable, Optional
 
 from components.config import CtrConfig, to_dict
 from components.train.env import ClusterLayout, Role, endpoint_accepts, local_layout, role_env
-from components.train.role import DONE, EPOCH, PROGRESS
+from components.checkpoint_store import CheckpointStore
+from components.train.role import CHECKPOINT, DONE, EPOCH, PROGRESS
 
 TAIL_LINES = 30
 POLL_S = 0.2
@@ -60,6 +61,8 @@ class JobResult:
     progress: dict[str, dict]
     seconds: float
     logs: dict[str, str]
+    checkpoints: list[dict]  # committed during this job, oldest first: {id, epoch, uri}
+    resumed_from: Optional[str]
 
 
 def _format_progress(event: dict) -> str:
@@ -77,17 +80,20 @@ def _format_epoch(event: dict) -> str:
 
 
 class LocalJob:
-    def __init__(self, cfg: CtrConfig, data_dir: Path, checkpoint_dir: Path, log_dir: Path,
-                 echo: Callable[[str], None] = print):
+    def __init__(self, cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = print):
         self.cfg, self.echo = cfg, echo
         self.job_id = uuid.uuid4().hex[:12]
         self.log_dir = Path(log_dir)
         self.work_root = self.log_dir / "work"
         self.job_file = self.work_root / "job.json"
+        self.store = CheckpointStore(cfg.checkpoint.uri)
+        self.store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
+        self.resume_id = self.store.resolve(cfg.checkpoint.resume)
         self.spec = {"config": to_dict(cfg), "data_dir": str(Path(data_dir).resolve()),
-                     "checkpoint_dir": str(Path(checkpoint_dir).resolve())}
+                     "staging_dir": str((self.work_root / "staging").resolve()), "resume_id": self.resume_id}
         self.processes: list[Process] = []
         self.epochs: list[dict] = []
+        self.checkpoints: list[dict] = []
         self.progress: dict[str, dict] = {}
         self._lock = threading.Lock()
 
@@ -116,7 +122,7 @@ class LocalJob:
                 log.flush()
                 process.tail.append(line.rstrip("\n"))
                 tag, _, payload = line.partition(" ")
-                if tag not in (PROGRESS, EPOCH, DONE):
+                if tag not in (PROGRESS, EPOCH, CHECKPOINT, DONE):
                     continue
                 event = json.loads(payload)
                 with self._lock:
@@ -126,6 +132,9 @@ class LocalJob:
                     elif tag == EPOCH:
                         self.epochs.append(event)
                         self.echo(_format_epoch(event))
+                    elif tag == CHECKPOINT:
+                        self.checkpoints.append(event)
+                        self.echo(f"== checkpoint {event['id']} committed to {event['uri']}")
 
     def _failure(self, process: Process, what: str) -> PsJobError:
         time.sleep(0.3)  # let the pump catch the last lines
@@ -154,6 +163,8 @@ class LocalJob:
         started = time.time()
         self.echo(f"PS job {self.job_id}: {cfg.ps.servers} server(s) + {cfg.ps.workers} worker(s), "
                   f"mode {cfg.ps.mode.value}, logs in {self.log_dir}")
+        if self.resume_id:
+            self.echo(f"resuming from checkpoint {self.resume_id} in {self.store.uri}")
         try:
             self.processes = [self._start(layout, Role.SERVER, i) for i in range(cfg.ps.servers)]
             self._wait_for_rendezvous(layout)
@@ -162,7 +173,8 @@ class LocalJob:
         finally:
             self._stop_all()
         return JobResult(epochs=self.epochs, progress=self.progress, seconds=time.time() - started,
-                         logs={p.name: str(p.log_path) for p in self.processes})
+                         logs={p.name: str(p.log_path) for p in self.processes}, checkpoints=self.checkpoints,
+                         resumed_from=self.resume_id)
 
     def _wait_for_rendezvous(self, layout: ClusterLayout) -> None:
         """Start workers once server 0 serves the gloo store: a worker that finds it down sleeps 3 s per retry."""
@@ -217,6 +229,6 @@ def _signal_name(code: int) -> str:
     return ""
 
 
-def run_local_job(cfg: CtrConfig, data_dir: Path, checkpoint_dir: Path, log_dir: Path,
-                  echo: Callable[[str], None] = print) -> JobResult:
-    return LocalJob(cfg, data_dir, checkpoint_dir, log_dir, echo).run()
+def run_local_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = print) -> JobResult:
+    """Train ``cfg`` on ``data_dir``; checkpoints go to ``cfg.checkpoint.uri``."""
+    return LocalJob(cfg, data_dir, log_dir, echo).run()

@@ -22,13 +22,14 @@ from pathlib import Path
 import numpy as np
 
 from components import checkpoint
+from components.checkpoint_store import CheckpointStore
 from components.config import CtrConfig, Mode, from_dict
 from components.data_prep.multislot import Schema, read_shards
-from components.train import models
+from components.train import checkpointing, models
 from components.train.env import wait_until_listening
 from components.train.strategy import EMBEDDING_TABLE, build_strategy, dense_optimizer
 
-PROGRESS, EPOCH, DONE = "@progress", "@epoch", "@done"
+PROGRESS, EPOCH, CHECKPOINT, DONE = "@progress", "@epoch", "@checkpoint", "@done"
 
 
 def emit(tag: str, **payload) -> None:
@@ -101,6 +102,7 @@ class Worker:
         shard_rows = self.stats["shard_rows"]["train"]
         self.rows_per_worker = [sum(shard_rows[w::self.count]) for w in range(self.count)]
         self.workdir = Path(job["workdir"])
+        self.store = CheckpointStore(cfg.checkpoint.uri)
 
     # -- training -------------------------------------------------------------------------------
     def _tensor(self, var) -> np.ndarray:
@@ -136,15 +138,20 @@ class Worker:
             files.append([str(path)])
         return files
 
-    def train(self) -> dict:
+    def train(self) -> list[dict]:
         fleet = self.fleet
+        resume_id = self.job.get("resume_id")
+        state = checkpointing.resume_state(self.store, resume_id)
         self.exe.run(self.paddle.static.default_startup_program())
+        if resume_id and self.index == 0:
+            # init_worker pushes worker 0's dense parameters to the servers: restore them first.
+            for name, value in checkpointing.restore_dense(self.store, resume_id, self.workdir).items():
+                self.scope.find_var(name).get_tensor().set(value, self.paddle.CPUPlace())
         wait_until_listening(os.environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(","), self.cfg.ps.startup_timeout_s)
         fleet.init_worker()
         fleet.barrier_worker()
-        job_started = time.time()
-        history = []
-        for epoch in range(1, self.cfg.ps.epochs + 1):
+        history = list(state["history"])
+        for epoch in range(state["epoch"] + 1, self.cfg.ps.epochs + 1):
             self._reset_auc()
             started = time.time()
             if self.cfg.ps.mode is Mode.sync:
@@ -167,7 +174,9 @@ class Worker:
                     stop.set()
                     reporter.join()
             history.append(self._end_epoch(epoch, started))
-        return {"epochs": history, "train_seconds": time.time() - job_started}
+            if checkpointing.should_save(epoch, self.cfg.ps.epochs, self.cfg.checkpoint.every_passes):
+                self._checkpoint(epoch, history)
+        return history
 
     def _report_progress(self, epoch: int, started: float, stop: threading.Event) -> None:
         """Reads the persistable counters the trainer threads update, every progress period."""
@@ -195,48 +204,46 @@ class Worker:
             emit(EPOCH, **summary)
         return summary
 
-    # -- ending ---------------------------------------------------------------------------------
-    def finish(self, training: dict) -> None:
-        """Barrier, save, export, stop: the order keeps every update in the checkpoint and nothing hanging."""
-        fleet, root = self.fleet, Path(self.job["checkpoint_dir"])
+    # -- checkpoints and ending -------------------------------------------------------------------
+    def _checkpoint(self, epoch: int, history: list[dict]) -> None:
+        """All workers together; see :mod:`components.train.checkpointing` for the protocol."""
+        fleet = self.fleet
         main = self.paddle.static.default_main_program()
+        # The servers write their shards where worker 0's save call says: one path for all workers.
+        staging = Path(self.job["staging_dir"]) / f"pass-{epoch:04d}"
         fleet.barrier_worker()
-        fleet.save_persistables(self.exe, str(root / checkpoint.TABLES), main)  # worker 0 saves; all barrier
+        fleet.save_persistables(self.exe, str(staging / checkpoint.TABLES), main)  # worker 0 asks; all barrier
         # Pulls the servers' dense parameters into every worker's scope.
         fleet.save_dense_params(self.exe, str(self.workdir / "dense.pdparams"), self.scope, main)
         if self.cfg.ps.mode is Mode.geo:
-            self._save_geo_rows()
+            ids, rows = self._local_geo_rows()
+            checkpointing.upload_geo_rows(self.store, epoch, self.index, ids, rows, self.workdir)
         fleet.barrier_worker()
         if self.index == 0:
-            self._export(root, main, training)
-        fleet.stop_worker()
+            ckpt_id = checkpointing.checkpoint_id(epoch, sum(h["examples"] for h in history))
+            self._export(staging, epoch, main)
+            state = {"epoch": epoch, "history": history, "examples": sum(h["examples"] for h in history),
+                     "seed": self.cfg.data.seed}
+            checkpointing.commit_checkpoint(self.store, ckpt_id, staging, self._meta(history), state,
+                                            self.cfg.checkpoint.keep_last)
+            emit(CHECKPOINT, id=ckpt_id, epoch=epoch, uri=self.store.uri)
         fleet.barrier_worker()
+
+    def finish(self) -> None:
+        """Stop on purpose: every worker stops its client, then worker 0 stops the servers."""
+        self.fleet.stop_worker()
+        self.fleet.barrier_worker()
         if self.index == 0:
-            fleet.fleet._runtime_handle._worker.stop_server()
+            self.fleet.fleet._runtime_handle._worker.stop_server()
         emit(DONE, role="worker", index=self.index)
 
-    def _geo_rows_path(self, index: int) -> Path:
-        return Path(self.job["checkpoint_dir"]) / "geo" / f"worker-{index}.npz"
-
-    def _save_geo_rows(self) -> None:
-        """Geo servers do not save their table; each worker writes its local rows for the ids it trained."""
+    def _local_geo_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Geo servers do not save their table: this worker's local rows for the ids it trained."""
         schema = Schema.from_dict(self.stats["schema"])
         _, _, sparse = read_shards(self.shards, schema)
         ids = np.unique(np.concatenate([slot.values for slot in sparse]))
         table = np.array(self.scope.find_var(EMBEDDING_TABLE).get_tensor())
-        path = self._geo_rows_path(self.index)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        np.savez(path, ids=ids.astype(np.uint64), rows=table[ids])
-
-    def _merged_geo_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """Workers' copies of a row converge through geo's delta exchange; the export averages them."""
-        parts = [np.load(self._geo_rows_path(i)) for i in range(self.count)]
-        ids = np.concatenate([p["ids"] for p in parts])
-        rows = np.concatenate([p["rows"] for p in parts]).astype(np.float64)
-        unique, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
-        summed = np.zeros((len(unique), rows.shape[1]))
-        np.add.at(summed, inverse, rows)
-        return unique, (summed / counts[:, None]).astype(np.float32)
+        return ids, table[ids]
 
     def _sparse_table_id(self, main) -> int:
         for op in main.global_block().ops:
@@ -244,24 +251,27 @@ class Worker:
                 return int(op.attr("table_id"))
         raise RuntimeError("no distributed sparse lookup in the training program")
 
-    def _export(self, root: Path, main, training: dict) -> None:
+    def _export(self, staging: Path, epoch: int, main) -> None:
         cfg = self.cfg
         if cfg.ps.mode is Mode.geo:
-            ids, rows = self._merged_geo_rows()
+            ids, rows = checkpointing.merged_geo_rows(self.store, epoch, self.count, staging)
         else:
-            table_dir = root / checkpoint.TABLES / f"{self._sparse_table_id(main):03d}"
+            table_dir = staging / checkpoint.TABLES / f"{self._sparse_table_id(main):03d}"
             ids, rows = checkpoint.read_sparse_table(table_dir, cfg.table.rule, cfg.table.embedding_dim)
         dense = {p.name: np.array(self.scope.find_var(p.name).get_tensor()) for p in main.all_parameters()
                  if p.name != EMBEDDING_TABLE}
-        checkpoint.save_export(root, ids, rows, dense)
+        checkpoint.save_export(staging, ids, rows, dense)
+        self.export_rows = int(len(ids))
+
+    def _meta(self, history: list[dict]) -> dict:
         from components.config import to_dict
 
-        full = to_dict(cfg)
-        checkpoint.commit(root, {
-            "model": full["model"], "table": full["table"], "mode": cfg.ps.mode.value,
-            "schema": self.stats["schema"], "servers": cfg.ps.servers, "workers": cfg.ps.workers,
-            "paddle_version": self.paddle.__version__, "training": training, "rows": int(len(ids)),
-        })
+        full = to_dict(self.cfg)
+        return {
+            "model": full["model"], "table": full["table"], "mode": self.cfg.ps.mode.value,
+            "schema": self.stats["schema"], "servers": self.cfg.ps.servers, "workers": self.cfg.ps.workers,
+            "paddle_version": self.paddle.__version__, "training": {"epochs": history}, "rows": self.export_rows,
+        }
 
 
 def main(job_path: str) -> None:
@@ -275,13 +285,19 @@ def main(job_path: str) -> None:
     fleet.init(PaddleCloudRoleMaker(is_collective=False))
     program = build_train_program(cfg, schema, paddle)
     if fleet.is_server():
-        fleet.init_server()
+        resume_id = job.get("resume_id")
+        if resume_id:  # the servers load the sparse tables; worker 0 restores the dense ones
+            store = CheckpointStore(cfg.checkpoint.uri)
+            fleet.init_server(str(checkpointing.server_restore_dir(store, resume_id, Path(job["workdir"]))))
+        else:
+            fleet.init_server()
         emit(PROGRESS, role="server", index=fleet.server_index(), state="serving")
         fleet.run_server()  # returns when worker 0 stops the servers
         emit(DONE, role="server", index=fleet.server_index())
         return
     worker = Worker(cfg, job, program, paddle)
-    worker.finish(worker.train())
+    worker.train()
+    worker.finish()
 
 
 if __name__ == "__main__":

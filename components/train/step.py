@@ -12,7 +12,6 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from components.checkpoint import local_path
 from components.config import from_dict
 
 POINTER_FORMAT = 1
@@ -23,24 +22,28 @@ def echo_now(line: str) -> None:
     print(line, flush=True)
 
 
-def run_job(cfg: Any, data_dir: Path, checkpoint: Path, log_dir: Path,
-            echo: Callable[[str], None] = echo_now) -> Any:
+def run_job(cfg: Any, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = echo_now) -> Any:
     """The single dispatch point from ``cluster.backend`` to the code that runs a PS job."""
     from components.config import ClusterBackend
 
     if cfg.cluster.backend is ClusterBackend.local:
         from components.train.launcher import run_local_job
 
-        return run_local_job(cfg, data_dir, checkpoint, log_dir, echo=echo)
+        return run_local_job(cfg, data_dir, log_dir, echo=echo)
     raise ValueError(f"cluster.backend {cfg.cluster.backend.value!r} has no launcher yet")
 
 
 def training_summary(result: Any, checkpoint_uri: str) -> dict:
-    """What the Model artifact records about the run (JSON-safe)."""
+    """What the Model artifact records about the run (JSON-safe): the store and the last checkpoint's id."""
     examples = sum(int(e["examples"]) for e in result.epochs)
     train_seconds = sum(float(e["seconds"]) for e in result.epochs)
+    if not result.checkpoints:
+        raise RuntimeError(f"the PS job committed no checkpoint to {checkpoint_uri} (nothing left to train "
+                           f"after resuming from {result.resumed_from}?)")
     summary = {
         "uri": checkpoint_uri,
+        "id": result.checkpoints[-1]["id"],
+        "resumed_from": result.resumed_from,
         "epochs": len(result.epochs),
         "examples": examples,
         "seconds": round(float(result.seconds), 3),
@@ -56,11 +59,10 @@ def write_pointer(path: str | os.PathLike, summary: dict) -> None:
     Path(path).write_text(json.dumps({"format": POINTER_FORMAT, **summary}, indent=2, sort_keys=True))
 
 
-def read_pointer(path: str | os.PathLike, metadata: Optional[dict] = None) -> str:
-    """The checkpoint URI a ``Model`` artifact points at: its metadata, else its pointer file."""
-    if metadata and metadata.get("uri"):
-        return str(metadata["uri"])
-    return str(json.loads(Path(path).read_text())["uri"])
+def read_pointer(path: str | os.PathLike, metadata: Optional[dict] = None) -> tuple[str, str]:
+    """``(store uri, checkpoint id)`` a ``Model`` artifact points at: its metadata, else its pointer file."""
+    pointer = metadata if metadata and metadata.get("uri") else json.loads(Path(path).read_text())
+    return str(pointer["uri"]), str(pointer["id"])
 
 
 def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
@@ -71,13 +73,12 @@ def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
     ``log_dir`` (the launcher's per-role scratch directories are dropped from it after a successful job).
     """
     cfg = from_dict(config)
-    target = local_path(cfg.checkpoint.uri)
-    result = run_job(cfg, Path(data_dir), target, Path(log_dir), echo=echo)
+    result = run_job(cfg, Path(data_dir), Path(log_dir), echo=echo)
     shutil.rmtree(Path(log_dir) / "work", ignore_errors=True)  # kept on failure, for debugging
-    summary = training_summary(result, str(target))
+    summary = training_summary(result, cfg.checkpoint.uri)
     write_pointer(pointer_path, summary)
-    echo(f"checkpoint: {target} ({summary['epochs']} epoch(s), {summary['seconds']:.1f}s, "
-         f"{summary['examples_per_s'] or 0:,.0f} examples/s)")
+    echo(f"checkpoint: {summary['id']} in {cfg.checkpoint.uri} ({summary['epochs']} epoch(s) this run, "
+         f"{summary['seconds']:.1f}s, {summary['examples_per_s'] or 0:,.0f} examples/s)")
     return summary
 
 

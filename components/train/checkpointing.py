@@ -1,0 +1,116 @@
+"""Periodic checkpoints and resume for a running PS job, on any fsspec store.
+
+A checkpoint (id from :func:`make_id`: time, pass, examples trained so far) is taken after a pass by every
+worker together:
+
+1. barrier; worker 0 asks the servers to write their table shards into the local staging directory
+   (``fleet.save_persistables``), and every worker pulls the dense parameters from the servers;
+2. geo only: each worker uploads its local rows to ``_geo/`` in the store (geo servers keep no saveable
+   table); worker 0 merges them into the export and removes them;
+3. worker 0 writes the export (sparse rows parsed from the shards, dense parameters) and the training
+   state, uploads everything, and commits: ``MANIFEST.json`` last, then ``LATEST``; then prunes.
+
+Resume (``checkpoint.resume``): each server downloads the table files and loads them with
+``fleet.init_server(dir)``; worker 0 sets the exported dense parameters in its scope before
+``fleet.init_worker()``, which pushes them to the servers (so a different server count works); training
+continues with the pass after the checkpoint's. The dense optimizer's moments are not restored.
+
+Known limit: the servers' shards reach the store through worker 0's disk, so servers and worker 0 must
+share the staging directory (true for the local backend).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from components import checkpoint
+from components.checkpoint_store import CheckpointStore, make_id
+
+STATE_FILE = "state.json"
+GEO_SCRATCH = "_geo"
+
+
+def checkpoint_id(epoch: int, examples: int) -> str:
+    return make_id(epoch, examples)
+
+
+def should_save(epoch: int, epochs: int, every_passes: int) -> bool:
+    return epoch == epochs or epoch % every_passes == 0
+
+
+def server_restore_dir(store: CheckpointStore, ckpt_id: str, local_root: Path) -> Path:
+    """Download a checkpoint's server tables for ``fleet.init_server``; returns the directory to load."""
+    local = local_root / f"restore-{ckpt_id}"
+    if local.exists():
+        shutil.rmtree(local)
+    store.download(ckpt_id, local, select=lambda rel: rel.startswith(checkpoint.TABLES + "/"))
+    return local / checkpoint.TABLES
+
+
+def resume_state(store: CheckpointStore, ckpt_id: Optional[str]) -> dict[str, Any]:
+    """The training state a resumed job starts from (epoch 0 and no history when not resuming)."""
+    if ckpt_id is None:
+        return {"epoch": 0, "history": []}
+    state = store.read_json(ckpt_id, STATE_FILE)
+    if state is None:
+        raise checkpoint.CheckpointError(f"checkpoint {ckpt_id} in {store.uri} has no {STATE_FILE}")
+    return state
+
+
+def restore_dense(store: CheckpointStore, ckpt_id: str, local_root: Path) -> dict[str, np.ndarray]:
+    local = local_root / f"restore-{ckpt_id}-dense"
+    if local.exists():
+        shutil.rmtree(local)
+    store.download(ckpt_id, local, select=lambda rel: rel == f"{checkpoint.EXPORT}/{checkpoint.DENSE_FILE}")
+    with np.load(local / checkpoint.EXPORT / checkpoint.DENSE_FILE) as dense:
+        return {name: dense[name] for name in dense.files}
+
+
+def _geo_part(epoch: int, worker: int) -> str:
+    return f"{GEO_SCRATCH}/e{epoch:04d}/worker-{worker}.npz"
+
+
+def upload_geo_rows(store: CheckpointStore, epoch: int, worker: int, ids: np.ndarray, rows: np.ndarray,
+                    local_root: Path) -> None:
+    local = local_root / f"geo-worker-{worker}.npz"
+    np.savez(local, ids=ids.astype(np.uint64), rows=rows)
+    target = store.fs_path(None, _geo_part(epoch, worker))
+    store.ensure_parent(target)
+    store.fs.put_file(str(local), target)
+
+
+def merged_geo_rows(store: CheckpointStore, epoch: int, workers: int, staging: Path):
+    """Workers' copies of a row converge through geo's delta exchange; the export averages them.
+
+    The parts are kept in the checkpoint (``geo/``) and removed from the scratch area.
+    """
+    parts = []
+    for i in range(workers):
+        path = staging / "geo" / f"worker-{i}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store.fs.get_file(store.fs_path(None, _geo_part(epoch, i)), str(path))
+        with np.load(path) as part:
+            parts.append((part["ids"], part["rows"]))
+    store.fs.rm(store.fs_path(None, f"{GEO_SCRATCH}/e{epoch:04d}"), recursive=True)
+    ids = np.concatenate([p[0] for p in parts])
+    rows = np.concatenate([p[1] for p in parts]).astype(np.float64)
+    unique, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    summed = np.zeros((len(unique), rows.shape[1]))
+    np.add.at(summed, inverse, rows)
+    return unique, (summed / counts[:, None]).astype(np.float32)
+
+
+def commit_checkpoint(store: CheckpointStore, ckpt_id: str, staging: Path, meta: dict, state: dict,
+                      keep_last: int) -> dict:
+    """Upload the staged checkpoint (tables, export, state), then make it visible and prune old ones."""
+    (staging / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
+    files = store.upload_dir(staging, ckpt_id)
+    manifest = store.commit(ckpt_id, files, meta)
+    store.prune(keep_last)
+    shutil.rmtree(staging, ignore_errors=True)
+    return manifest
