@@ -138,3 +138,66 @@ def test_resume_restores_the_model_exactly_and_continues(tmp_path, datasets):
     restored = _score(uri, third.checkpoints[-1]["id"], data_dir, tmp_path / "e3")
     assert restored["auc"] == pytest.approx(resumed["auc"], abs=1e-6)
     assert restored["logloss"] == pytest.approx(resumed["logloss"], abs=1e-6)
+
+
+@pytest.mark.parametrize("victim_name", ["worker-1", "server-1"])
+def test_kill_mid_training_keeps_the_last_checkpoint_and_resume_finishes(tmp_path, datasets, victim_name):
+    """kill -9 during pass 2 of 3: the job fails naming the role, pass 1's checkpoint stays committed and
+    loadable, and resume=latest trains passes 2 and 3 only (at most one pass of work is lost)."""
+    data_dir, _ = datasets[2]
+    cfg = _config(tmp_path, servers=2, workers=2, epochs=3, progress_period_s=1)
+    job = LocalJob(cfg, data_dir, tmp_path / "l1", echo=lambda line: None)
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("error", _run_expecting_failure(job)))
+    thread.start()
+    deadline = time.time() + 120
+    while not job.checkpoints and time.time() < deadline:
+        time.sleep(0.1)
+    assert job.checkpoints, "no checkpoint was committed"
+    time.sleep(0.5)  # into pass 2
+    killed_at = time.time()
+    os.kill(next(p for p in job.processes if p.name == victim_name).popen.pid, signal.SIGKILL)
+    thread.join(60)
+    assert time.time() - killed_at < 30
+    assert outcome["error"].role == victim_name
+    assert not _job_processes_alive(str(tmp_path))
+    store = CheckpointStore(cfg.checkpoint.uri)
+    (kept,) = [c["id"] for c in job.checkpoints]
+    assert store.committed() == [kept] and parse_id(kept)[0] == 1
+    assert _score(cfg.checkpoint.uri, kept, data_dir, tmp_path / "e1")["auc"] > 0.6  # intact and loadable
+
+    rerun = run_local_job(_config(tmp_path, servers=2, workers=2, epochs=3, checkpoint={"resume": "latest"}),
+                          data_dir, tmp_path / "l2", echo=lambda line: None)
+    assert rerun.resumed_from == kept
+    assert [e["epoch"] for e in rerun.epochs] == [2, 3]
+
+
+def _run_expecting_failure(job):
+    try:
+        job.run()
+    except PsJobError as err:
+        return err
+    raise AssertionError("the job did not fail")
+
+
+def test_checkpoints_to_s3_and_resume_matches_an_uninterrupted_run(tmp_path, datasets, s3_endpoint):
+    """A run checkpoints to a real S3 endpoint (moto on loopback); a second run resumes from it.
+
+    1 server / 1 worker / 1 thread makes training repeatable, so the resumed run's test metrics match the
+    uninterrupted run's closely; what differs is the dense optimizer's moments, which a resume restarts.
+    """
+    data_dir, _ = datasets[1]
+    s3 = dict(checkpoint={"uri": s3_endpoint})
+    straight = run_local_job(_config(tmp_path / "a", epochs=2, **s3), data_dir, tmp_path / "la",
+                             echo=lambda line: None)
+    straight_metrics = _score(s3_endpoint, straight.checkpoints[-1]["id"], data_dir, tmp_path / "ea")
+
+    uri = s3_endpoint + "-resumed"
+    run_local_job(_config(tmp_path / "b", epochs=1, checkpoint={"uri": uri}), data_dir, tmp_path / "lb",
+                  echo=lambda line: None)
+    resumed = run_local_job(_config(tmp_path / "b", epochs=2, checkpoint={"uri": uri, "resume": "latest"}),
+                            data_dir, tmp_path / "lc", echo=lambda line: None)
+    assert resumed.resumed_from and [e["epoch"] for e in resumed.epochs] == [2]
+    resumed_metrics = _score(uri, resumed.checkpoints[-1]["id"], data_dir, tmp_path / "eb")
+    assert resumed_metrics["auc"] == pytest.approx(straight_metrics["auc"], abs=0.01)
+    assert len(CheckpointStore(uri).committed()) == 2
