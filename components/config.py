@@ -92,6 +92,11 @@ class PsConfig:
     progress_period_s: float = 5.0
     # How long the servers may take to come up (rendezvous store, PS ports) before the job fails.
     startup_timeout_s: float = 120.0
+    # Paddle's PS RPC settings (brpc gflags FLAGS_pserver_*): a deadline per RPC, per connection attempt,
+    # and how often a server retries saving a table.
+    rpc_timeout_ms: int = 600_000
+    rpc_connect_timeout_ms: int = 10_000
+    table_save_max_retry: int = 3
 
 
 @dataclass
@@ -179,7 +184,8 @@ def validate(cfg: CtrConfig) -> None:
     """Checks beyond types; raises :class:`ConfigError` before anything expensive starts."""
     for key in ("ps.servers", "ps.workers", "ps.threads", "ps.batch_size", "ps.epochs",
                 "table.embedding_dim", "table.vocab_size", "table.shard_num", "table.learning_rate",
-                "model.learning_rate", "data.shards_per_worker"):
+                "model.learning_rate", "data.shards_per_worker", "ps.rpc_timeout_ms",
+                "ps.rpc_connect_timeout_ms", "ps.table_save_max_retry"):
         group, name = key.split(".")
         _positive(key, getattr(getattr(cfg, group), name))
     if cfg.ps.mode is Mode.geo:

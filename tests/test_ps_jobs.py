@@ -9,6 +9,7 @@ import time
 import pytest
 
 from components.config import EvalConfig, from_dict
+from tests.conftest import FAKE_SECRET
 from components.data_prep.prepare import prepare_synthetic
 from components.evaluate.evaluate import evaluate
 from components.checkpoint_store import CheckpointStore, fetch_for_scoring, parse_id
@@ -57,8 +58,10 @@ def _train_and_score(tmp_path, datasets, **ps):
     return result, metrics, stats, lines
 
 
-def test_one_server_one_worker_learns(tmp_path, datasets):
-    result, metrics, stats, lines = _train_and_score(tmp_path, datasets)
+def test_one_server_one_worker_learns(tmp_path, datasets, monkeypatch):
+    monkeypatch.setenv("GLOG_vmodule", "service=3,fleet=3")  # Paddle logs the gflags its PS parses
+    monkeypatch.setenv("GLOG_minloglevel", "0")
+    result, metrics, stats, lines = _train_and_score(tmp_path, datasets, rpc_timeout_ms=123456)
     assert [e["epoch"] for e in result.epochs] == [1, 2]
     assert result.epochs[-1]["examples"] == stats["rows"]["train"]
     assert any("global train AUC" in line for line in lines)
@@ -68,7 +71,10 @@ def test_one_server_one_worker_learns(tmp_path, datasets):
     # Learned: well above chance on held-out rows, and on the way to the generator's ceiling.
     assert metrics["auc"] > 0.7, metrics
     assert metrics["auc"] / stats["bayes"]["auc"] > 0.85
-    assert (tmp_path / "logs" / "server-0.log").exists() and (tmp_path / "logs" / "worker-0.log").exists()
+    # The RPC settings reached both the server's and the worker's PS runtime.
+    for role in ("server-0", "worker-0"):
+        log = (tmp_path / "logs" / f"{role}.log").read_text()
+        assert "Init With Gflags:" in log and "-pserver_timeout_ms=123456" in log, role
 
 
 @pytest.mark.parametrize("mode", ["async", "geo", "sync"])
@@ -201,3 +207,7 @@ def test_checkpoints_to_s3_and_resume_matches_an_uninterrupted_run(tmp_path, dat
     resumed_metrics = _score(uri, resumed.checkpoints[-1]["id"], data_dir, tmp_path / "eb")
     assert resumed_metrics["auc"] == pytest.approx(straight_metrics["auc"], abs=0.01)
     assert len(CheckpointStore(uri).committed()) == 2
+    # Credentials come from the environment only: they reach no log, no job spec, no checkpoint file.
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path.stat().st_size < 50 << 20:
+            assert FAKE_SECRET.encode() not in path.read_bytes(), path

@@ -27,7 +27,8 @@ from components.config import CtrConfig, Mode, from_dict
 from components.data_prep.multislot import Schema, read_shards
 from components.train import checkpointing, models
 from components.train.env import wait_until_listening
-from components.train.strategy import EMBEDDING_TABLE, build_strategy, dense_optimizer
+from components.train.strategy import (EMBEDDING_TABLE, build_strategy, dense_optimizer, install_rpc_gflags,
+                                       rpc_gflags)
 
 PROGRESS, EPOCH, CHECKPOINT, DONE = "@progress", "@epoch", "@checkpoint", "@done"
 
@@ -282,6 +283,7 @@ def main(job_path: str) -> None:
     import paddle.distributed.fleet as fleet
     from paddle.distributed.fleet.base.role_maker import PaddleCloudRoleMaker
 
+    install_rpc_gflags(rpc_gflags(cfg))
     fleet.init(PaddleCloudRoleMaker(is_collective=False))
     program = build_train_program(cfg, schema, paddle)
     if fleet.is_server():

@@ -92,3 +92,37 @@ def dense_optimizer(cfg: CtrConfig):
     if kind is DenseOptimizer.adagrad:
         return paddle.optimizer.Adagrad(learning_rate=cfg.model.learning_rate)
     return paddle.optimizer.Adam(learning_rate=cfg.model.learning_rate)
+
+
+# Paddle's brpc defaults, which apply only while the PS parameter's init_gflags is empty.
+_BRPC_DEFAULTS = ("-max_body_size=314217728", "-bthread_concurrency=40",
+                  "-socket_max_unwritten_bytes=2048000000", "-max_connection_pool_size=1950")
+
+
+def rpc_gflags(cfg: CtrConfig) -> str:
+    """The ``init_gflags`` string every PS client and server parses when it starts."""
+    return " ".join(_BRPC_DEFAULTS + (
+        f"-pserver_timeout_ms={cfg.ps.rpc_timeout_ms}",
+        f"-pserver_connect_timeout_ms={cfg.ps.rpc_connect_timeout_ms}",
+        f"-pserver_table_save_max_retry={cfg.ps.table_save_max_retry}",
+    ))
+
+
+def install_rpc_gflags(flags: str) -> None:
+    """Make Paddle put ``flags`` into the PS parameter it builds.
+
+    Paddle 2.6.2 reads the FLAGS_pserver_* settings only from the PS parameter's ``init_gflags`` field
+    (not from the environment, not from ``paddle.set_flags``), and no strategy option fills that field,
+    so the descriptor builder is wrapped to set it.
+    """
+    from paddle.distributed.ps import the_one_ps
+
+    builder = the_one_ps.PsDescBuilder
+    original = getattr(builder, "_original_init", builder.__init__)
+
+    def init(self, context):
+        original(self, context)
+        self.ps_desc.init_gflags = flags
+
+    builder._original_init = original
+    builder.__init__ = init
