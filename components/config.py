@@ -105,6 +105,9 @@ class CheckpointConfig:
     every_passes: int = 1  # commit a checkpoint after every N passes; the last pass is always committed
     keep_last: int = 3  # committed checkpoints kept in the store (older ones are pruned)
     resume: str = "none"  # none | latest | <checkpoint id>: where training continues from
+    # Start from another run's weights when this store has nothing to resume: "<store uri>" (its latest
+    # checkpoint) or "<store uri>#<checkpoint id>". Training starts at pass 1.
+    warm_start: Optional[str] = None
 
 
 @dataclass
@@ -213,9 +216,12 @@ def validate(cfg: CtrConfig) -> None:
         raise ConfigError("table.weight_bounds", list(cfg.table.weight_bounds), "[low, high] with low < high")
     _positive("checkpoint.every_passes", cfg.checkpoint.every_passes)
     _positive("checkpoint.keep_last", cfg.checkpoint.keep_last)
-    if cfg.checkpoint.resume != "none" and cfg.ps.mode is Mode.geo:
-        raise ConfigError("checkpoint.resume", cfg.checkpoint.resume, "'none' in geo mode",
-                          "geo servers do not save their table in Paddle 2.6.2, so a geo job cannot resume")
+    if cfg.ps.mode is Mode.geo:
+        for key, value, unset in (("checkpoint.resume", cfg.checkpoint.resume, "none"),
+                                  ("checkpoint.warm_start", cfg.checkpoint.warm_start, None)):
+            if value != unset:
+                raise ConfigError(key, value, f"{unset!r} in geo mode",
+                                  "geo servers do not save their table in Paddle 2.6.2, so a geo job cannot restore one")
     if cfg.objective not in ("auc", "logloss"):
         raise ConfigError("objective", cfg.objective, "'auc' or 'logloss'")
 

@@ -27,7 +27,7 @@ def run(cfg: DictConfig) -> float:
         from pipelines.local import local_config, run_local
 
         typed = local_config(typed)
-        check_resume(typed)
+        check_restore(typed)
         run_dir = Path(typed.run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))))
@@ -37,18 +37,18 @@ def run(cfg: DictConfig) -> float:
     return float(metrics[typed.objective])
 
 
-def check_resume(cfg) -> None:
-    """A resume target that names no committed checkpoint fails here, before anything starts."""
+def check_restore(cfg) -> None:
+    """A resume or warm-start target that names no committed checkpoint fails here, before anything starts."""
     from components.checkpoint import CheckpointError
     from components.checkpoint_store import CheckpointStore
+    from components.train.checkpointing import restore_source
 
-    if cfg.checkpoint.resume in ("none", "latest"):
-        return
     try:
-        CheckpointStore(cfg.checkpoint.uri).resolve(cfg.checkpoint.resume)
+        restore_source(CheckpointStore(cfg.checkpoint.uri), cfg.checkpoint.resume, cfg.checkpoint.warm_start)
     except CheckpointError as err:
-        raise ConfigError("checkpoint.resume", cfg.checkpoint.resume, "none, latest or a committed checkpoint id",
-                          str(err)) from None
+        key, value = (("checkpoint.warm_start", cfg.checkpoint.warm_start) if "warm_start" in str(err)
+                      else ("checkpoint.resume", cfg.checkpoint.resume))
+        raise ConfigError(key, value, "none, latest or a committed checkpoint id", str(err)) from None
 
 
 register_configs()

@@ -70,6 +70,9 @@ def test_closed_vocabularies_fail_at_composition(tmp_path, override, allowed):
     (["table.weight_bounds=[1.0,-1.0]"], "table.weight_bounds", [1.0, -1.0]),
     (["ps=geo", "table.vocab_size=1000000000"], "table.vocab_size", 1_000_000_000),
     (["ps=sync", "ps.sync_batches=0"], "ps.sync_batches", 0),
+    (["ps=geo", "checkpoint.resume=latest"], "checkpoint.resume", "latest"),
+    (["ps=geo", "checkpoint.warm_start=s3://b/run"], "checkpoint.warm_start", "s3://b/run"),
+    (["checkpoint.keep_last=0"], "checkpoint.keep_last", 0),
     (["data=criteo"], "data.uri", None),
     (["data=criteo", "data.uri=/no/such/dir/day_*.tsv"], "data.uri", "/no/such/dir/day_*.tsv"),
 ])

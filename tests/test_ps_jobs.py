@@ -122,7 +122,8 @@ def test_resume_restores_the_model_exactly_and_continues(tmp_path, datasets):
     """Pass 1 is committed; a rerun with resume=latest trains pass 2 only, from the restored model.
 
     A third run resumes from pass 2 on a different server count with learning rates so small that
-    training cannot move the model: its checkpoint must score exactly like the one it started from.
+    training cannot move the model: its checkpoint must score exactly like the one it started from. A
+    fourth run warm-starts from pass 2 into its own store, on one server, and must score the same too.
     """
     data_dir, _ = datasets[2]
     first = run_local_job(_config(tmp_path, servers=2, workers=2, epochs=1), data_dir, tmp_path / "l1",
@@ -130,7 +131,7 @@ def test_resume_restores_the_model_exactly_and_continues(tmp_path, datasets):
     (pass1,) = [c["id"] for c in first.checkpoints]
     second = run_local_job(_config(tmp_path, servers=2, workers=2, epochs=2, checkpoint={"resume": "latest"}),
                            data_dir, tmp_path / "l2", echo=lambda line: None)
-    assert second.resumed_from == pass1
+    assert second.restored_from == {"uri": str(tmp_path / "ckpt"), "id": pass1, "continue": True}
     assert [e["epoch"] for e in second.epochs] == [2]  # pass 1 is not trained twice
     (pass2,) = [c["id"] for c in second.checkpoints]
     uri = str(tmp_path / "ckpt")
@@ -140,10 +141,20 @@ def test_resume_restores_the_model_exactly_and_continues(tmp_path, datasets):
     frozen = _config(tmp_path, servers=3, workers=2, epochs=3, checkpoint={"resume": pass2},
                      model={"learning_rate": 1e-12}, table={"learning_rate": 1e-12})
     third = run_local_job(frozen, data_dir, tmp_path / "l3", echo=lambda line: None)
-    assert third.resumed_from == pass2 and [e["epoch"] for e in third.epochs] == [3]
+    assert third.restored_from["id"] == pass2 and [e["epoch"] for e in third.epochs] == [3]
     restored = _score(uri, third.checkpoints[-1]["id"], data_dir, tmp_path / "e3")
     assert restored["auc"] == pytest.approx(resumed["auc"], abs=1e-6)
     assert restored["logloss"] == pytest.approx(resumed["logloss"], abs=1e-6)
+
+    # Warm start: another run, its own store, starts from pass 2's weights and trains from pass 1.
+    warm = _config(tmp_path / "warm", servers=1, workers=2, epochs=1,
+                   checkpoint={"warm_start": f"{uri}#{pass2}"},
+                   model={"learning_rate": 1e-12}, table={"learning_rate": 1e-12})
+    fourth = run_local_job(warm, data_dir, tmp_path / "l4", echo=lambda line: None)
+    assert fourth.restored_from == {"uri": uri, "id": pass2, "continue": False}
+    assert [e["epoch"] for e in fourth.epochs] == [1]
+    warm_metrics = _score(warm.checkpoint.uri, fourth.checkpoints[-1]["id"], data_dir, tmp_path / "e4")
+    assert warm_metrics["auc"] == pytest.approx(resumed["auc"], abs=1e-6)
 
 
 @pytest.mark.parametrize("victim_name", ["worker-1", "server-1"])
@@ -174,7 +185,7 @@ def test_kill_mid_training_keeps_the_last_checkpoint_and_resume_finishes(tmp_pat
 
     rerun = run_local_job(_config(tmp_path, servers=2, workers=2, epochs=3, checkpoint={"resume": "latest"}),
                           data_dir, tmp_path / "l2", echo=lambda line: None)
-    assert rerun.resumed_from == kept
+    assert rerun.restored_from["id"] == kept
     assert [e["epoch"] for e in rerun.epochs] == [2, 3]
 
 
@@ -203,7 +214,7 @@ def test_checkpoints_to_s3_and_resume_matches_an_uninterrupted_run(tmp_path, dat
                   echo=lambda line: None)
     resumed = run_local_job(_config(tmp_path / "b", epochs=2, checkpoint={"uri": uri, "resume": "latest"}),
                             data_dir, tmp_path / "lc", echo=lambda line: None)
-    assert resumed.resumed_from and [e["epoch"] for e in resumed.epochs] == [2]
+    assert resumed.restored_from["continue"] and [e["epoch"] for e in resumed.epochs] == [2]
     resumed_metrics = _score(uri, resumed.checkpoints[-1]["id"], data_dir, tmp_path / "eb")
     assert resumed_metrics["auc"] == pytest.approx(straight_metrics["auc"], abs=0.01)
     assert len(CheckpointStore(uri).committed()) == 2

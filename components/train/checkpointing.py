@@ -52,6 +52,22 @@ def server_restore_dir(store: CheckpointStore, ckpt_id: str, local_root: Path) -
     return local / checkpoint.TABLES
 
 
+def restore_source(store: CheckpointStore, resume: str, warm_start: Optional[str]) -> Optional[dict]:
+    """What a job starts from: its own checkpoint to continue (``resume``), else another run's weights
+    (``warm_start``, training from pass 1), else nothing. Raises CheckpointError for a missing target."""
+    ckpt_id = store.resolve(resume)
+    if ckpt_id:
+        return {"uri": store.uri, "id": ckpt_id, "continue": True}
+    if not warm_start:
+        return None
+    uri, _, wanted = warm_start.partition("#")
+    source = CheckpointStore(uri)
+    ckpt_id = source.resolve(wanted or "latest")
+    if ckpt_id is None:
+        raise checkpoint.CheckpointError(f"checkpoint.warm_start: {source.display_uri} holds no committed checkpoint")
+    return {"uri": uri, "id": ckpt_id, "continue": False}
+
+
 def resume_state(store: CheckpointStore, ckpt_id: Optional[str]) -> dict[str, Any]:
     """The training state a resumed job starts from (epoch 0 and no history when not resuming)."""
     if ckpt_id is None:

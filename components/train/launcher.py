@@ -25,6 +25,7 @@ from typing import Callable, Optional
 from components.config import CtrConfig, to_dict
 from components.train.env import ClusterLayout, Role, endpoint_accepts, local_layout, role_env
 from components.checkpoint_store import CheckpointStore
+from components.train import checkpointing
 from components.train.role import CHECKPOINT, DONE, EPOCH, PROGRESS
 
 TAIL_LINES = 30
@@ -62,7 +63,7 @@ class JobResult:
     seconds: float
     logs: dict[str, str]
     checkpoints: list[dict]  # committed during this job, oldest first: {id, epoch, uri}
-    resumed_from: Optional[str]
+    restored_from: Optional[dict]  # {uri, id, continue}: resumed (continue) or warm-started from
 
 
 def _format_progress(event: dict) -> str:
@@ -88,9 +89,9 @@ class LocalJob:
         self.job_file = self.work_root / "job.json"
         self.store = CheckpointStore(cfg.checkpoint.uri)
         self.store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
-        self.resume_id = self.store.resolve(cfg.checkpoint.resume)
+        self.restore = checkpointing.restore_source(self.store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
         self.spec = {"config": to_dict(cfg), "data_dir": str(Path(data_dir).resolve()),
-                     "staging_dir": str((self.work_root / "staging").resolve()), "resume_id": self.resume_id}
+                     "staging_dir": str((self.work_root / "staging").resolve()), "restore": self.restore}
         self.processes: list[Process] = []
         self.epochs: list[dict] = []
         self.checkpoints: list[dict] = []
@@ -163,8 +164,9 @@ class LocalJob:
         started = time.time()
         self.echo(f"PS job {self.job_id}: {cfg.ps.servers} server(s) + {cfg.ps.workers} worker(s), "
                   f"mode {cfg.ps.mode.value}, logs in {self.log_dir}")
-        if self.resume_id:
-            self.echo(f"resuming from checkpoint {self.resume_id} in {self.store.uri}")
+        if self.restore:
+            how = "resuming from" if self.restore["continue"] else "warm start from"
+            self.echo(f"{how} checkpoint {self.restore['id']} in {CheckpointStore(self.restore['uri']).display_uri}")
         try:
             self.processes = [self._start(layout, Role.SERVER, i) for i in range(cfg.ps.servers)]
             self._wait_for_rendezvous(layout)
@@ -174,7 +176,7 @@ class LocalJob:
             self._stop_all()
         return JobResult(epochs=self.epochs, progress=self.progress, seconds=time.time() - started,
                          logs={p.name: str(p.log_path) for p in self.processes}, checkpoints=self.checkpoints,
-                         resumed_from=self.resume_id)
+                         restored_from=self.restore)
 
     def _wait_for_rendezvous(self, layout: ClusterLayout) -> None:
         """Start workers once server 0 serves the gloo store: a worker that finds it down sleeps 3 s per retry."""

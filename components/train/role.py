@@ -141,12 +141,13 @@ class Worker:
 
     def train(self) -> list[dict]:
         fleet = self.fleet
-        resume_id = self.job.get("resume_id")
-        state = checkpointing.resume_state(self.store, resume_id)
+        restore = self.job.get("restore")
+        source = CheckpointStore(restore["uri"]) if restore else None
+        state = checkpointing.resume_state(source, restore["id"] if restore and restore["continue"] else None)
         self.exe.run(self.paddle.static.default_startup_program())
-        if resume_id and self.index == 0:
+        if restore and self.index == 0:
             # init_worker pushes worker 0's dense parameters to the servers: restore them first.
-            for name, value in checkpointing.restore_dense(self.store, resume_id, self.workdir).items():
+            for name, value in checkpointing.restore_dense(source, restore["id"], self.workdir).items():
                 self.scope.find_var(name).get_tensor().set(value, self.paddle.CPUPlace())
         wait_until_listening(os.environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(","), self.cfg.ps.startup_timeout_s)
         fleet.init_worker()
@@ -287,10 +288,10 @@ def main(job_path: str) -> None:
     fleet.init(PaddleCloudRoleMaker(is_collective=False))
     program = build_train_program(cfg, schema, paddle)
     if fleet.is_server():
-        resume_id = job.get("resume_id")
-        if resume_id:  # the servers load the sparse tables; worker 0 restores the dense ones
-            store = CheckpointStore(cfg.checkpoint.uri)
-            fleet.init_server(str(checkpointing.server_restore_dir(store, resume_id, Path(job["workdir"]))))
+        restore = job.get("restore")
+        if restore:  # the servers load the sparse tables; worker 0 restores the dense ones
+            source = CheckpointStore(restore["uri"])
+            fleet.init_server(str(checkpointing.server_restore_dir(source, restore["id"], Path(job["workdir"]))))
         else:
             fleet.init_server()
         emit(PROGRESS, role="server", index=fleet.server_index(), state="serving")

@@ -39,11 +39,11 @@ def training_summary(result: Any, checkpoint_uri: str) -> dict:
     train_seconds = sum(float(e["seconds"]) for e in result.epochs)
     if not result.checkpoints:
         raise RuntimeError(f"the PS job committed no checkpoint to {checkpoint_uri} (nothing left to train "
-                           f"after resuming from {result.resumed_from}?)")
+                           f"after resuming from {(result.restored_from or {}).get('id')}?)")
     summary = {
         "uri": checkpoint_uri,
         "id": result.checkpoints[-1]["id"],
-        "resumed_from": result.resumed_from,
+        "restored_from": (result.restored_from or {}).get("id"),
         "epochs": len(result.epochs),
         "examples": examples,
         "seconds": round(float(result.seconds), 3),
