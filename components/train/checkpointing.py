@@ -3,8 +3,9 @@
 A checkpoint (id from :func:`make_id`: time, pass, examples trained so far) is taken after a pass by every
 worker together:
 
-1. barrier; worker 0 asks the servers to write their table shards into the local staging directory
-   (``fleet.save_persistables``), and every worker pulls the dense parameters from the servers;
+1. barrier; worker 0 asks the servers to write their table shards into a staging path on their own disks
+   (``fleet.save_persistables``), and every worker pulls the dense parameters from the servers; each
+   server's uploader puts its shards into the store;
 2. geo only: each worker uploads its local rows to ``_geo/`` in the store (geo servers keep no saveable
    table); worker 0 merges them into the export and removes them;
 3. worker 0 writes the export (sparse rows parsed from the shards, dense parameters) and the training
@@ -15,8 +16,9 @@ Resume (``checkpoint.resume``): each server downloads the table files and loads 
 ``fleet.init_worker()``, which pushes them to the servers (so a different server count works); training
 continues with the pass after the checkpoint's. The dense optimizer's moments are not restored.
 
-Known limit: the servers' shards reach the store through worker 0's disk, so servers and worker 0 must
-share the staging directory (true for the local backend).
+Nothing assumes a shared disk: each server's sidecar (:mod:`components.train.shard_uploader`) uploads the
+shards that server wrote, worker 0 reads them back from the store for the export, and geo rows travel
+through the store too.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import numpy as np
 
 from components import checkpoint
 from components.checkpoint_store import CheckpointStore, make_id
+from components.train.shard_uploader import answer_rel, request_rel
 
 STATE_FILE = "state.json"
 GEO_SCRATCH = "_geo"
@@ -121,12 +124,25 @@ def merged_geo_rows(store: CheckpointStore, epoch: int, workers: int, staging: P
     return unique, (summed / counts[:, None]).astype(np.float32)
 
 
-def commit_checkpoint(store: CheckpointStore, ckpt_id: str, staging: Path, meta: dict, state: dict,
-                      keep_last: int) -> dict:
-    """Upload the staged checkpoint (tables, export, state), then make it visible and prune old ones."""
-    (staging / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
-    files = store.upload_dir(staging, ckpt_id)
+def fetch_uploaded_table(store: CheckpointStore, ckpt_id: str, table_dir_rel: str, local: Path) -> Path:
+    """The servers' uploaded shards of one table, fetched for the export (the checkpoint is not committed yet)."""
+    if local.exists():
+        shutil.rmtree(local)
+    local.mkdir(parents=True)
+    for rel in store.list_files(ckpt_id, table_dir_rel):
+        store.fs.get_file(store.fs_path(ckpt_id, rel), str(local / Path(rel).name))
+    return local
+
+
+def commit_checkpoint(store: CheckpointStore, ckpt_id: str, local_dir: Path, server_files: dict, meta: dict,
+                      state: dict, keep_last: int) -> dict:
+    """Upload worker 0's part (export, state, geo rows) beside the servers' shards, then make the checkpoint
+    visible and prune old ones."""
+    (local_dir / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
+    files = {**server_files, **store.upload_dir(local_dir, ckpt_id)}
     manifest = store.commit(ckpt_id, files, meta)
     store.prune(keep_last)
-    shutil.rmtree(staging, ignore_errors=True)
+    for rel in (request_rel(ckpt_id),) + tuple(answer_rel(ckpt_id, i) for i in range(meta["servers"])):
+        store.fs.rm_file(store.fs_path(None, rel))
+    shutil.rmtree(local_dir, ignore_errors=True)
     return manifest

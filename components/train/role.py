@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -27,6 +28,7 @@ from components.config import CtrConfig, Mode, from_dict
 from components.data_prep.multislot import Schema, read_shards
 from components.train import checkpointing, models
 from components.train.env import wait_until_listening
+from components.train.shard_uploader import request_rel, wait_for_servers
 from components.train.strategy import (EMBEDDING_TABLE, build_strategy, dense_optimizer, install_rpc_gflags,
                                        rpc_gflags)
 
@@ -223,10 +225,13 @@ class Worker:
         fleet.barrier_worker()
         if self.index == 0:
             ckpt_id = checkpointing.checkpoint_id(epoch, sum(h["examples"] for h in history))
-            self._export(staging, epoch, main)
+            self.store.write_json(None, request_rel(ckpt_id), {"tables_dir": str(staging / checkpoint.TABLES)})
+            server_files = wait_for_servers(self.store, ckpt_id, self.cfg.ps.servers, self.cfg.ps.startup_timeout_s)
+            local = self.workdir / f"checkpoint-e{epoch:04d}"
+            self._export(local, ckpt_id, epoch, main)
             state = {"epoch": epoch, "history": history, "examples": sum(h["examples"] for h in history),
                      "seed": self.cfg.data.seed}
-            checkpointing.commit_checkpoint(self.store, ckpt_id, staging, self._meta(history), state,
+            checkpointing.commit_checkpoint(self.store, ckpt_id, local, server_files, self._meta(history), state,
                                             self.cfg.checkpoint.keep_last)
             emit(CHECKPOINT, id=ckpt_id, epoch=epoch, uri=self.store.uri)
         fleet.barrier_worker()
@@ -253,16 +258,17 @@ class Worker:
                 return int(op.attr("table_id"))
         raise RuntimeError("no distributed sparse lookup in the training program")
 
-    def _export(self, staging: Path, epoch: int, main) -> None:
+    def _export(self, local: Path, ckpt_id: str, epoch: int, main) -> None:
         cfg = self.cfg
         if cfg.ps.mode is Mode.geo:
-            ids, rows = checkpointing.merged_geo_rows(self.store, epoch, self.count, staging)
+            ids, rows = checkpointing.merged_geo_rows(self.store, epoch, self.count, local)
         else:
-            table_dir = staging / checkpoint.TABLES / f"{self._sparse_table_id(main):03d}"
+            table = f"{checkpoint.TABLES}/{self._sparse_table_id(main):03d}"
+            table_dir = checkpointing.fetch_uploaded_table(self.store, ckpt_id, table, self.workdir / "export-table")
             ids, rows = checkpoint.read_sparse_table(table_dir, cfg.table.rule, cfg.table.embedding_dim)
         dense = {p.name: np.array(self.scope.find_var(p.name).get_tensor()) for p in main.all_parameters()
                  if p.name != EMBEDDING_TABLE}
-        checkpoint.save_export(staging, ids, rows, dense)
+        checkpoint.save_export(local, ids, rows, dense)
         self.export_rows = int(len(ids))
 
     def _meta(self, history: list[dict]) -> dict:
@@ -294,8 +300,16 @@ def main(job_path: str) -> None:
             fleet.init_server(str(checkpointing.server_restore_dir(source, restore["id"], Path(job["workdir"]))))
         else:
             fleet.init_server()
+        # run_server() holds the GIL until the job ends: the shard uploader must be its own process.
+        uploader = subprocess.Popen([sys.executable, "-m", "components.train.shard_uploader",
+                                     "--store", cfg.checkpoint.uri, "--server", str(fleet.server_index()),
+                                     "--parent-pid", str(os.getpid())])
         emit(PROGRESS, role="server", index=fleet.server_index(), state="serving")
-        fleet.run_server()  # returns when worker 0 stops the servers
+        try:
+            fleet.run_server()  # returns when worker 0 stops the servers
+        finally:
+            uploader.terminate()
+            uploader.wait(10)
         emit(DONE, role="server", index=fleet.server_index())
         return
     worker = Worker(cfg, job, program, paddle)
