@@ -1,11 +1,13 @@
 """Entry point of one PS process: ``python -m components.train.role JOB_JSON``.
 
-The role comes from the environment that :mod:`components.train.env` builds. A server serves its
-shard of the tables until worker 0 stops it. A worker trains its data shards through Paddle's C++ data
-path (``QueueDataset`` + ``train_from_dataset``), and the job ends on purpose: all workers barrier,
-save, then worker 0 exports the model and stops the servers.
+The role comes from the environment that :mod:`components.train.env` builds. A server (optionally loading
+a checkpoint's tables) serves its shard of the tables until worker 0 stops it; its sidecar uploads the
+shards it saves. A worker trains its data shards through Paddle's C++ data path (``QueueDataset`` +
+``train_from_dataset``) and, with the others, commits a checkpoint after every ``checkpoint.every_passes``
+passes (:mod:`components.train.checkpointing`). The job ends on purpose: every worker stops its client,
+then worker 0 stops the servers.
 
-Lines starting with ``@progress`` / ``@epoch`` / ``@done`` carry JSON for the launcher, which prints them.
+Lines starting with ``@progress`` / ``@epoch`` / ``@checkpoint`` / ``@done`` carry JSON for the launcher.
 """
 
 from __future__ import annotations

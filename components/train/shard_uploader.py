@@ -17,7 +17,6 @@ Protocol, all through the store (see :mod:`components.train.checkpointing`):
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
