@@ -103,6 +103,10 @@ class PsConfig:
 class CheckpointConfig:
     uri: str = "checkpoint"  # fsspec URL of the checkpoint store: a path, s3://bucket/prefix, hdfs://...
     every_passes: int = 1  # commit a checkpoint after every N passes; the last pass is always committed
+    # Also commit one inside a pass once this many minutes passed since the last (0 = off). A pass is then
+    # trained in chunks of chunk_batches batches per worker, and a checkpoint falls between two chunks.
+    every_minutes: float = 0.0
+    chunk_batches: int = 256
     keep_last: int = 3  # committed checkpoints kept in the store (older ones are pruned)
     resume: str = "none"  # none | latest | <checkpoint id>: where training continues from
     # Start from another run's weights when this store has nothing to resume: "<store uri>" (its latest
@@ -216,6 +220,9 @@ def validate(cfg: CtrConfig) -> None:
         raise ConfigError("table.weight_bounds", list(cfg.table.weight_bounds), "[low, high] with low < high")
     _positive("checkpoint.every_passes", cfg.checkpoint.every_passes)
     _positive("checkpoint.keep_last", cfg.checkpoint.keep_last)
+    _positive("checkpoint.chunk_batches", cfg.checkpoint.chunk_batches)
+    if cfg.checkpoint.every_minutes < 0:
+        raise ConfigError("checkpoint.every_minutes", cfg.checkpoint.every_minutes, "minutes >= 0 (0 = off)")
     if cfg.ps.mode is Mode.geo:
         for key, value, unset in (("checkpoint.resume", cfg.checkpoint.resume, "none"),
                                   ("checkpoint.warm_start", cfg.checkpoint.warm_start, None)):

@@ -222,3 +222,22 @@ def test_checkpoints_to_s3_and_resume_matches_an_uninterrupted_run(tmp_path, dat
     for path in tmp_path.rglob("*"):
         if path.is_file() and path.stat().st_size < 50 << 20:
             assert FAKE_SECRET.encode() not in path.read_bytes(), path
+
+
+def test_timed_checkpoints_inside_a_pass_and_resume_there(tmp_path, datasets):
+    """every_minutes: checkpoints fall between chunks of a pass; resuming from one trains only the rest."""
+    data_dir, stats = datasets[2]
+    timed = {"every_minutes": 1e-6, "chunk_batches": 60, "keep_last": 10}  # due after every chunk
+    result = run_local_job(_config(tmp_path, servers=1, workers=2, epochs=1, checkpoint=timed), data_dir,
+                           tmp_path / "l1", echo=lambda line: None)
+    # 24k rows per worker in chunks of 60 x 64 rows: 6 chunks, a timed checkpoint between each, one at the end.
+    assert [c["chunk"] for c in result.checkpoints] == [1, 2, 3, 4, 5, 0]
+    mid = result.checkpoints[2]["id"]
+    done = parse_id(mid)[1]
+    assert 0 < done < stats["rows"]["train"]
+    rerun = run_local_job(_config(tmp_path, servers=1, workers=2, epochs=1,
+                                  checkpoint={**timed, "every_minutes": 0, "resume": mid}),
+                          data_dir, tmp_path / "l2", echo=lambda line: None)
+    assert rerun.restored_from["id"] == mid
+    # Only the chunks after the checkpoint were trained: nothing twice, nothing skipped.
+    assert rerun.epochs[0]["epoch"] == 1 and rerun.epochs[0]["examples"] + done == stats["rows"]["train"]

@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
+from typing import Optional
 from pathlib import Path
 
 import numpy as np
@@ -128,18 +129,18 @@ class Worker:
     def _train(self, files: list[str]) -> None:
         self.exe.train_from_dataset(program=self.paddle.static.default_main_program(), dataset=self._dataset(files))
 
-    def _sync_rounds(self, epoch: int) -> list[list[str]]:
-        """This worker's data cut into rounds of ``sync_batches`` batches; every worker gets the same count."""
-        round_rows = self.cfg.ps.sync_batches * self.cfg.ps.batch_size * self.cfg.ps.threads
-        rounds = max(1, min(self.rows_per_worker) // round_rows)
+    def _chunks(self, epoch: int, batches: int) -> list[list[str]]:
+        """This worker's data cut into chunks of ``batches`` batches; every worker gets the same count."""
+        chunk_rows = batches * self.cfg.ps.batch_size * self.cfg.ps.threads
+        count = max(1, min(self.rows_per_worker) // chunk_rows)
         lines = [line for shard in self.shards for line in open(shard)]
-        bounds = np.linspace(0, len(lines), rounds + 1).astype(int)
-        round_dir = self.workdir / f"rounds-epoch{epoch}"
-        round_dir.mkdir(parents=True, exist_ok=True)
+        bounds = np.linspace(0, len(lines), count + 1).astype(int)
+        chunk_dir = self.workdir / f"chunks-epoch{epoch}"
+        chunk_dir.mkdir(parents=True, exist_ok=True)
         files = []
-        for r in range(rounds):
-            path = round_dir / f"round-{r:05d}.txt"
-            path.write_text("".join(lines[bounds[r]:bounds[r + 1]]))
+        for c in range(count):
+            path = chunk_dir / f"chunk-{c:05d}.txt"
+            path.write_text("".join(lines[bounds[c]:bounds[c + 1]]))
             files.append([str(path)])
         return files
 
@@ -157,32 +158,50 @@ class Worker:
         fleet.init_worker()
         fleet.barrier_worker()
         history = list(state["history"])
+        self.last_checkpoint = time.time()
         for epoch in range(state["epoch"] + 1, self.cfg.ps.epochs + 1):
             self._reset_auc()
             started = time.time()
-            if self.cfg.ps.mode is Mode.sync:
-                # Every push of a round is flushed to the servers when train_from_dataset returns; the
-                # barrier then keeps any worker from starting round r+1 before all of round r is applied.
-                rounds = self._sync_rounds(epoch)
-                for r, files in enumerate(rounds):
-                    self._train(files)
-                    fleet.barrier_worker()
-                    if r % 20 == 0 or r == len(rounds) - 1:
-                        self._emit_progress(epoch, started)
-            else:
-                # Paddle's own fetch_handler costs ~3 s per pass to stop (its monitor sleeps holding a lock).
-                stop = threading.Event()
-                reporter = threading.Thread(target=self._report_progress, args=(epoch, started, stop), daemon=True)
-                reporter.start()
-                try:
-                    self._train(self.shards)
-                finally:
-                    stop.set()
-                    reporter.join()
+            # Paddle's own fetch_handler costs ~3 s per pass to stop (its monitor sleeps holding a lock).
+            stop = threading.Event()
+            reporter = threading.Thread(target=self._report_progress, args=(epoch, started, stop), daemon=True)
+            reporter.start()
+            try:
+                done_chunks = state.get("chunk", 0) if epoch == state["epoch"] + 1 else 0
+                self._train_pass(epoch, history, done_chunks, state.get("chunks_in_pass"))
+            finally:
+                stop.set()
+                reporter.join()
             history.append(self._end_epoch(epoch, started))
             if checkpointing.should_save(epoch, self.cfg.ps.epochs, self.cfg.checkpoint.every_passes):
                 self._checkpoint(epoch, history)
         return history
+
+    def _train_pass(self, epoch: int, history: list[dict], done_chunks: int, planned: Optional[int]) -> None:
+        """One pass: in one go, or in chunks when sync rounds or timed checkpoints need boundaries."""
+        sync, timed = self.cfg.ps.mode is Mode.sync, self.cfg.checkpoint.every_minutes > 0
+        if not (sync or timed or done_chunks):
+            self._train(self.shards)
+            return
+        chunks = self._chunks(epoch, self.cfg.ps.sync_batches if sync else self.cfg.checkpoint.chunk_batches)
+        if done_chunks and planned != len(chunks):
+            raise checkpoint.CheckpointError(
+                f"the checkpoint stopped after chunk {done_chunks} of {planned} in pass {epoch}, but this job cuts "
+                f"the pass into {len(chunks)} chunks: resume inside a pass needs the same workers, batch size, "
+                "threads and chunk size")
+        for c in range(done_chunks, len(chunks)):
+            self._train(chunks[c])
+            if sync:
+                # Every push of a round is flushed to the servers when train_from_dataset returns; the
+                # barrier then keeps any worker from starting round r+1 before all of round r is applied.
+                self.fleet.barrier_worker()
+            if timed and c < len(chunks) - 1 and self._checkpoint_due():
+                self._checkpoint(epoch, history, chunk=c + 1, chunks_in_pass=len(chunks))
+
+    def _checkpoint_due(self) -> bool:
+        """Every worker takes the same decision: due once any worker's clock says so."""
+        elapsed = time.time() - self.last_checkpoint >= 60 * self.cfg.checkpoint.every_minutes
+        return bool(np.asarray(self.fleet.util.all_reduce(np.array([int(elapsed)]), "max")).ravel()[0])
 
     def _report_progress(self, epoch: int, started: float, stop: threading.Event) -> None:
         """Reads the persistable counters the trainer threads update, every progress period."""
@@ -211,12 +230,19 @@ class Worker:
         return summary
 
     # -- checkpoints and ending -------------------------------------------------------------------
-    def _checkpoint(self, epoch: int, history: list[dict]) -> None:
-        """All workers together; see :mod:`components.train.checkpointing` for the protocol."""
+    def _checkpoint(self, epoch: int, history: list[dict], chunk: int = 0, chunks_in_pass: int = 0) -> None:
+        """All workers together; see :mod:`components.train.checkpointing` for the protocol.
+
+        ``chunk`` > 0: taken inside pass ``epoch`` after that many of its ``chunks_in_pass`` chunks.
+        """
         fleet = self.fleet
         main = self.paddle.static.default_main_program()
         # The servers write their shards where worker 0's save call says: one path for all workers.
-        staging = Path(self.job["staging_dir"]) / f"pass-{epoch:04d}"
+        staging = Path(self.job["staging_dir"]) / f"pass-{epoch:04d}-{chunk:05d}"
+        # Examples trained so far, this pass's part summed over the workers' AUC counters.
+        pos, neg = (self._tensor(v) for v in self.program.heads.auc_stats)
+        in_pass = np.asarray(self.fleet.util.all_reduce(np.array([pos.sum() + neg.sum()]), "sum")).ravel()[0]
+        examples = sum(h["examples"] for h in history) + (int(in_pass) if chunk else 0)
         fleet.barrier_worker()
         fleet.save_persistables(self.exe, str(staging / checkpoint.TABLES), main)  # worker 0 asks; all barrier
         # Pulls the servers' dense parameters into every worker's scope.
@@ -226,17 +252,19 @@ class Worker:
             checkpointing.upload_geo_rows(self.store, epoch, self.index, ids, rows, self.workdir)
         fleet.barrier_worker()
         if self.index == 0:
-            ckpt_id = checkpointing.checkpoint_id(epoch, sum(h["examples"] for h in history))
+            ckpt_id = checkpointing.checkpoint_id(epoch, examples)
             self.store.write_json(None, request_rel(ckpt_id), {"tables_dir": str(staging / checkpoint.TABLES)})
             server_files = wait_for_servers(self.store, ckpt_id, self.cfg.ps.servers, self.cfg.ps.startup_timeout_s)
             local = self.workdir / f"checkpoint-e{epoch:04d}"
             self._export(local, ckpt_id, epoch, main)
-            state = {"epoch": epoch, "history": history, "examples": sum(h["examples"] for h in history),
-                     "seed": self.cfg.data.seed}
+            # Resume continues after pass ``epoch``, or inside it after ``chunk`` chunks.
+            state = {"epoch": epoch - 1 if chunk else epoch, "chunk": chunk, "chunks_in_pass": chunks_in_pass,
+                     "history": history, "examples": examples, "seed": self.cfg.data.seed}
             checkpointing.commit_checkpoint(self.store, ckpt_id, local, server_files, self._meta(history), state,
                                             self.cfg.checkpoint.keep_last)
-            emit(CHECKPOINT, id=ckpt_id, epoch=epoch, uri=self.store.uri)
+            emit(CHECKPOINT, id=ckpt_id, epoch=epoch, chunk=chunk, uri=self.store.uri)
         fleet.barrier_worker()
+        self.last_checkpoint = time.time()
 
     def finish(self) -> None:
         """Stop on purpose: every worker stops its client, then worker 0 stops the servers."""
