@@ -58,12 +58,14 @@ class Checkpoint:
     dense: dict[str, np.ndarray]
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
+def file_digest(path: str | os.PathLike) -> tuple[int, str]:
+    """``(bytes, sha256 hex)`` of a file, read once in blocks: what a manifest records for it."""
+    digest, size = hashlib.sha256(), 0
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
+        for block in iter(lambda: f.read(8 << 20), b""):
             digest.update(block)
-    return digest.hexdigest()
+            size += len(block)
+    return size, digest.hexdigest()
 
 
 def write_json_atomic(path: Path, payload: Any) -> None:
@@ -77,7 +79,7 @@ def commit(root: str | os.PathLike, meta: dict[str, Any]) -> dict[str, Any]:
     root = Path(root)
     write_json_atomic(root / MODEL_META, meta)
     files = {
-        str(p.relative_to(root)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+        str(p.relative_to(root)): dict(zip(("size", "sha256"), file_digest(p)))
         for p in sorted(root.rglob("*")) if p.is_file() and p.name != MANIFEST
     }
     manifest = {"files": files, "paddle_version": meta.get("paddle_version"), "format": 1}
@@ -102,7 +104,7 @@ def verify(root: str | os.PathLike, parts: Optional[tuple[str, ...]] = None) -> 
         path = root / name
         if not path.is_file():
             raise CheckpointError(f"checkpoint file {path} listed in {MANIFEST} is missing")
-        if path.stat().st_size != expected["size"] or _sha256(path) != expected["sha256"]:
+        if file_digest(path) != (expected["size"], expected["sha256"]):
             raise CheckpointError(f"checkpoint file {path} does not match its checksum in {MANIFEST} "
                                   "(truncated or altered)")
     return manifest

@@ -45,7 +45,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
-from components.checkpoint import MANIFEST, MODEL_META, CheckpointError
+from components.checkpoint import MANIFEST, MODEL_META, CheckpointError, file_digest
 
 log = logging.getLogger(__name__)
 
@@ -608,7 +608,7 @@ class CheckpointStore:
             self.fs.get_file(path, str(tmp))  # streamed to disk; hashed from the page cache
         except FileNotFoundError:
             raise CheckpointError(f"checkpoint file {url} listed in {MANIFEST} is missing") from None
-        return _file_digest(tmp)
+        return file_digest(tmp)
 
     def _download_file(self, ckpt_id: str, rel: str, expected: dict[str, Any], local_dir: Path) -> None:
         target = local_dir / rel
@@ -649,15 +649,6 @@ class CheckpointStore:
         tmp.write_bytes(raw)
         os.replace(tmp, local_dir / MANIFEST)
         return local_dir
-
-
-def _file_digest(path: Path) -> tuple[int, str]:
-    digest, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(CHUNK), b""):
-            digest.update(block)
-            size += len(block)
-    return size, digest.hexdigest()
 
 
 def _open_fs(uri: str, storage_options: dict) -> tuple[Any, str]:

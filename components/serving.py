@@ -51,7 +51,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import hashlib
 import json
 import os
 import shutil
@@ -77,10 +76,6 @@ PROGRAM_FILES = (f"{MODEL_PREFIX}.pdmodel", f"{MODEL_PREFIX}.pdiparams")
 
 class ServingModelError(RuntimeError):
     """A serving model directory that is incomplete or inconsistent."""
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def export_inference_model(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike,
@@ -131,7 +126,8 @@ def export_inference_model(checkpoint_dir: str | os.PathLike, out_dir: str | os.
                              f"(sorted), or unseen_row ({program.table_shape[0] - 1}) for an id not in it",
             "embedding_dim": program.table_shape[1],
             "vocab_size": meta.get("table", {}).get("vocab_size"),
-            "source_checkpoint": {"manifest_sha256": _sha256(local / ckpt_io.MANIFEST), "mode": meta.get("mode"),
+            "source_checkpoint": {"manifest_sha256": ckpt_io.file_digest(local / ckpt_io.MANIFEST)[1],
+                                  "mode": meta.get("mode"),
                                   "rows": meta.get("rows"), "paddle_version": meta.get("paddle_version"),
                                   **(source or {"path": str(local)})},
             "paddle_version": paddle.__version__,

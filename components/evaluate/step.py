@@ -9,16 +9,14 @@ Artifacts of the component:
 """
 
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
 
-from components.checkpoint_store import fetch_for_scoring
 from components.config import from_dict, ints_from_struct
 from components.evaluate.evaluate import evaluate
-from components.train.step import read_pointer
+from components.train.step import fetched_checkpoint
 
 # Training facts from the Model artifact's metadata that the report lists.
 TRAINING_KEYS = ("epochs", "examples", "seconds", "examples_per_s", "final_train_auc")
@@ -39,9 +37,7 @@ def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkp
     returns ``(metrics, roc)`` with ``roc`` holding ``fpr``, ``tpr`` and ``thresholds``.
     """
     cfg = from_dict(config)
-    uri, ckpt_id = read_pointer(checkpoint_path, checkpoint_metadata)
-    with tempfile.TemporaryDirectory() as scratch:
-        local = fetch_for_scoring(uri, ckpt_id, Path(scratch) / ckpt_id)
+    with fetched_checkpoint(checkpoint_path, checkpoint_metadata) as (_, _, local):
         metrics = evaluate(local, data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata))
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)

@@ -6,14 +6,12 @@ lives in the artifact store; its metadata names the model, its feeds and the che
 """
 
 import json
-import tempfile
 from pathlib import Path
 from typing import Any, Optional
 
-from components.checkpoint_store import fetch_for_scoring
 from components.config import from_dict
 from components.serving import SERVING_META, export_inference_model
-from components.train.step import read_pointer
+from components.train.step import fetched_checkpoint
 
 
 def serving_metadata(serving: dict) -> dict:
@@ -30,9 +28,7 @@ def export_serving_model(config: Any, checkpoint_path: str, checkpoint_metadata:
                          out_dir: str) -> dict:
     """Export the checkpoint the Model artifact points at into ``out_dir``; returns the artifact metadata."""
     from_dict(config)  # the same config check as every step
-    uri, ckpt_id = read_pointer(checkpoint_path, checkpoint_metadata)
-    with tempfile.TemporaryDirectory() as scratch:
-        local = fetch_for_scoring(uri, ckpt_id, Path(scratch) / ckpt_id)
+    with fetched_checkpoint(checkpoint_path, checkpoint_metadata) as (uri, ckpt_id, local):
         out = export_inference_model(local, out_dir, source={"uri": uri, "id": ckpt_id})
     serving = json.loads((Path(out) / SERVING_META).read_text())
     print(f"serving model: {serving['model_name']} from checkpoint {ckpt_id} in {uri} -> {out}", flush=True)

@@ -86,7 +86,6 @@ class LocalJob:
         self.job_id = uuid.uuid4().hex[:12]
         self.log_dir = Path(log_dir)
         self.work_root = self.log_dir / "work"
-        self.job_file = self.work_root / "job.json"
         self.store = CheckpointStore(cfg.checkpoint.uri)
         self.store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
         self.restore = checkpointing.restore_source(self.store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)

@@ -6,11 +6,13 @@ small JSON pointer file at ``checkpoint.path`` (:func:`read_pointer` reads eithe
 go into the ``logs`` artifact directory as ``<role>-<i>.log``.
 """
 
+import contextlib
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from components.config import from_dict
 
@@ -63,6 +65,17 @@ def read_pointer(path: str | os.PathLike, metadata: Optional[dict] = None) -> tu
     """``(store uri, checkpoint id)`` a ``Model`` artifact points at: its metadata, else its pointer file."""
     pointer = metadata if metadata and metadata.get("uri") else json.loads(Path(path).read_text())
     return str(pointer["uri"]), str(pointer["id"])
+
+
+@contextlib.contextmanager
+def fetched_checkpoint(path: str | os.PathLike, metadata: Optional[dict] = None) -> Iterator[tuple[str, str, Path]]:
+    """``(store uri, checkpoint id, local dir)`` of the checkpoint a ``Model`` artifact points at, fetched
+    (export + model.json, verified) into a scratch directory that lives as long as the ``with`` block."""
+    from components.checkpoint_store import fetch_for_scoring
+
+    uri, ckpt_id = read_pointer(path, metadata)
+    with tempfile.TemporaryDirectory() as scratch:
+        yield uri, ckpt_id, fetch_for_scoring(uri, ckpt_id, Path(scratch) / ckpt_id)
 
 
 def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
