@@ -71,6 +71,16 @@ def restore_source(store: CheckpointStore, resume: str, warm_start: Optional[str
     return {"uri": uri, "id": ckpt_id, "continue": False}
 
 
+def restart_restore(store: CheckpointStore, restore: Optional[dict], attempt: int) -> Optional[dict]:
+    """After a whole-job restart (``attempt`` > 0): continue from the job's latest committed checkpoint, if
+    it has one; before any commit the restarted job starts where the first attempt did."""
+    if attempt > 0:
+        latest = store.latest()
+        if latest:
+            return {"uri": store.uri, "id": latest, "continue": True}
+    return restore
+
+
 def resume_state(store: CheckpointStore, ckpt_id: Optional[str]) -> dict[str, Any]:
     """The training state a resumed job starts from (epoch 0 and no history when not resuming)."""
     if ckpt_id is None:

@@ -22,25 +22,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from components.config import CtrConfig, to_dict
+from components.config import CtrConfig
 from components.train.env import ClusterLayout, Role, endpoint_accepts, local_layout, role_env
 from components.checkpoint_store import CheckpointStore
 from components.train import checkpointing
-from components.train.role import CHECKPOINT, DONE, EPOCH, PROGRESS
+from components.train.job import EventLog, JobResult, PsJobError, job_spec
 
 TAIL_LINES = 30
 POLL_S = 0.2
 TERM_GRACE_S = 5.0
 # Once the job is ending, every process gets this long to exit before it is reported and killed.
 SERVER_EXIT_S = 30.0
-
-
-class PsJobError(RuntimeError):
-    """A PS job failed; ``role`` names the process that failed first."""
-
-    def __init__(self, role: str, message: str):
-        self.role = role
-        super().__init__(message)
 
 
 @dataclass
@@ -56,30 +48,6 @@ class Process:
         return f"{self.role.value}-{self.index}"
 
 
-@dataclass
-class JobResult:
-    epochs: list[dict]
-    progress: dict[str, dict]
-    seconds: float
-    logs: dict[str, str]
-    checkpoints: list[dict]  # committed during this job, oldest first: {id, epoch, uri}
-    restored_from: Optional[dict]  # {uri, id, continue}: resumed (continue) or warm-started from
-
-
-def _format_progress(event: dict) -> str:
-    if event.get("state"):
-        return f"[{event['role']} {event['index']}] {event['state']}"
-    loss = event.get("loss")
-    return (f"[worker {event['index']}] epoch {event['epoch']} | {event['examples']:,} examples | "
-            f"{event['examples_per_s']:,.0f} ex/s | loss {loss:.4f} | auc {event['auc']:.4f}"
-            if loss is not None else f"[worker {event['index']}] epoch {event['epoch']} | {event['examples']:,} examples")
-
-
-def _format_epoch(event: dict) -> str:
-    return (f"== epoch {event['epoch']} done: {event['examples']:,} examples in {event['seconds']:.1f}s, "
-            f"global train AUC {event['auc']:.4f}")
-
-
 class LocalJob:
     def __init__(self, cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = print):
         self.cfg, self.echo = cfg, echo
@@ -89,19 +57,20 @@ class LocalJob:
         self.store = CheckpointStore(cfg.checkpoint.uri)
         self.store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
         self.restore = checkpointing.restore_source(self.store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
-        self.spec = {"config": to_dict(cfg), "data_dir": str(Path(data_dir).resolve()),
-                     "staging_dir": str((self.work_root / "staging").resolve()), "restore": self.restore}
+        self.data_dir = str(Path(data_dir).resolve())
         self.processes: list[Process] = []
-        self.epochs: list[dict] = []
-        self.checkpoints: list[dict] = []
-        self.progress: dict[str, dict] = {}
-        self._lock = threading.Lock()
+        self.events = EventLog(echo)
+
+    @property
+    def progress(self) -> dict[str, dict]:
+        return self.events.progress
 
     def _start(self, layout: ClusterLayout, role: Role, index: int) -> Process:
         workdir = self.work_root / f"{role.value}-{index}"
         workdir.mkdir(parents=True, exist_ok=True)
         spec_path = workdir / "job.json"
-        spec_path.write_text(json.dumps({**self.spec, "workdir": str(workdir)}))
+        staging = str((self.work_root / "staging").resolve())
+        spec_path.write_text(json.dumps(job_spec(self.cfg, self.data_dir, str(workdir.resolve()), staging, self.restore)))
         env = {**os.environ, **role_env(layout, role, index), "PYTHONUNBUFFERED": "1",
                "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1")}
         popen = subprocess.Popen(
@@ -121,20 +90,7 @@ class LocalJob:
                 log.write(line)
                 log.flush()
                 process.tail.append(line.rstrip("\n"))
-                tag, _, payload = line.partition(" ")
-                if tag not in (PROGRESS, EPOCH, CHECKPOINT, DONE):
-                    continue
-                event = json.loads(payload)
-                with self._lock:
-                    if tag == PROGRESS:
-                        self.progress[process.name] = event
-                        self.echo(_format_progress(event))
-                    elif tag == EPOCH:
-                        self.epochs.append(event)
-                        self.echo(_format_epoch(event))
-                    elif tag == CHECKPOINT:
-                        self.checkpoints.append(event)
-                        self.echo(f"== checkpoint {event['id']} committed to {event['uri']}")
+                self.events.feed(process.name, line)
 
     def _failure(self, process: Process, what: str) -> PsJobError:
         time.sleep(0.3)  # let the pump catch the last lines
@@ -173,8 +129,8 @@ class LocalJob:
             self._supervise()
         finally:
             self._stop_all()
-        return JobResult(epochs=self.epochs, progress=self.progress, seconds=time.time() - started,
-                         logs={p.name: str(p.log_path) for p in self.processes}, checkpoints=self.checkpoints,
+        return JobResult(epochs=self.events.epochs, progress=self.progress, seconds=time.time() - started,
+                         logs={p.name: str(p.log_path) for p in self.processes}, checkpoints=self.events.checkpoints,
                          restored_from=self.restore)
 
     def _wait_for_rendezvous(self, layout: ClusterLayout) -> None:

@@ -1,4 +1,4 @@
-"""Entry point of one PS process: ``python -m components.train.role JOB_JSON``.
+"""Entry point of one PS process: ``python -m components.train.role [JOB_JSON]`` (else ``$PS_JOB_SPEC``).
 
 The role comes from the environment that :mod:`components.train.env` builds. A server (optionally loading
 a checkpoint's tables) serves its shard of the tables until worker 0 stops it; its sidecar uploads the
@@ -31,15 +31,22 @@ from components.config import CtrConfig, Mode, from_dict
 from components.data_prep.multislot import Schema, read_shards
 from components.train import checkpointing, models
 from components.train.env import wait_until_listening
+from components.train.job import CHECKPOINT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV
 from components.train.shard_uploader import request_rel, wait_for_servers
 from components.train.strategy import (EMBEDDING_TABLE, build_strategy, dense_optimizer, install_rpc_gflags,
                                        rpc_gflags)
 
-PROGRESS, EPOCH, CHECKPOINT, DONE = "@progress", "@epoch", "@checkpoint", "@done"
+
+_EMIT_LOCK = threading.Lock()
 
 
 def emit(tag: str, **payload) -> None:
-    print(f"{tag} {json.dumps(payload)}", flush=True)
+    """One event per line, written whole: the progress thread and the main thread both emit, and
+    ``print`` writes the text and the newline separately, so unlocked events could share a line."""
+    line = f"{tag} {json.dumps(payload)}\n"
+    with _EMIT_LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
 
 def import_paddle():
@@ -94,6 +101,16 @@ def auc_from_stats(pos: np.ndarray, neg: np.ndarray) -> float:
     return float(((neg_below + neg / 2) * pos).sum() / total) if total else float("nan")
 
 
+def worker_place(cfg: CtrConfig, paddle):
+    """The GPU when the worker pods are given one (cluster.workers.gpus), else the CPU."""
+    if cfg.cluster.workers.gpus <= 0:
+        return paddle.CPUPlace()
+    if not paddle.device.is_compiled_with_cuda():
+        raise RuntimeError(f"cluster.workers.gpus={cfg.cluster.workers.gpus} but this Paddle {paddle.__version__} "
+                           "is a CPU build: run workers on the GPU image (paddlepaddle-gpu) or set cluster.workers.gpus=0")
+    return paddle.CUDAPlace(0)  # the device plugin exposes the pod's GPUs from index 0
+
+
 class Worker:
     def __init__(self, cfg: CtrConfig, job: dict, program: TrainProgram, paddle):
         import paddle.distributed.fleet as fleet
@@ -101,7 +118,8 @@ class Worker:
         self.cfg, self.job, self.program, self.paddle, self.fleet = cfg, job, program, paddle, fleet
         self.index, self.count = fleet.worker_index(), fleet.worker_num()
         self.scope = paddle.static.global_scope()
-        self.exe = paddle.static.Executor(paddle.CPUPlace())
+        self.place = worker_place(cfg, paddle)
+        self.exe = paddle.static.Executor(self.place)
         data_dir = Path(job["data_dir"])
         self.stats = json.loads((data_dir / "stats.json").read_text())
         self.shards = [str(data_dir / p) for p in self.stats["shards"]["train"]][self.index::self.count]
@@ -117,7 +135,7 @@ class Worker:
     def _reset_auc(self) -> None:
         for var in self.program.heads.auc_stats:
             tensor = self.scope.find_var(var.name).get_tensor()
-            tensor.set(np.zeros_like(np.array(tensor)), self.paddle.CPUPlace())
+            tensor.set(np.zeros_like(np.array(tensor)), self.place)
 
     def _dataset(self, files: list[str]):
         dataset = self.paddle.distributed.QueueDataset()
@@ -153,7 +171,7 @@ class Worker:
         if restore and self.index == 0:
             # init_worker pushes worker 0's dense parameters to the servers: restore them first.
             for name, value in checkpointing.restore_dense(source, restore["id"], self.workdir).items():
-                self.scope.find_var(name).get_tensor().set(value, self.paddle.CPUPlace())
+                self.scope.find_var(name).get_tensor().set(value, self.place)
         wait_until_listening(os.environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(","), self.cfg.ps.startup_timeout_s)
         fleet.init_worker()
         fleet.barrier_worker()
@@ -312,8 +330,36 @@ class Worker:
         }
 
 
-def main(job_path: str) -> None:
-    job = json.loads(Path(job_path).read_text())
+def load_job(job_path: Optional[str]) -> dict:
+    """The job spec, with the dataset on local disk and what to restore from after a restart."""
+    job = json.loads(Path(job_path).read_text() if job_path else os.environ[SPEC_ENV])
+    cfg = from_dict(job["config"])
+    Path(job["workdir"]).mkdir(parents=True, exist_ok=True)
+    if "://" in job["data_dir"]:
+        job["data_dir"] = str(fetch_dataset(job["data_dir"], Path(job["workdir"]) / "data"))
+    attempt = int(os.environ.get(RESTART_ENV) or 0)
+    job["restore"] = checkpointing.restart_restore(CheckpointStore(cfg.checkpoint.uri), job["restore"], attempt)
+    return job
+
+
+def fetch_dataset(uri: str, local: Path) -> Path:
+    """A pod's copy of the prepared dataset: stats.json, and for a worker the train shards it reads."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(uri)
+    local.mkdir(parents=True, exist_ok=True)
+    fs.get(f"{root.rstrip('/')}/stats.json", str(local / "stats.json"))
+    if os.environ.get("TRAINING_ROLE") == "TRAINER":
+        stats = json.loads((local / "stats.json").read_text())
+        index, count = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
+        for rel in stats["shards"]["train"][index::count]:
+            (local / rel).parent.mkdir(parents=True, exist_ok=True)
+            fs.get(f"{root.rstrip('/')}/{rel}", str(local / rel))
+    return local
+
+
+def main(job_path: Optional[str]) -> None:
+    job = load_job(job_path)
     cfg = from_dict(job["config"])
     schema = Schema.from_dict(json.loads((Path(job["data_dir"]) / "stats.json").read_text())["schema"])
     paddle = import_paddle()
@@ -348,4 +394,4 @@ def main(job_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1] if len(sys.argv) > 1 else None)
