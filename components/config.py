@@ -10,6 +10,7 @@ sees exactly the same types as the driver.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -39,7 +40,11 @@ TableClass = _vocabulary("TableClass", ["MemorySparseTable"], "Server-side spars
 Accessor = _vocabulary("Accessor", ["SparseAccessor"], "Row layouts of the sparse table.")
 SparseRule = _vocabulary("SparseRule", ["naive", "adagrad", "std_adagrad", "adam"],
                          "The optimizer rule the servers apply to embedding rows.")
-ClusterBackend = _vocabulary("ClusterBackend", ["local"], "Where the PS processes run.")
+PipelineRunner = _vocabulary("PipelineRunner", ["local", "kubeflow"],
+                             "Where the pipeline's steps run: kfp.local on this machine, or Kubeflow Pipelines.")
+ClusterBackend = _vocabulary("ClusterBackend", ["local", "jobset", "paddlejob"],
+                             "How the train step starts the PS processes: local subprocesses, a JobSet, or a "
+                             "PaddleJob of PaddleFlow's paddle-operator.")
 
 
 @dataclass
@@ -121,9 +126,65 @@ class EvalConfig:
 
 
 @dataclass
+class ImageConfig:
+    name: str = "paddle-ps-pipelines:0.1.0"
+    digest: Optional[str] = None  # "sha256:<64 hex>": when set, pods pull name@digest
+
+    @property
+    def reference(self) -> str:
+        return f"{self.name.split('@')[0]}@{self.digest}" if self.digest else self.name
+
+
+@dataclass
+class Toleration:
+    key: str = ""
+    operator: str = "Exists"
+    value: Optional[str] = None
+    effect: Optional[str] = None
+
+
+@dataclass
+class PodConfig:
+    """Pods of one PS role on Kubernetes."""
+
+    image: ImageConfig = field(default_factory=ImageConfig)
+    cpu: str = "2"
+    memory: str = "8Gi"
+    gpus: int = 0  # nvidia.com/gpu per pod; a worker with gpus > 0 trains on its GPU
+    node_selector: dict[str, str] = field(default_factory=dict)
+    tolerations: list[Toleration] = field(default_factory=list)
+
+
+@dataclass
+class SecretEnv:
+    """A Kubernetes secret exposed to the steps and PS pods as environment variables (``env var: secret key``)."""
+
+    name: str = ""
+    keys: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
 class ClusterConfig:
     name: str = "local"
+    runner: PipelineRunner = PipelineRunner.local
     backend: ClusterBackend = ClusterBackend.local
+    # Kubeflow Pipelines (runner=kubeflow)
+    host: Optional[str] = None  # the KFP API endpoint, e.g. https://kubeflow.example.com/pipeline
+    namespace: str = "kubeflow"
+    experiment: str = "ctr-ps"
+    pipeline_root: Optional[str] = None  # where KFP keeps artifacts (s3://...); None = the KFP default
+    submit: bool = True  # false: only compile the pipeline YAML (to upload in the Kubeflow UI)
+    service_account: str = "ctr-ps-launcher"  # the steps' account; needs the RBAC of k8s/rbac.yaml
+    pipeline_image: ImageConfig = field(default_factory=ImageConfig)
+    # The PS job's pods (backend=jobset | paddlejob)
+    servers: PodConfig = field(default_factory=PodConfig)
+    workers: PodConfig = field(default_factory=PodConfig)
+    storage_secrets: list[SecretEnv] = field(default_factory=list)
+    max_restarts: int = 2  # whole-job restarts from the last committed checkpoint before the step fails
+    paddle_port: int = 36000  # every PS pod listens here; server 0 serves the gloo store on port + 18
+    network_policy: bool = True  # admit the PS ports only from this job's pods
+    mesh_encryption: bool = False  # opt in to Istio ambient mode (ztunnel mTLS, no sidecars) for PS traffic
+    run_as_user: int = 1000
 
 
 @dataclass
@@ -231,6 +292,56 @@ def validate(cfg: CtrConfig) -> None:
                                   "geo servers do not save their table in Paddle 2.6.2, so a geo job cannot restore one")
     if cfg.objective not in ("auc", "logloss"):
         raise ConfigError("objective", cfg.objective, "'auc' or 'logloss'")
+    _validate_cluster(cfg)
+
+
+_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
+def _remote(uri: Optional[str]) -> bool:
+    return bool(uri) and "://" in uri and not uri.startswith("file://")  # type: ignore[operator]
+
+
+def _validate_cluster(cfg: CtrConfig) -> None:
+    cluster = cfg.cluster
+    if cluster.runner is PipelineRunner.local:
+        if cluster.backend is not ClusterBackend.local:
+            raise ConfigError("cluster.backend", cluster.backend.value, "local when cluster.runner=local",
+                              "the jobset and paddlejob backends run inside a Kubeflow step; use +cluster=prod")
+        return
+    if cluster.backend is ClusterBackend.local:
+        raise ConfigError("cluster.backend", cluster.backend.value, "jobset or paddlejob when cluster.runner=kubeflow")
+    if cluster.submit and not cluster.host:
+        raise ConfigError("cluster.host", cluster.host, "the KFP API URL (https://...)",
+                          "or cluster.submit=false to only compile the pipeline")
+    # Pods share no disk with this machine or with each other: storage must be a remote URL.
+    if not _remote(cfg.checkpoint.uri):
+        raise ConfigError("checkpoint.uri", cfg.checkpoint.uri, "a remote fsspec URL (s3://..., hdfs://...) on Kubernetes")
+    if cfg.data.source is DataSource.files and not _remote(cfg.data.uri):
+        raise ConfigError("data.uri", cfg.data.uri, "a remote fsspec URL (s3://..., hdfs://...) on Kubernetes")
+    if cfg.checkpoint.warm_start and not _remote(cfg.checkpoint.warm_start):
+        raise ConfigError("checkpoint.warm_start", cfg.checkpoint.warm_start, "a remote fsspec URL on Kubernetes")
+    for key, image in (("cluster.pipeline_image", cluster.pipeline_image), ("cluster.servers.image", cluster.servers.image),
+                       ("cluster.workers.image", cluster.workers.image)):
+        if image.digest is not None and not _DIGEST.match(image.digest):
+            raise ConfigError(f"{key}.digest", image.digest, "null or sha256:<64 lowercase hex digits>")
+    for role, pods in (("servers", cluster.servers), ("workers", cluster.workers)):
+        if pods.gpus < 0:
+            raise ConfigError(f"cluster.{role}.gpus", pods.gpus, "an integer >= 0")
+        for i, toleration in enumerate(pods.tolerations):
+            if toleration.operator not in ("Exists", "Equal"):
+                raise ConfigError(f"cluster.{role}.tolerations[{i}].operator", toleration.operator, "Exists or Equal")
+    if cluster.max_restarts < 0:
+        raise ConfigError("cluster.max_restarts", cluster.max_restarts, "an integer >= 0")
+    if not 1024 <= cluster.paddle_port <= 65535 - 20:
+        raise ConfigError("cluster.paddle_port", cluster.paddle_port, "a port in [1024, 65515]")
+    if cluster.backend is ClusterBackend.paddlejob and cluster.paddle_port != 36000:
+        raise ConfigError("cluster.paddle_port", cluster.paddle_port, "36000 with backend=paddlejob",
+                          "paddle-operator's pod services expose ports 36000-36019 only")
+    for i, secret in enumerate(cluster.storage_secrets):
+        if not secret.name or not secret.keys:
+            raise ConfigError(f"cluster.storage_secrets[{i}]", {"name": secret.name, "keys": dict(secret.keys)},
+                              "a secret name and at least one 'ENV_VAR: secret-key' entry")
 
 
 def _check_data_uri(uri: Optional[str]) -> None:
