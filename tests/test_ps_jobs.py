@@ -89,6 +89,12 @@ def test_two_servers_two_workers_learn(tmp_path, datasets, mode):
     assert metrics["auc"] > 0.7, (mode, metrics)
 
 
+def test_endpoints_may_be_host_names(tmp_path, datasets):
+    """On Kubernetes every endpoint is a pod's DNS name (manifests.kubernetes_layout), POD_IP included."""
+    result, _, stats, _ = _train_and_score(tmp_path, datasets, servers=2, workers=2, host="localhost", epochs=1)
+    assert result.epochs[-1]["examples"] == stats["rows"]["train"]
+
+
 @pytest.mark.parametrize("victim_name", ["worker-1", "server-0"])
 def test_killed_process_stops_the_whole_job(tmp_path, datasets, victim_name):
     cfg = _config(tmp_path, servers=2, workers=2, epochs=200, progress_period_s=1)

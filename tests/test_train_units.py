@@ -149,3 +149,38 @@ def test_worker_0_fails_with_the_server_error(tmp_path):
         shard_uploader.wait_for_servers(store, ckpt_id, servers=2, timeout_s=5)
     with pytest.raises(TimeoutError, match=r"servers \[0\]"):
         shard_uploader.wait_for_servers(store, make_id(3, 5), servers=1, timeout_s=0.5)
+
+
+def test_a_pod_fetches_the_dataset_files_its_role_reads(tmp_path, monkeypatch):
+    from components.data_prep.prepare import prepare_synthetic
+    from components.train.role import fetch_dataset
+
+    stats = prepare_synthetic(tmp_path / "remote", rows=2000, test_fraction=0.2, num_shards=4, vocab_size=1000, seed=1)
+    uri = (tmp_path / "remote").as_uri()  # file://..., fetched through fsspec like s3://...
+    monkeypatch.setenv("TRAINING_ROLE", "PSERVER")
+    server = fetch_dataset(uri, tmp_path / "server")
+    assert sorted(p.name for p in server.rglob("*") if p.is_file()) == ["stats.json"]
+    monkeypatch.setenv("TRAINING_ROLE", "TRAINER")
+    monkeypatch.setenv("PADDLE_TRAINER_ID", "1")
+    monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
+    worker = fetch_dataset(uri, tmp_path / "worker-1")
+    fetched = sorted(str(p.relative_to(worker)) for p in worker.rglob("*") if p.is_file() and p.name != "stats.json")
+    assert fetched == sorted(stats["shards"]["train"][1::2])
+    for rel in fetched:
+        assert (worker / rel).read_bytes() == (tmp_path / "remote" / rel).read_bytes()
+
+
+def test_a_restarted_job_continues_from_its_latest_checkpoint(tmp_path):
+    from components.checkpoint_store import CheckpointStore, make_id
+    from components.train.checkpointing import restart_restore
+
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    warm = {"uri": "s3://other", "id": "w", "continue": False}
+    assert restart_restore(store, warm, attempt=0) == warm
+    assert restart_restore(store, warm, attempt=1) == warm  # nothing committed before the failure
+    ckpt_id = make_id(2, 100)
+    (tmp_path / "staged").mkdir()
+    (tmp_path / "staged" / "x.txt").write_text("x")
+    store.commit(ckpt_id, store.upload_dir(tmp_path / "staged", ckpt_id), {})
+    assert restart_restore(store, warm, attempt=0) == warm  # the first attempt starts as configured
+    assert restart_restore(store, warm, attempt=1) == {"uri": store.uri, "id": ckpt_id, "continue": True}
