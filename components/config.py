@@ -181,6 +181,8 @@ class ClusterConfig:
     workers: PodConfig = field(default_factory=PodConfig)
     storage_secrets: list[SecretEnv] = field(default_factory=list)
     max_restarts: int = 2  # whole-job restarts from the last committed checkpoint before the step fails
+    # No pod of the PS job running after this long (image pulls, scheduling) fails the step with the reasons.
+    start_timeout_s: float = 1800.0
     paddle_port: int = 36000  # every PS pod listens here; server 0 serves the gloo store on port + 18
     network_policy: bool = True  # admit the PS ports only from this job's pods
     mesh_encryption: bool = False  # opt in to Istio ambient mode (ztunnel mTLS, no sidecars) for PS traffic
@@ -248,8 +250,12 @@ def _positive(key: str, value: float) -> None:
         raise ConfigError(key, value, "a number > 0")
 
 
-def validate(cfg: CtrConfig) -> None:
-    """Checks beyond types; raises :class:`ConfigError` before anything expensive starts."""
+def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
+    """Checks beyond types; raises :class:`ConfigError` before anything expensive starts.
+
+    ``check_storage=False`` skips listing ``data.uri``: a driver submitting to Kubeflow may hold no
+    credentials for the cluster's storage; the run's first step checks it with the cluster's.
+    """
     for key in ("ps.servers", "ps.workers", "ps.threads", "ps.batch_size", "ps.epochs",
                 "table.embedding_dim", "table.vocab_size", "table.shard_num", "table.learning_rate",
                 "model.learning_rate", "data.shards_per_worker", "ps.rpc_timeout_ms",
@@ -275,8 +281,11 @@ def validate(cfg: CtrConfig) -> None:
         raise ConfigError("data.max_malformed_fraction", cfg.data.max_malformed_fraction, "a fraction in [0, 1]")
     if cfg.data.source is DataSource.synthetic:
         _positive("data.rows", cfg.data.rows)
-    else:
+    elif check_storage:
         _check_data_uri(cfg.data.uri)
+    elif not cfg.data.uri:
+        raise ConfigError("data.uri", cfg.data.uri, "a path, glob or fsspec URL of the input files",
+                          "set data.uri=... when data=criteo")
     if len(cfg.table.weight_bounds) != 2 or cfg.table.weight_bounds[0] >= cfg.table.weight_bounds[1]:
         raise ConfigError("table.weight_bounds", list(cfg.table.weight_bounds), "[low, high] with low < high")
     _positive("checkpoint.every_passes", cfg.checkpoint.every_passes)
@@ -298,7 +307,8 @@ def validate(cfg: CtrConfig) -> None:
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
-def _remote(uri: Optional[str]) -> bool:
+def is_remote_uri(uri: Optional[str]) -> bool:
+    """A URL another machine can read (s3://, hdfs://, ...): not a local path, not file://."""
     return bool(uri) and "://" in uri and not uri.startswith("file://")  # type: ignore[operator]
 
 
@@ -315,11 +325,11 @@ def _validate_cluster(cfg: CtrConfig) -> None:
         raise ConfigError("cluster.host", cluster.host, "the KFP API URL (https://...)",
                           "or cluster.submit=false to only compile the pipeline")
     # Pods share no disk with this machine or with each other: storage must be a remote URL.
-    if not _remote(cfg.checkpoint.uri):
+    if not is_remote_uri(cfg.checkpoint.uri):
         raise ConfigError("checkpoint.uri", cfg.checkpoint.uri, "a remote fsspec URL (s3://..., hdfs://...) on Kubernetes")
-    if cfg.data.source is DataSource.files and not _remote(cfg.data.uri):
+    if cfg.data.source is DataSource.files and not is_remote_uri(cfg.data.uri):
         raise ConfigError("data.uri", cfg.data.uri, "a remote fsspec URL (s3://..., hdfs://...) on Kubernetes")
-    if cfg.checkpoint.warm_start and not _remote(cfg.checkpoint.warm_start):
+    if cfg.checkpoint.warm_start and not is_remote_uri(cfg.checkpoint.warm_start):
         raise ConfigError("checkpoint.warm_start", cfg.checkpoint.warm_start, "a remote fsspec URL on Kubernetes")
     for key, image in (("cluster.pipeline_image", cluster.pipeline_image), ("cluster.servers.image", cluster.servers.image),
                        ("cluster.workers.image", cluster.workers.image)):
@@ -331,6 +341,8 @@ def _validate_cluster(cfg: CtrConfig) -> None:
         for i, toleration in enumerate(pods.tolerations):
             if toleration.operator not in ("Exists", "Equal"):
                 raise ConfigError(f"cluster.{role}.tolerations[{i}].operator", toleration.operator, "Exists or Equal")
+    if cluster.start_timeout_s <= 0:
+        raise ConfigError("cluster.start_timeout_s", cluster.start_timeout_s, "seconds > 0")
     if cluster.max_restarts < 0:
         raise ConfigError("cluster.max_restarts", cluster.max_restarts, "an integer >= 0")
     if not 1024 <= cluster.paddle_port <= 65535 - 20:

@@ -4,8 +4,11 @@
     python -m pipelines.ctr experiment=tiny ps=geo           # any group / key override
     python -m pipelines.ctr -m model=dnn,deepfm              # a sweep; each job returns its objective
 
+    python -m pipelines.ctr +cluster=prod checkpoint.uri=s3://b/ctr cluster.host=https://kubeflow.example.com/pipeline
+                                                             # compile for Kubeflow Pipelines and submit a run
+
 Hydra's run directory is the run directory (``run_dir``). A config that cannot work is reported in one
-line (exit status 2) before any process starts.
+line (exit status 2) before any process starts; a failed Kubeflow submission likewise (exit status 3).
 """
 
 import sys
@@ -14,41 +17,36 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from components.config import ClusterBackend, ConfigError, from_dict, register_configs, to_dict, validate
+from components.config import ConfigError, PipelineRunner, from_dict, register_configs, to_dict, validate
+from components.resolve.step import check_restore
 
 EXIT_CONFIG_ERROR = 2
+EXIT_SUBMIT_ERROR = 3
 
 
 def run(cfg: DictConfig) -> float:
-    """Validate, run on ``cluster.backend``, return the ``objective`` metric of the test split."""
+    """Validate, run on ``cluster.runner``, return the ``objective`` metric of the test split.
+
+    A Kubeflow run is submitted, not waited for: its objective is NaN.
+    """
     typed = from_dict(cfg)
-    validate(typed)
-    if typed.cluster.backend is ClusterBackend.local:
-        from pipelines.local import local_config, run_local
+    on_kubeflow = typed.cluster.runner is PipelineRunner.kubeflow
+    # The data and a resume target in the cluster's storage are checked by the run's first step, which
+    # holds the cluster's credentials; this machine may have none.
+    validate(typed, check_storage=not on_kubeflow)
+    if on_kubeflow:
+        from pipelines.kubeflow import run_kubeflow
 
-        typed = local_config(typed)
-        check_restore(typed)
-        run_dir = Path(typed.run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))))
-        metrics = run_local(typed)
-    else:  # pragma: no cover - the enum has no other member yet
-        raise ConfigError("cluster.backend", typed.cluster.backend.value, "local")
+        return run_kubeflow(typed)
+    from pipelines.local import local_config, run_local
+
+    typed = local_config(typed)
+    check_restore(typed)
+    run_dir = Path(typed.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))))
+    metrics = run_local(typed)
     return float(metrics[typed.objective])
-
-
-def check_restore(cfg) -> None:
-    """A resume or warm-start target that names no committed checkpoint fails here, before anything starts."""
-    from components.checkpoint import CheckpointError
-    from components.checkpoint_store import CheckpointStore
-    from components.train.checkpointing import restore_source
-
-    try:
-        restore_source(CheckpointStore(cfg.checkpoint.uri), cfg.checkpoint.resume, cfg.checkpoint.warm_start)
-    except CheckpointError as err:
-        key, value = (("checkpoint.warm_start", cfg.checkpoint.warm_start) if "warm_start" in str(err)
-                      else ("checkpoint.resume", cfg.checkpoint.resume))
-        raise ConfigError(key, value, "none, latest or a committed checkpoint id", str(err)) from None
 
 
 register_configs()
@@ -56,11 +54,16 @@ register_configs()
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    from pipelines.kubeflow import SubmitError
+
     try:
         return run(cfg)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         sys.exit(EXIT_CONFIG_ERROR)
+    except SubmitError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        sys.exit(EXIT_SUBMIT_ERROR)
 
 
 if __name__ == "__main__":

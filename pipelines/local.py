@@ -140,7 +140,8 @@ def run_local(cfg: CtrConfig) -> dict:
     """
     from kfp import local
 
-    from pipelines.pipeline import ctr_pipeline, pipeline_arguments
+    from components.resolve.step import run_parameters
+    from pipelines.pipeline import ctr_pipeline
 
     cfg = local_config(cfg)
     run_dir = Path(cfg.run_dir)
@@ -156,7 +157,7 @@ def run_local(cfg: CtrConfig) -> dict:
         with warnings.catch_warnings():
             # The subprocess runner warns about any image name without "python" in it.
             warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
-            task = ctr_pipeline(config=pipeline_arguments(cfg))
+            task = ctr_pipeline(cfg)(**run_parameters(cfg))
     except RuntimeError as err:
         raise PipelineRunError(_ANSI.sub("", str(err)), tap.step_error()) from None
     finally:

@@ -9,6 +9,7 @@ from hydra.errors import ConfigCompositionException
 import pipelines
 from components.config import ConfigError, Mode, ModelName, from_dict, register_configs, validate
 
+PROD = ["+cluster=prod", "cluster.submit=false", "checkpoint.uri=s3://b/ckpt"]
 CONF = Path(pipelines.__file__).resolve().parent.parent / "conf"
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo"
 
@@ -75,6 +76,15 @@ def test_closed_vocabularies_fail_at_composition(tmp_path, override, allowed):
     (["checkpoint.keep_last=0"], "checkpoint.keep_last", 0),
     (["data=criteo"], "data.uri", None),
     (["data=criteo", "data.uri=/no/such/dir/day_*.tsv"], "data.uri", "/no/such/dir/day_*.tsv"),
+    (["+cluster=prod", "checkpoint.uri=s3://b/ckpt"], "cluster.host", None),
+    (["+cluster=prod", "cluster.submit=false", "checkpoint.uri=/data/ckpt"], "checkpoint.uri", "/data/ckpt"),
+    ([*PROD, "data=criteo", "data.uri=/local/day_0"], "data.uri", "/local/day_0"),
+    ([*PROD, "cluster.backend=local"], "cluster.backend", "local"),
+    (["+cluster=local", "cluster.backend=jobset"], "cluster.backend", "jobset"),
+    ([*PROD, "cluster.workers.image.digest=sha256:abc"], "cluster.workers.image.digest", "sha256:abc"),
+    ([*PROD, "cluster.workers.gpus=-1"], "cluster.workers.gpus", -1),
+    ([*PROD, "cluster.backend=paddlejob", "cluster.paddle_port=40000"], "cluster.paddle_port", 40000),
+    ([*PROD, "cluster.start_timeout_s=-1.0"], "cluster.start_timeout_s", -1.0),
 ])
 def test_validation_names_key_value_and_allowed(tmp_path, overrides, key, value):
     cfg = _config(tmp_path, *overrides)
@@ -97,3 +107,11 @@ def test_struct_round_trip_restores_ints(tmp_path):
     rebuilt = from_dict(as_struct)
     assert rebuilt.ps.workers == 2 and isinstance(rebuilt.ps.workers, int)
     assert rebuilt.table.learning_rate == cfg.table.learning_rate
+
+
+def test_a_kubeflow_driver_leaves_listing_the_data_to_the_cluster(tmp_path):
+    cfg = _config(tmp_path, *PROD, "data=criteo", "data.uri=s3://no-such-bucket-here/day_*.tsv")
+    validate(cfg, check_storage=False)  # the run's first step lists it, with the cluster's credentials
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert err.value.key == "data.uri"

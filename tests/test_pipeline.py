@@ -15,17 +15,20 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 import pipelines
 from components.checkpoint import load as load_checkpoint
-from components.config import ConfigError, from_dict, register_configs
+from components.config import ConfigError, DataSource, from_dict, register_configs
 from components.data_prep.component import prepare_data
 from components.evaluate.component import evaluate_model
 from components.evaluate.evaluate import Scorer, read_test_split, score_serving_model
 from components.export.component import export_model
+from components.resolve.component import resolve_config
+from components.resolve.step import (RUN_PARAMETERS, apply_run_parameters, config_struct, effective_config,
+                                     run_parameters)
 from components.train.component import train
 from components.checkpoint_store import CheckpointStore, fetch_for_scoring
 from components.train.step import read_pointer
 from pipelines.ctr import run
 from pipelines.local import PipelineRunError, step_error
-from pipelines.pipeline import DEPENDENCIES, TASKS, compile_pipeline, pipeline_arguments
+from pipelines.pipeline import DEPENDENCIES, TASKS, compile_pipeline
 
 CONF = Path(pipelines.__file__).resolve().parent.parent / "conf"
 
@@ -36,29 +39,47 @@ def _compose(run_dir, *overrides):
         return compose("config", overrides=[f"run_dir={run_dir}", *overrides])
 
 
-def _spec(tmp_path) -> pipeline_spec_pb2.PipelineSpec:
-    path = compile_pipeline(tmp_path / "pipeline.yaml")
-    return json_format.ParseDict(yaml.safe_load(Path(path).read_text()), pipeline_spec_pb2.PipelineSpec())
+def _spec(tmp_path, *overrides) -> pipeline_spec_pb2.PipelineSpec:
+    path = compile_pipeline(from_dict(_compose(tmp_path, *overrides)), tmp_path / "pipeline.yaml")
+    documents = list(yaml.safe_load_all(Path(path).read_text()))
+    assert len(documents) == 1  # a local-runner pipeline carries no Kubernetes platform spec
+    return json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
 
 
-def test_pipeline_compiles_to_four_tasks_in_order(tmp_path):
+def test_pipeline_compiles_to_five_tasks_in_order(tmp_path):
     spec = _spec(tmp_path)
     tasks = spec.root.dag.tasks
-    assert TASKS == ("prepare-data", "train", "evaluate-model", "export-model")
+    assert TASKS == ("resolve-config", "prepare-data", "train", "evaluate-model", "export-model")
     assert set(tasks) == set(TASKS) == set(DEPENDENCIES)
-    # prepare-data -> train -> evaluate-model, and export-model beside evaluation: it needs only the checkpoint.
+    # resolve-config feeds every step; prepare-data -> train -> evaluate-model, and export-model beside
+    # evaluation: it needs only the checkpoint.
     assert {name: set(tasks[name].dependent_tasks) for name in TASKS} == \
-        {"prepare-data": set(), "train": {"prepare-data"}, "evaluate-model": {"prepare-data", "train"},
-         "export-model": {"train"}}
+        {"resolve-config": set(), "prepare-data": {"resolve-config"}, "train": {"resolve-config", "prepare-data"},
+         "evaluate-model": {"resolve-config", "prepare-data", "train"}, "export-model": {"resolve-config", "train"}}
     for i, name in enumerate(TASKS):  # TASKS is a topological order
         assert set(DEPENDENCIES[name]) == set(tasks[name].dependent_tasks) <= set(TASKS[:i]), name
-    assert spec.root.input_definitions.parameters["config"].parameter_type == \
-        pipeline_spec_pb2.ParameterType.STRUCT
+    for name in TASKS[1:]:
+        config = tasks[name].inputs.parameters["config"].task_output_parameter
+        assert (config.producer_task, config.output_parameter_key) == ("resolve-config", "Output"), name
     assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report", "serving_model"}
 
 
+def test_run_parameters_default_to_the_composed_config(tmp_path):
+    overrides = ("ps.epochs=3", "ps.batch_size=128", "model.learning_rate=0.002", "table.learning_rate=0.1",
+                 "data=criteo", "data.uri=/some/files", "checkpoint.uri=/ckpt", "checkpoint.resume=latest")
+    parameters = _spec(tmp_path, *overrides).root.input_definitions.parameters
+    assert set(parameters) == set(RUN_PARAMETERS)
+    assert {name: json_format.MessageToDict(p.default_value) for name, p in parameters.items()} == \
+        {"epochs": 3, "batch_size": 128, "learning_rate": 0.002, "table_learning_rate": 0.1,
+         "data_uri": "/some/files", "checkpoint_uri": "/ckpt", "resume": "latest"}
+    types = pipeline_spec_pb2.ParameterType
+    assert parameters["epochs"].parameter_type == types.NUMBER_INTEGER
+    assert parameters["learning_rate"].parameter_type == types.NUMBER_DOUBLE
+    assert parameters["data_uri"].parameter_type == types.STRING
+
+
 def test_components_run_without_installing_anything(tmp_path):
-    for component in (prepare_data, train, evaluate_model, export_model):
+    for component in (resolve_config, prepare_data, train, evaluate_model, export_model):
         container = component.component_spec.implementation.container
         command = " ".join([*container.command, *(container.args or [])])
         assert "pip install" not in command and "kfp.dsl.executor_main" in command, component.name
@@ -74,8 +95,40 @@ def test_config_survives_the_struct_parameter(tmp_path):
     """A dict parameter travels as a protobuf Struct: ints become doubles, nulls are not allowed."""
     cfg = from_dict(_compose(tmp_path, "data=criteo", "data.uri=/some/files"))
     struct = struct_pb2.Struct()
-    struct.update(pipeline_arguments(cfg))
+    struct.update(config_struct(cfg))
     assert from_dict(json_format.MessageToDict(struct)) == cfg
+
+
+def test_run_parameters_override_the_compiled_config(tmp_path, capsys):
+    compiled = from_dict(_compose(tmp_path))
+    assert compiled.data.source is DataSource.synthetic
+    data = tmp_path / "day_0.tsv"
+    data.write_text("")
+    parameters = {**run_parameters(compiled), "data_uri": str(data), "epochs": 4, "learning_rate": 0.01,
+                  "table_learning_rate": 0.2, "batch_size": 64, "checkpoint_uri": str(tmp_path / "ckpt")}
+    resolved = from_dict(effective_config(config_struct(compiled), **parameters))
+    assert (resolved.data.source, resolved.data.uri) == (DataSource.files, str(data))
+    assert (resolved.ps.epochs, resolved.ps.batch_size, resolved.model.learning_rate, resolved.table.learning_rate) \
+        == (4, 64, 0.01, 0.2)
+    assert resolved.checkpoint.uri == str(tmp_path / "ckpt")
+    assert apply_run_parameters(resolved, **run_parameters(compiled)) == compiled  # nothing else changed
+    assert "effective config:" in capsys.readouterr().out
+    # An empty data_uri means synthetic data, whatever the compiled config read.
+    back = from_dict(effective_config(config_struct(resolved), **{**parameters, "data_uri": ""}))
+    assert (back.data.source, back.data.uri) == (DataSource.synthetic, None)
+
+
+@pytest.mark.parametrize("parameter, value, key", [
+    ("epochs", 0, "ps.epochs"),
+    ("learning_rate", -0.1, "model.learning_rate"),
+    ("data_uri", "/no/such/files_*.tsv", "data.uri"),
+    ("resume", "20261129T000000000000Z-e0001-s0000000001", "checkpoint.resume"),
+])
+def test_resolve_step_rejects_a_bad_run_parameter(tmp_path, parameter, value, key):
+    compiled = from_dict(_compose(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        effective_config(config_struct(compiled), **{**run_parameters(compiled), parameter: value})
+    assert err.value.key == key
 
 
 def test_checkpoint_pointer_from_metadata_or_file(tmp_path):

@@ -1,0 +1,178 @@
+"""Compile the pipeline for Kubeflow Pipelines and submit a run (``python -m pipelines.ctr +cluster=prod``).
+
+The run directory gets::
+
+    pipeline.yaml       the compiled pipeline (IR YAML + Kubernetes platform spec): submitted, or to upload
+    config.yaml         the config compiled into it (storage credentials appear only as secret names)
+    k8s/rbac.yaml       what the steps' service account needs to run PS jobs (``kubectl apply -f``, once)
+    kubeflow_run.json   after a submission: the run id, its URL, the experiment and the run parameters
+
+A submission that fails (host unreachable, DNS, an HTTP error) raises :class:`SubmitError`, whose one-line
+message says what failed, where, and where the compiled pipeline is, to upload it by hand.
+"""
+
+import json
+import math
+import re
+import socket
+import time
+import warnings
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import kfp
+import urllib3
+import yaml
+from omegaconf import OmegaConf
+
+from components.config import CtrConfig, to_dict
+from components.resolve.step import RUN_PARAMETERS, run_parameters
+from pipelines.pipeline import PIPELINE_NAME, compile_pipeline, compiled_config
+
+PIPELINE_FILE = "pipeline.yaml"
+CONFIG_FILE = "config.yaml"
+RBAC_FILE = "k8s/rbac.yaml"
+RUN_FILE = "kubeflow_run.json"
+# Per socket operation: a host that drops packets fails in seconds, not after the OS's connect timeout.
+API_TIMEOUT_S = 30.0
+
+
+class SubmitError(RuntimeError):
+    """Submitting the compiled pipeline to Kubeflow Pipelines failed."""
+
+
+@dataclass
+class SubmittedRun:
+    run_id: str
+    url: str
+    host: str
+    namespace: str
+    experiment: str
+    experiment_id: str
+    run_name: str
+    service_account: str
+    parameters: dict
+    pipeline: str  # the compiled YAML that was submitted
+
+
+class _FailFastClient(kfp.Client):
+    """``kfp.Client`` that reports the first failed answer.
+
+    The stock client retries its health check 5 times 5 s apart, and every request 3 times; for a host that
+    cannot be reached that only delays the error. Without retries a request that may have reached the
+    server is never sent again either, so a run cannot be created twice.
+    """
+
+    def _load_config(self, *args, **kwargs):
+        config = super()._load_config(*args, **kwargs)
+        config.retries = urllib3.Retry(connect=0, read=0)
+        return config
+
+    def get_kfp_healthz(self, sleep_duration: int = 5):
+        return self._healthz_api.healthz_service_get_healthz()
+
+
+class _PlainDumper(yaml.SafeDumper):
+    """Writes a list the manifests share as often as it occurs, not as a YAML anchor and aliases."""
+
+    def ignore_aliases(self, data) -> bool:
+        return True
+
+
+def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
+    """Compile the pipeline and write the run directory's files; returns the pipeline YAML's path."""
+    from components.train.manifests import launcher_rbac
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    pipeline_path = Path(compile_pipeline(cfg, run_dir / PIPELINE_FILE))
+    (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(compiled_config(cfg)))))
+    rbac = run_dir / RBAC_FILE
+    rbac.parent.mkdir(exist_ok=True)
+    rbac.write_text(yaml.dump_all(launcher_rbac(cfg), Dumper=_PlainDumper, sort_keys=False))
+    return pipeline_path
+
+
+@contextmanager
+def _socket_timeout(seconds: float):
+    previous = socket.getdefaulttimeout()
+    socket.setdefaulttimeout(seconds)  # urllib3 (under kfp.Client) uses it for every connect and read
+    try:
+        yield
+    finally:
+        socket.setdefaulttimeout(previous)
+
+
+def _reason(err: Exception) -> str:
+    """The cause of a failed API call in one line, without urllib3's object reprs."""
+    from kfp_server_api.exceptions import ApiException
+
+    if isinstance(err, ApiException) and err.status:
+        text = f"HTTP {err.status} {err.reason or ''}".rstrip()
+        try:
+            message = json.loads(err.body or b"{}").get("message")
+        except (ValueError, AttributeError):
+            message = None
+        text += f" ({message})" if message else ""
+    else:
+        text = str(err.reason) if isinstance(err, (ApiException, urllib3.exceptions.MaxRetryError)) else str(err)
+        # urllib3 starts with its connection object: "<...HTTPConnection object at 0x..>: " or "HTTPConnection(...): ".
+        text = re.sub(r"<[^<>]*>: |\b\w*Connection(Pool)?\([^()]*\): ", "", text) or type(err).__name__
+    return " ".join(text.split())
+
+
+def submit(cfg: CtrConfig, pipeline_path: Path) -> SubmittedRun:
+    """Create a run of the compiled pipeline in ``cluster.experiment`` (created if missing) with the run
+    parameters' defaults; raises :class:`SubmitError` when the KFP API cannot be reached or refuses."""
+    cluster = cfg.cluster
+    host = cluster.host.rstrip("/")
+    parameters = run_parameters(cfg)
+    run_name = f"{PIPELINE_NAME} {time.strftime('%Y-%m-%d %H-%M-%S')}"
+    stage = "connecting"
+    try:
+        with _socket_timeout(API_TIMEOUT_S), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="This client only works", category=FutureWarning)
+            client = _FailFastClient(host=host, namespace=cluster.namespace)
+            stage = f"finding or creating experiment '{cluster.experiment}' in namespace '{cluster.namespace}'"
+            experiment = client.create_experiment(name=cluster.experiment, namespace=cluster.namespace)
+            stage = "creating the run"
+            created = client.run_pipeline(experiment_id=experiment.experiment_id, job_name=run_name,
+                                          pipeline_package_path=str(pipeline_path), params=parameters,
+                                          service_account=cluster.service_account)
+    # Whatever the API answered or failed to, the way out is the same: the compiled pipeline, by hand.
+    except Exception as err:
+        raise SubmitError(f"submitting to Kubeflow Pipelines at {host} failed while {stage}: {_reason(err)}. "
+                          f"The compiled pipeline is {pipeline_path}: upload it in the Kubeflow UI "
+                          "(Pipelines > Upload pipeline) and start a run there") from err
+    return SubmittedRun(run_id=created.run_id, url=f"{host}/#/runs/details/{created.run_id}", host=host,
+                        namespace=cluster.namespace, experiment=cluster.experiment,
+                        experiment_id=experiment.experiment_id, run_name=run_name,
+                        service_account=cluster.service_account, parameters=parameters, pipeline=str(pipeline_path))
+
+
+def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
+    width = max(len(name) for name, _ in rows)
+    print("\n".join(["", title, *(f"  {name:<{width}}  {value}" for name, value in rows), ""]), flush=True)
+
+
+def run_kubeflow(cfg: CtrConfig) -> float:
+    """Compile into ``run_dir`` and, with ``cluster.submit``, start a run on Kubeflow Pipelines.
+
+    Returns the objective; NaN, since this command does not wait for the run to finish.
+    """
+    run_dir = Path(cfg.run_dir)
+    pipeline_path = write_run_files(cfg, run_dir)
+    files = [("pipeline", str(pipeline_path)), ("config", str(run_dir / CONFIG_FILE)),
+             ("rbac", f"{run_dir / RBAC_FILE} (kubectl apply -f it once per namespace)")]
+    if not cfg.cluster.submit:
+        _print_rows("== Kubeflow pipeline compiled (cluster.submit=false: not submitted)", [
+            *files, ("upload", "Kubeflow UI > Pipelines > Upload pipeline, then Create run"),
+            ("parameters", ", ".join(RUN_PARAMETERS))])
+        return math.nan
+    submitted = submit(cfg, pipeline_path)
+    (run_dir / RUN_FILE).write_text(json.dumps(asdict(submitted), indent=2) + "\n")
+    _print_rows("== Kubeflow run submitted", [
+        ("run id", submitted.run_id), ("run", submitted.url),
+        ("experiment", f"{submitted.experiment} ({submitted.namespace})"), *files,
+        ("record", str(run_dir / RUN_FILE))])
+    return math.nan
