@@ -162,7 +162,9 @@ def test_pods_are_unprivileged_and_sized_by_role(tmp_path):
     assert "nvidia.com/gpu" not in server["containers"][0]["resources"]["limits"]
     assert worker["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert server["nodeSelector"] == {"pool": "cpu-highmem"} and "nodeSelector" not in worker
-    assert server["containers"][0]["readinessProbe"]["tcpSocket"]["port"] == 36000
+    # Ready once the rendezvous store on server 0 listens: its PS port opens only after the workers joined.
+    probe = server["containers"][0]["readinessProbe"]["exec"]["command"]
+    assert probe[-1] == "ctr-1a2b3c-ps-0-0.ctr-1a2b3c:36018"
 
 
 def test_jobset_order_success_restarts_and_ownership(tmp_path):
@@ -210,3 +212,20 @@ def test_worker0_selector_matches_the_labels_the_controllers_set(tmp_path):
     assert "jobset.sigs.k8s.io/replicatedjob-name=worker" in jobset and "job-index=0" in jobset
     paddle = manifests.worker0_selector(_prod(tmp_path, "cluster.backend=paddlejob"), "ctr-1a2b3c")
     assert paddle == "paddle-res-name=ctr-1a2b3c-worker-0"
+
+
+def test_the_readiness_probe_passes_exactly_when_the_store_listens(tmp_path):
+    import socket
+    import subprocess
+    import sys
+
+    cfg = _prod(tmp_path)
+    (_, job) = _objects(cfg)
+    command = _pod_templates(job)["ps"]["spec"]["containers"][0]["readinessProbe"]["exec"]["command"]
+    with socket.socket() as store:
+        store.bind(("127.0.0.1", 0))
+        store.listen()
+        endpoint = f"127.0.0.1:{store.getsockname()[1]}"
+        probe = [sys.executable, *command[1:-1], endpoint]
+        assert subprocess.run(probe, cwd=Path(__file__).parents[1]).returncode == 0
+    assert subprocess.run(probe, cwd=Path(__file__).parents[1]).returncode != 0

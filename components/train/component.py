@@ -12,4 +12,5 @@ def train(config: dict, dataset: Input[Dataset], checkpoint: Output[Model], logs
     """The PS job (servers + workers) on the prepared dataset; checkpoint at ``checkpoint.uri``."""
     from components.train.step import train_model
 
-    checkpoint.metadata.update(train_model(config, dataset.path, checkpoint.path, logs.path))
+    # Local processes read dataset.path; pods on Kubernetes fetch their shards from dataset.uri.
+    checkpoint.metadata.update(train_model(config, dataset.path, checkpoint.path, logs.path, data_uri=dataset.uri))

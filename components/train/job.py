@@ -88,7 +88,8 @@ class EventLog:
                 self.progress[source] = event
                 self.echo(format_progress(event))
             elif tag == EPOCH:
-                self.epochs.append(event)
+                # A restarted job retrains from its last checkpoint: a pass reported again replaces the old report.
+                self.epochs = [e for e in self.epochs if e["epoch"] < event["epoch"]] + [event]
                 self.echo(format_epoch(event))
             elif tag == CHECKPOINT:
                 self.checkpoints.append(event)

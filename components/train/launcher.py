@@ -65,6 +65,11 @@ class LocalJob:
     def progress(self) -> dict[str, dict]:
         return self.events.progress
 
+    @property
+    def checkpoints(self) -> list[dict]:
+        """Committed so far: readable while the job runs, and after it failed."""
+        return self.events.checkpoints
+
     def _start(self, layout: ClusterLayout, role: Role, index: int) -> Process:
         workdir = self.work_root / f"{role.value}-{index}"
         workdir.mkdir(parents=True, exist_ok=True)

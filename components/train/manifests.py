@@ -6,7 +6,7 @@ Two backends fan the job out to pods:
   ``worker`` replicated job of (GPU) worker pods. Pods get stable DNS names
   ``<job>-<ps|worker>-<i>-0.<job>``, so the Paddle environment is computed up front by the same
   :func:`components.train.env.role_env` the local backend uses. Servers start first (``InOrder``: workers
-  are created once every server pod is Ready, i.e. its PS port accepts connections); the job succeeds
+  are created once every server pod is Ready, i.e. the rendezvous store on server 0 listens); the job succeeds
   when the workers do; a failure restarts the whole job (all pods, blocking until the old ones are gone)
   up to ``cluster.max_restarts`` times, and the roles then resume from the latest committed checkpoint.
 * ``paddlejob`` (PaddleFlow paddle-operator ``batch.paddlepaddle.org/v1``): ``ps`` / ``worker`` specs with
@@ -36,6 +36,7 @@ GLOO_PORT_OFFSET = 18
 JOB_LABEL = "ctr-ps.paddle/job"
 ROLE_LABEL = "ctr-ps.paddle/role"
 INDEX_ENV = "PS_ROLE_INDEX"
+READY_PROBE = "import sys; from components.train.env import endpoint_accepts; sys.exit(not endpoint_accepts(sys.argv[1]))"
 SCRATCH = "/scratch"  # an emptyDir: workdir, staged table shards, the pod's copy of its data shards
 REPLICATED_JOB = {Role.SERVER: "ps", Role.WORKER: "worker"}
 # The pod annotations JobSet sets, read through the downward API.
@@ -148,8 +149,12 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
         "securityContext": CONTAINER_SECURITY_CONTEXT,
         "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH}],
     }
-    if role is Role.SERVER:  # Ready = serving: JobSet starts the workers only then
-        container["readinessProbe"] = {"tcpSocket": {"port": port}, "periodSeconds": 2}
+    if role is Role.SERVER:
+        # JobSet creates the workers once every server is Ready. Server 0 opens its PS port only after every
+        # process joined the gloo rendezvous it hosts, so Ready means what the local launcher waits for: the
+        # rendezvous store listens (workers then wait for each PS port themselves).
+        container["readinessProbe"] = {"exec": {"command": ["python", "-c", READY_PROBE, layout.gloo_endpoint]},
+                                       "periodSeconds": 3, "timeoutSeconds": 3}
     spec = {
         "restartPolicy": "Never",  # a PS job cannot take one process back mid-run: the whole job restarts
         "automountServiceAccountToken": False,
@@ -200,7 +205,8 @@ def paddlejob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: 
         "apiVersion": PADDLEJOB_API,
         "kind": "PaddleJob",
         "metadata": _metadata(cfg, name, namespace, owner),
-        "spec": {"intranet": "Service", "cleanPodPolicy": "Always", "withGloo": 1,
+        # Never: a failed job's pods stay for the launcher to quote their logs; it deletes the job (and pods) itself.
+        "spec": {"intranet": "Service", "cleanPodPolicy": "Never", "withGloo": 1,
                  "ps": role_spec(Role.SERVER, cfg.ps.servers), "worker": role_spec(Role.WORKER, cfg.ps.workers)},
     }
 

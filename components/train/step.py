@@ -24,15 +24,22 @@ def echo_now(line: str) -> None:
     print(line, flush=True)
 
 
-def run_job(cfg: Any, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = echo_now) -> Any:
-    """The single dispatch point from ``cluster.backend`` to the code that runs a PS job."""
+def run_job(cfg: Any, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = echo_now,
+            data_uri: Optional[str] = None) -> Any:
+    """The single dispatch point from ``cluster.backend`` to the code that runs a PS job.
+
+    ``data_dir`` is the prepared dataset on this machine (local processes read it); ``data_uri`` is where it
+    is stored remotely (the ``Dataset`` artifact's URI), which pods on Kubernetes fetch their shards from.
+    """
     from components.config import ClusterBackend
 
     if cfg.cluster.backend is ClusterBackend.local:
         from components.train.launcher import run_local_job
 
         return run_local_job(cfg, data_dir, log_dir, echo=echo)
-    raise ValueError(f"cluster.backend {cfg.cluster.backend.value!r} has no launcher yet")
+    from components.train.kubernetes_job import run_kubernetes_job
+
+    return run_kubernetes_job(cfg, data_uri, log_dir, echo=echo)
 
 
 def training_summary(result: Any, checkpoint_uri: str) -> dict:
@@ -79,14 +86,15 @@ def fetched_checkpoint(path: str | os.PathLike, metadata: Optional[dict] = None)
 
 
 def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
-                echo: Callable[[str], None] = echo_now) -> dict:
-    """Run the PS job of ``config`` on ``data_dir``; returns the summary for the Model artifact.
+                echo: Callable[[str], None] = echo_now, data_uri: Optional[str] = None) -> dict:
+    """Run the PS job of ``config`` on ``data_dir`` (stored at ``data_uri``: the Kubernetes backends need it);
+    returns the summary for the Model artifact.
 
     The checkpoint goes to ``checkpoint.uri``; the pointer file to ``pointer_path``; the logs to
     ``log_dir`` (the launcher's per-role scratch directories are dropped from it after a successful job).
     """
     cfg = from_dict(config)
-    result = run_job(cfg, Path(data_dir), Path(log_dir), echo=echo)
+    result = run_job(cfg, Path(data_dir), Path(log_dir), echo=echo, data_uri=data_uri)
     shutil.rmtree(Path(log_dir) / "work", ignore_errors=True)  # kept on failure, for debugging
     summary = training_summary(result, cfg.checkpoint.uri)
     write_pointer(pointer_path, summary)
