@@ -58,7 +58,7 @@ CHUNK = 8 << 20
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "oci", "tos", "memory"}
 _COMMON_PROTOCOLS = "a local path, file://, s3://, hdfs://, webhdfs://, gs://, memory://"
 
-ID_RE = re.compile(r"^\d{8}T\d{12}Z-e\d{4,}-s\d{10,}$")
+ID_RE = re.compile(r"^(?P<time>\d{8}T\d{12})Z-e(?P<epoch>\d{4,})-s(?P<step>\d{10,})$")
 _id_lock = threading.Lock()
 _last_id_us = 0
 
@@ -87,12 +87,23 @@ def make_id(epoch: int, step: int, *, now: _dt.datetime | None = None) -> str:
     return f"{stamp:%Y%m%dT%H%M%S}{stamp.microsecond:06d}Z-e{epoch:04d}-s{step:010d}"
 
 
+def _match_id(ckpt_id: Any) -> re.Match:
+    match = ID_RE.match(ckpt_id) if isinstance(ckpt_id, str) else None
+    if match is None:
+        raise ValueError(f"{ckpt_id!r} is not a checkpoint id (made by make_id)")
+    return match
+
+
 def parse_id(ckpt_id: str) -> tuple[int, int]:
     """``(epoch, step)`` of an id made by :func:`make_id`."""
-    if not ID_RE.match(ckpt_id):
-        raise ValueError(f"{ckpt_id!r} is not a checkpoint id (made by make_id)")
-    _, epoch, step = ckpt_id.rsplit("-", 2)
-    return int(epoch[1:]), int(step[1:])
+    match = _match_id(ckpt_id)
+    return int(match["epoch"]), int(match["step"])
+
+
+def id_time(ckpt_id: str) -> _dt.datetime:
+    """When :func:`make_id` made the id (UTC, to the microsecond)."""
+    stamp = _dt.datetime.strptime(_match_id(ckpt_id)["time"], "%Y%m%dT%H%M%S%f")
+    return stamp.replace(tzinfo=_dt.timezone.utc)
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -174,6 +174,10 @@ class ClusterConfig:
     experiment: str = "ctr-ps"
     pipeline_root: Optional[str] = None  # where KFP keeps artifacts (s3://...); None = the KFP default
     submit: bool = True  # false: only compile the pipeline YAML (to upload in the Kubeflow UI)
+    # Wait for the submitted run to end and return its objective (sweeps with adaptive sweepers need it).
+    wait: bool = False
+    poll_s: float = 30.0
+    wait_timeout_s: float = 48 * 3600.0
     service_account: str = "ctr-ps-launcher"  # the steps' account; needs the RBAC of k8s/rbac.yaml
     pipeline_image: ImageConfig = field(default_factory=ImageConfig)
     # The PS job's pods (backend=jobset | paddlejob)
@@ -341,6 +345,9 @@ def _validate_cluster(cfg: CtrConfig) -> None:
         for i, toleration in enumerate(pods.tolerations):
             if toleration.operator not in ("Exists", "Equal"):
                 raise ConfigError(f"cluster.{role}.tolerations[{i}].operator", toleration.operator, "Exists or Equal")
+    for key in ("poll_s", "wait_timeout_s"):
+        if getattr(cluster, key) <= 0:
+            raise ConfigError(f"cluster.{key}", getattr(cluster, key), "seconds > 0")
     if cluster.start_timeout_s <= 0:
         raise ConfigError("cluster.start_timeout_s", cluster.start_timeout_s, "seconds > 0")
     if cluster.max_restarts < 0:

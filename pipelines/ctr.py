@@ -3,9 +3,11 @@
     python -m pipelines.ctr                                  # defaults: synthetic data, 2 servers + 2 workers
     python -m pipelines.ctr experiment=tiny ps=geo           # any group / key override
     python -m pipelines.ctr -m model=dnn,deepfm              # a sweep; each job returns its objective
+    python -m pipelines.ctr -m hparams_search=optuna         # an Optuna search (conf/hparams_search/)
 
     python -m pipelines.ctr +cluster=prod checkpoint.uri=s3://b/ctr cluster.host=https://kubeflow.example.com/pipeline
                                                              # compile for Kubeflow Pipelines and submit a run
+                                                             # (cluster.wait=true: wait for it, return its objective)
 
 Hydra's run directory is the run directory (``run_dir``). A config that cannot work is reported in one
 line (exit status 2) before any process starts; a failed Kubeflow submission likewise (exit status 3).
@@ -27,7 +29,8 @@ EXIT_SUBMIT_ERROR = 3
 def run(cfg: DictConfig) -> float:
     """Validate, run on ``cluster.runner``, return the ``objective`` metric of the test split.
 
-    A Kubeflow run is submitted, not waited for: its objective is NaN.
+    A Kubeflow run is submitted; with ``cluster.wait=true`` its end is awaited and its objective returned,
+    else the objective is NaN.
     """
     typed = from_dict(cfg)
     on_kubeflow = typed.cluster.runner is PipelineRunner.kubeflow
@@ -55,7 +58,10 @@ register_configs()
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
     from pipelines.kubeflow import SubmitError
+    from pipelines.sweep import in_sweep, run_sweep_job
 
+    if in_sweep():  # one job of a -m sweep: a failure is recorded, and the sweep goes on
+        return run_sweep_job(cfg, run)
     try:
         return run(cfg)
     except ConfigError as err:

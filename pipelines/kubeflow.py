@@ -1,4 +1,5 @@
-"""Compile the pipeline for Kubeflow Pipelines and submit a run (``python -m pipelines.ctr +cluster=prod``).
+"""Compile the pipeline for Kubeflow Pipelines, submit a run and, with ``cluster.wait``, wait for its objective
+(``python -m pipelines.ctr +cluster=prod``).
 
 The run directory gets::
 
@@ -6,11 +7,14 @@ The run directory gets::
     config.yaml         the config compiled into it (storage credentials appear only as secret names)
     k8s/rbac.yaml       what the steps' service account needs to run PS jobs (``kubectl apply -f``, once)
     kubeflow_run.json   after a submission: the run id, its URL, the experiment and the run parameters
+    metrics.json        with cluster.wait, after the run succeeded: its test metrics (as a local run writes)
 
 A submission that fails (host unreachable, DNS, an HTTP error) raises :class:`SubmitError`, whose one-line
-message says what failed, where, and where the compiled pipeline is, to upload it by hand.
+message says what failed, where, and where the compiled pipeline is, to upload it by hand. A run waited for
+that ends without an objective raises :class:`RunError`, naming the run, its URL and why.
 """
 
+import datetime as dt
 import json
 import math
 import re
@@ -34,12 +38,22 @@ PIPELINE_FILE = "pipeline.yaml"
 CONFIG_FILE = "config.yaml"
 RBAC_FILE = "k8s/rbac.yaml"
 RUN_FILE = "kubeflow_run.json"
+METRICS_FILE = "metrics.json"
 # Per socket operation: a host that drops packets fails in seconds, not after the OS's connect timeout.
 API_TIMEOUT_S = 30.0
+# v2beta1 run states after which a run does not change any more.
+FINAL_STATES = ("SUCCEEDED", "SKIPPED", "FAILED", "CANCELED")
+# Polls in a row that may fail before the wait gives up: a wait of hours should outlive an API server restart.
+POLL_FAILURES_TOLERATED = 10
 
 
 class SubmitError(RuntimeError):
     """Submitting the compiled pipeline to Kubeflow Pipelines failed."""
+
+
+class RunError(SubmitError):
+    """A run that was waited for ended without an objective: not SUCCEEDED, not within ``cluster.wait_timeout_s``,
+    or without an evaluation of its own. A :class:`SubmitError`, so the command reports it the same way."""
 
 
 @dataclass
@@ -51,6 +65,7 @@ class SubmittedRun:
     experiment: str
     experiment_id: str
     run_name: str
+    submitted_at: str  # UTC, ISO 8601, taken before the run was created: its checkpoints are all younger
     service_account: str
     parameters: dict
     pipeline: str  # the compiled YAML that was submitted
@@ -94,11 +109,14 @@ def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
 
 
 @contextmanager
-def _socket_timeout(seconds: float):
+def _api_calls():
+    """Around ``kfp.Client`` calls: a socket timeout, and no warning about the client's version."""
     previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(seconds)  # urllib3 (under kfp.Client) uses it for every connect and read
+    socket.setdefaulttimeout(API_TIMEOUT_S)  # urllib3 (under kfp.Client) uses it for every connect and read
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="This client only works", category=FutureWarning)
+            yield
     finally:
         socket.setdefaulttimeout(previous)
 
@@ -128,10 +146,10 @@ def submit(cfg: CtrConfig, pipeline_path: Path) -> SubmittedRun:
     host = cluster.host.rstrip("/")
     parameters = run_parameters(cfg)
     run_name = f"{PIPELINE_NAME} {time.strftime('%Y-%m-%d %H-%M-%S')}"
+    submitted_at = dt.datetime.now(dt.timezone.utc).isoformat()
     stage = "connecting"
     try:
-        with _socket_timeout(API_TIMEOUT_S), warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="This client only works", category=FutureWarning)
+        with _api_calls():
             client = _FailFastClient(host=host, namespace=cluster.namespace)
             stage = f"finding or creating experiment '{cluster.experiment}' in namespace '{cluster.namespace}'"
             experiment = client.create_experiment(name=cluster.experiment, namespace=cluster.namespace)
@@ -146,8 +164,79 @@ def submit(cfg: CtrConfig, pipeline_path: Path) -> SubmittedRun:
                           "(Pipelines > Upload pipeline) and start a run there") from err
     return SubmittedRun(run_id=created.run_id, url=f"{host}/#/runs/details/{created.run_id}", host=host,
                         namespace=cluster.namespace, experiment=cluster.experiment,
-                        experiment_id=experiment.experiment_id, run_name=run_name,
+                        experiment_id=experiment.experiment_id, run_name=run_name, submitted_at=submitted_at,
                         service_account=cluster.service_account, parameters=parameters, pipeline=str(pipeline_path))
+
+
+def wait_for_run(cfg: CtrConfig, submitted: SubmittedRun) -> None:
+    """Poll the run every ``cluster.poll_s`` until it ends, printing each state it enters (one line each).
+
+    Returns when the run SUCCEEDED; raises :class:`RunError` when it ended otherwise, is still going after
+    ``cluster.wait_timeout_s`` (it goes on; only the waiting stops) or cannot be polled.
+    """
+    cluster, name = cfg.cluster, f"Kubeflow run {submitted.run_id}"
+    started = time.monotonic()
+    client, state, failures = None, None, 0
+    while True:
+        elapsed = time.monotonic() - started
+        try:
+            with _api_calls():
+                client = client or _FailFastClient(host=submitted.host, namespace=submitted.namespace)
+                run = client.get_run(submitted.run_id)
+        except Exception as err:  # whatever the cause, a later poll may get through
+            failures += 1
+            print(f"{name}: poll failed ({failures} in a row): {_reason(err)}", flush=True)
+            if failures == POLL_FAILURES_TOLERATED:
+                raise RunError(f"{name} could not be polled {failures} times in a row ({_reason(err)}); it may "
+                               f"still be running: {submitted.url}") from err
+        else:
+            failures = 0
+            if run.state != state:
+                state = run.state
+                print(f"{name}: {state} ({elapsed:.0f} s)", flush=True)
+            if state == "SUCCEEDED":
+                return
+            if state in FINAL_STATES:
+                error = getattr(run.error, "message", None)
+                raise RunError(f"{name} ended {state}{f': {error}' if error else ''} ({submitted.url})")
+        if elapsed >= cluster.wait_timeout_s:
+            raise RunError(f"{name} is still {state or 'not polled'} after {cluster.wait_timeout_s:g} s "
+                           f"(cluster.wait_timeout_s); it goes on without this command: {submitted.url}")
+        time.sleep(min(cluster.poll_s, cluster.wait_timeout_s - elapsed))  # the last poll at the deadline
+
+
+def run_metrics(submitted: SubmittedRun) -> tuple[str, dict]:
+    """``(URI of the evaluated checkpoint, test metrics)`` that the run's evaluate step left at the root of its
+    checkpoint store (``EVALUATION.json``), read with this machine's storage credentials.
+
+    Raises :class:`RunError` when they cannot be read or are not of a checkpoint the run made (a checkpoint
+    id made before the submission: what an earlier run at the same ``checkpoint_uri`` left).
+    """
+    from components.checkpoint import CheckpointError
+    from components.checkpoint_store import id_time
+    from components.evaluate.step import EVALUATION_FILE, read_evaluation
+
+    name = f"Kubeflow run {submitted.run_id}"
+    uri = submitted.parameters["checkpoint_uri"]
+    where = f"{uri.rstrip('/')}/{EVALUATION_FILE}"
+    try:
+        evaluation = read_evaluation(uri)
+    except CheckpointError as err:
+        raise RunError(f"{name} succeeded, but its metrics could not be read with this machine's storage "
+                       f"credentials: {err}") from err
+    if evaluation is None:
+        raise RunError(f"{name} succeeded, but there is no {where}: the run's evaluate step writes it "
+                       f"({submitted.url})")
+    checkpoint = evaluation.get("checkpoint")
+    try:
+        made = id_time(checkpoint)
+    except ValueError as err:
+        raise RunError(f"{where} does not name the checkpoint it evaluates: {err}") from err
+    if made <= dt.datetime.fromisoformat(submitted.submitted_at):
+        raise RunError(f"{where} is stale: it evaluates checkpoint {checkpoint}, made before {name} was "
+                       f"submitted ({submitted.submitted_at}), so the run evaluated no checkpoint of its own "
+                       f"({submitted.url})")
+    return f"{uri.rstrip('/')}/{checkpoint}", evaluation["metrics"]
 
 
 def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
@@ -158,7 +247,8 @@ def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
 def run_kubeflow(cfg: CtrConfig) -> float:
     """Compile into ``run_dir`` and, with ``cluster.submit``, start a run on Kubeflow Pipelines.
 
-    Returns the objective; NaN, since this command does not wait for the run to finish.
+    With ``cluster.wait``, wait for the run, write its test metrics into ``run_dir`` and return its objective;
+    otherwise return NaN.
     """
     run_dir = Path(cfg.run_dir)
     pipeline_path = write_run_files(cfg, run_dir)
@@ -175,4 +265,15 @@ def run_kubeflow(cfg: CtrConfig) -> float:
         ("run id", submitted.run_id), ("run", submitted.url),
         ("experiment", f"{submitted.experiment} ({submitted.namespace})"), *files,
         ("record", str(run_dir / RUN_FILE))])
-    return math.nan
+    if not cfg.cluster.wait:
+        return math.nan
+    from components.checkpoint import write_json_atomic
+
+    wait_for_run(cfg, submitted)
+    checkpoint, metrics = run_metrics(submitted)
+    write_json_atomic(run_dir / METRICS_FILE, metrics)
+    objective = float(metrics[cfg.objective])
+    _print_rows("== Kubeflow run succeeded", [
+        ("run", submitted.url), ("checkpoint", checkpoint),
+        (f"test {cfg.objective}", f"{objective:.4f}"), ("metrics", str(run_dir / METRICS_FILE))])
+    return objective

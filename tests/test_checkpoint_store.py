@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import json
 import logging
@@ -15,7 +16,7 @@ import pytest
 
 from components import checkpoint as ckpt_io
 from components import checkpoint_store as cs
-from components.checkpoint_store import CheckpointStore, CheckpointStoreError, make_id, parse_id
+from components.checkpoint_store import CheckpointStore, CheckpointStoreError, id_time, make_id, parse_id
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET
 
 META = {"paddle_version": "2.6.2", "mode": "async", "epoch": 0, "model": {"name": "dnn"}}
@@ -300,6 +301,12 @@ def test_ids_sort_by_creation_and_are_enforced(tmp_path):
     ids = [make_id(3, 100), make_id(1, 5), make_id(1, 5)]  # a resumed run goes back in epochs
     assert ids == sorted(ids) and len(set(ids)) == 3
     assert parse_id(ids[0]) == (3, 100)
+    assert id_time("20261129T163935123456Z-e0003-s0000001200") == \
+        dt.datetime(2026, 11, 29, 16, 39, 35, 123456, tzinfo=dt.timezone.utc)
+    before = dt.datetime.now(dt.timezone.utc)
+    assert before <= id_time(make_id(0, 0)) <= dt.datetime.now(dt.timezone.utc)
+    with pytest.raises(ValueError, match="not a checkpoint id"):
+        id_time("final")
     store = CheckpointStore(str(tmp_path / "store"))
     (tmp_path / "f").write_text("x")
     with pytest.raises(ckpt_io.CheckpointError, match="make_id"):

@@ -1,4 +1,5 @@
-"""Kubeflow: the compiled pipeline (golden), submission against a fake KFP API on loopback, the CLI.
+"""Kubeflow: the compiled pipeline (golden), submission and waiting against a fake KFP API on loopback (runs'
+results in a loopback S3 endpoint), the CLI, sweeps.
 
 The golden file ``tests/golden/kubeflow_pipeline.yaml`` is the compiled pipeline of a fixed prod config,
 normalised for what changes with the kfp SDK release. After an intended change to the pipeline, its
@@ -29,10 +30,12 @@ from kfp.kubernetes import kubernetes_executor_config_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
 import pipelines
+from components.checkpoint_store import make_id
 from components.config import from_dict, register_configs
+from components.evaluate.step import record_evaluation
 from components.resolve.step import RUN_PARAMETERS, config_struct, run_parameters
 from pipelines.ctr import EXIT_SUBMIT_ERROR, run
-from pipelines.kubeflow import SubmitError
+from pipelines.kubeflow import RunError, SubmitError
 from pipelines.pipeline import LAUNCHER_POD_FIELDS, TASKS, compile_pipeline, compiled_config
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET
 
@@ -110,16 +113,23 @@ def test_local_runner_compiles_without_kubernetes_settings(tmp_path):
 
 
 class FakeKfpApi:
-    """The KFP v2beta1 REST endpoints ``kfp.Client`` calls for a submission, on 127.0.0.1, recording requests.
+    """The KFP v2beta1 REST endpoints ``kfp.Client`` calls to submit and poll a run, on 127.0.0.1, recording
+    requests.
 
-    ``fail`` maps ``"POST /apis/v2beta1/runs"``-style keys to an HTTP status the endpoint answers with.
+    ``fail`` maps ``"POST /apis/v2beta1/runs"``-style keys (``"GET /apis/v2beta1/runs/{run_id}"`` for any run)
+    to the HTTP status the endpoint answers with, or to a list of statuses answered in turn before it works.
+    A created run is PENDING for ``polls_per_state`` polls, then RUNNING as long, then ends in ``outcome``
+    (None: runs forever); when it succeeds, ``execute(run)`` stands for what its steps wrote.
     """
 
-    def __init__(self, experiments=(), fail=None):
+    def __init__(self, experiments=(), fail=None, outcome="SUCCEEDED", polls_per_state=2, execute=None):
         self.requests: list[dict] = []
         self.experiments = {e["experiment_id"]: e for e in experiments}
         self.runs: dict[str, dict] = {}
         self.fail = dict(fail or {})
+        self.states = ["PENDING", "RUNNING", *([outcome] if outcome else [])]
+        self.polls_per_state = polls_per_state
+        self.execute = execute
         api = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -159,8 +169,14 @@ class FakeKfpApi:
         handler.wfile.write(data)
 
     def _answer(self, key, query, body):
-        if key in self.fail:
-            return self.fail[key], {"code": 7, "message": "user is not authorized"}
+        run_id = None
+        if key.startswith("GET /apis/v2beta1/runs/"):
+            key, run_id = key.rsplit("/", 1)[0] + "/{run_id}", key.rsplit("/", 1)[1]
+        statuses = self.fail.get(key)
+        if isinstance(statuses, list) and statuses:
+            return statuses.pop(0), {"code": 14, "message": "unavailable"}
+        if isinstance(statuses, int):
+            return statuses, {"code": 7, "message": "user is not authorized"}
         if key == "GET /apis/v2beta1/healthz":
             return 200, {"multi_user": False}
         if key == "GET /apis/v2beta1/experiments":
@@ -174,9 +190,22 @@ class FakeKfpApi:
             return 200, experiment
         if key == "POST /apis/v2beta1/runs":
             created = {**body, "run_id": str(uuid.uuid4()), "state": "PENDING"}
-            self.runs[created["run_id"]] = created
+            self.runs[created["run_id"]] = {**created, "polls": 0}
             return 200, created
+        if key == "GET /apis/v2beta1/runs/{run_id}" and run_id in self.runs:
+            return 200, self._poll(self.runs[run_id])
         return 404, {"code": 5, "message": f"no route {key}"}
+
+    def _poll(self, run):
+        run["polls"] += 1
+        state = self.states[min(run["polls"] // self.polls_per_state, len(self.states) - 1)]
+        if state != run["state"]:
+            run["state"] = state
+            if state == "SUCCEEDED" and self.execute:
+                self.execute(run)
+            if state == "FAILED":
+                run["error"] = {"code": 2, "message": "task 'train' failed: worker 0 exited with 1"}
+        return {k: v for k, v in run.items() if k != "polls"}
 
     def posts(self, path):
         return [r["body"] for r in self.requests if r["method"] == "POST" and r["path"] == path]
@@ -266,3 +295,141 @@ def test_cli_reports_an_unreachable_host_in_one_line(tmp_path):
     assert f"The compiled pipeline is {tmp_path / 'run' / 'pipeline.yaml'}" in line
     assert (tmp_path / "run" / "pipeline.yaml").is_file()
     assert seconds < 30  # no retry loop (the stock client alone would wait 5 x 5 s for its health check)
+
+
+# -- cluster.wait and sweeps: runs polled to their end, their objective read from the checkpoint store -------
+
+WAIT = ("+cluster=prod", "cluster.wait=true", "cluster.poll_s=0.05")
+
+
+def _auc(epochs: int) -> float:
+    return 0.7 + 0.01 * epochs
+
+
+def _evaluate(run):
+    """What a run's evaluate step leaves at the root of its checkpoint store: the metrics of a new checkpoint."""
+    parameters = run["runtime_config"]["parameters"]
+    epochs = parameters["epochs"]
+    record_evaluation(parameters["checkpoint_uri"], make_id(epochs, 100 * epochs),
+                      {"auc": _auc(epochs), "logloss": 0.45})
+
+
+def _polls(api, run_id):
+    return [r for r in api.requests if r["method"] == "GET" and r["path"] == f"/apis/v2beta1/runs/{run_id}"]
+
+
+def _state_lines(out: str, run_id: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(f"Kubeflow run {run_id}: ")]
+
+
+def test_waiting_returns_the_objective_of_the_run(tmp_path, capsys, s3_endpoint):
+    run_dir = tmp_path / "run"
+    with FakeKfpApi(execute=_evaluate) as api:
+        objective = run(_compose(run_dir, *WAIT, f"cluster.host={api.url}", f"checkpoint.uri={s3_endpoint}",
+                                 "ps.epochs=3"))
+    assert objective == pytest.approx(_auc(3))
+    assert json.loads((run_dir / "metrics.json").read_text()) == {"auc": pytest.approx(_auc(3)), "logloss": 0.45}
+    [run_id] = api.runs
+    assert json.loads((run_dir / "kubeflow_run.json").read_text())["run_id"] == run_id
+    # Each state held for 2 polls, and is printed once.
+    assert len(_polls(api, run_id)) == 4
+    lines = _state_lines(capsys.readouterr().out, run_id)
+    assert [line.split(": ")[1].split(" (")[0] for line in lines] == ["PENDING", "RUNNING", "SUCCEEDED"]
+
+
+@pytest.mark.parametrize("outcome", ["FAILED", "CANCELED"])
+def test_a_run_that_does_not_succeed_raises_naming_it(tmp_path, s3_endpoint, outcome):
+    run_dir = tmp_path / "run"
+    with FakeKfpApi(outcome=outcome, execute=_evaluate) as api:
+        with pytest.raises(RunError) as err:
+            run(_compose(run_dir, *WAIT, f"cluster.host={api.url}", f"checkpoint.uri={s3_endpoint}"))
+    [run_id] = api.runs
+    reason = ": task 'train' failed: worker 0 exited with 1" if outcome == "FAILED" else ""
+    assert str(err.value) == f"Kubeflow run {run_id} ended {outcome}{reason} ({api.url}/#/runs/details/{run_id})"
+    assert isinstance(err.value, SubmitError)  # the CLI's one-line error, exit status 3
+    assert not (run_dir / "metrics.json").exists()
+
+
+def test_waiting_stops_at_the_timeout(tmp_path, s3_endpoint):
+    with FakeKfpApi(outcome=None) as api:
+        started = time.monotonic()
+        with pytest.raises(RunError, match=r"is still RUNNING after 0\.3 s \(cluster\.wait_timeout_s\)"):
+            run(_compose(tmp_path / "run", *WAIT, "cluster.wait_timeout_s=0.3", f"cluster.host={api.url}",
+                         f"checkpoint.uri={s3_endpoint}"))
+    assert time.monotonic() - started < 10
+
+
+def test_failed_polls_are_retried_then_given_up(tmp_path, capsys, monkeypatch, s3_endpoint):
+    monkeypatch.setattr(pipelines.kubeflow, "POLL_FAILURES_TOLERATED", 3)
+    overrides = (*WAIT, f"checkpoint.uri={s3_endpoint}")
+    with FakeKfpApi(fail={"GET /apis/v2beta1/runs/{run_id}": [503, 503]}, execute=_evaluate) as api:
+        assert run(_compose(tmp_path / "flaky", *overrides, f"cluster.host={api.url}")) == pytest.approx(_auc(1))
+    [run_id] = api.runs
+    assert f"Kubeflow run {run_id}: poll failed (2 in a row): HTTP 503" in capsys.readouterr().out
+
+    with FakeKfpApi(fail={"GET /apis/v2beta1/runs/{run_id}": [503] * 3}, execute=_evaluate) as api:
+        with pytest.raises(RunError, match=r"could not be polled 3 times in a row \(HTTP 503 Service Unavailable"):
+            run(_compose(tmp_path / "down", *overrides, f"cluster.host={api.url}"))
+
+
+@pytest.mark.parametrize("left_before", [True, False], ids=["stale", "missing"])
+def test_a_run_without_an_evaluation_of_its_own_is_refused(tmp_path, s3_endpoint, left_before):
+    earlier = "20200101T000000000000Z-e0002-s0000000200"  # what an earlier run at the same URI evaluated
+    if left_before:
+        record_evaluation(s3_endpoint, earlier, {"auc": 0.99})
+    with FakeKfpApi(execute=None) as api:  # succeeds without evaluating anything
+        with pytest.raises(RunError) as err:
+            run(_compose(tmp_path / "run", *WAIT, f"cluster.host={api.url}", f"checkpoint.uri={s3_endpoint}"))
+    [run_id] = api.runs
+    message = str(err.value)
+    where = f"{s3_endpoint}/EVALUATION.json"
+    if left_before:
+        assert message.startswith(f"{where} is stale: it evaluates checkpoint {earlier}, made before Kubeflow "
+                                  f"run {run_id} was submitted")
+    else:
+        assert message.startswith(f"Kubeflow run {run_id} succeeded, but there is no {where}")
+    assert f"{api.url}/#/runs/details/{run_id}" in message
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def _sweep(tmp_path, *overrides):
+    """``python -m pipelines.ctr -m +cluster=prod ...`` with this process's environment (the S3 endpoint's)."""
+    return subprocess.run([sys.executable, "-m", "pipelines.ctr", "-m", "+cluster=prod", *overrides,
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+
+
+def test_a_sweep_waits_for_each_run_and_records_its_objective(tmp_path, s3_endpoint):
+    with FakeKfpApi(execute=_evaluate) as api:
+        proc = _sweep(tmp_path, f"cluster.host={api.url}", "cluster.wait=true", "cluster.poll_s=0.05",
+                      "ps.epochs=1,2", f"checkpoint.uri={s3_endpoint}")
+    assert proc.returncode == 0, proc.stderr
+    [experiment_id] = api.experiments
+    submitted = api.posts("/apis/v2beta1/runs")
+    assert [body["runtime_config"]["parameters"]["epochs"] for body in submitted] == [1, 2]
+    assert {body["experiment_id"] for body in submitted} == {experiment_id}
+    # Each job's run has a store of its own under checkpoint.uri, so no job reads another's evaluation.
+    stores = [body["runtime_config"]["parameters"]["checkpoint_uri"] for body in submitted]
+    assert len(set(stores)) == 2 and all(uri.startswith(f"{s3_endpoint}/") for uri in stores)
+    for job, epochs in enumerate((1, 2)):
+        job_dir = tmp_path / "sweep" / str(job)
+        record = json.loads((job_dir / "kubeflow_run.json").read_text())
+        assert record["run_id"] in api.runs and record["parameters"]["epochs"] == epochs
+        assert json.loads((job_dir / "metrics.json").read_text())["auc"] == pytest.approx(_auc(epochs))
+        assert f"{_auc(epochs):.4f}" in proc.stdout
+        assert [line.split(": ")[1].split(" (")[0] for line in _state_lines(proc.stdout, record["run_id"])] == \
+            ["PENDING", "RUNNING", "SUCCEEDED"]
+
+
+def test_a_dry_run_sweep_compiles_every_job_and_contacts_no_server(tmp_path):
+    with FakeKfpApi() as api:
+        proc = _sweep(tmp_path, "cluster.submit=false", "cluster.wait=true", f"cluster.host={api.url}",
+                      "ps.epochs=1,2", "checkpoint.uri=s3://bucket/x")
+    assert proc.returncode == 0, proc.stderr
+    assert api.requests == []
+    for job, epochs in enumerate((1, 2)):
+        job_dir = tmp_path / "sweep" / str(job)
+        spec = next(yaml.safe_load_all((job_dir / "pipeline.yaml").read_text()))
+        assert spec["root"]["inputDefinitions"]["parameters"]["epochs"]["defaultValue"] == epochs
+        assert not any((job_dir / name).exists() for name in ("kubeflow_run.json", "metrics.json"))
+    assert proc.stdout.count("cluster.submit=false: not submitted") == 2

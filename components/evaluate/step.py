@@ -18,6 +18,7 @@ from components.config import from_dict, ints_from_struct
 from components.evaluate.evaluate import evaluate
 from components.train.step import fetched_checkpoint
 
+EVALUATION_FILE = "EVALUATION.json"
 # Training facts from the Model artifact's metadata that the report lists.
 TRAINING_KEYS = ("epochs", "examples", "seconds", "examples_per_s", "final_train_auc")
 
@@ -29,6 +30,21 @@ def training_facts(checkpoint_metadata: Optional[dict]) -> Optional[dict]:
     return facts or None
 
 
+def record_evaluation(store_uri: str, ckpt_id: str, metrics: dict) -> None:
+    """The test metrics, also beside the checkpoints (``EVALUATION.json`` in the store): whoever knows only a
+    run's checkpoint URI (a sweep waiting on Kubeflow runs) reads its objective there."""
+    from components.checkpoint_store import CheckpointStore
+
+    CheckpointStore(store_uri).write_json(None, EVALUATION_FILE, {"checkpoint": ckpt_id, "metrics": metrics})
+
+
+def read_evaluation(store_uri: str) -> Optional[dict]:
+    """What :func:`record_evaluation` wrote last into the store, or None."""
+    from components.checkpoint_store import CheckpointStore
+
+    return CheckpointStore(store_uri).read_json(None, EVALUATION_FILE)
+
+
 def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkpoint_metadata: Optional[dict],
                         out_dir: str, report_path: Optional[str] = None) -> tuple[dict, dict]:
     """Score the checkpoint the Model artifact points at on the test split of ``data_dir``.
@@ -37,8 +53,9 @@ def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkp
     returns ``(metrics, roc)`` with ``roc`` holding ``fpr``, ``tpr`` and ``thresholds``.
     """
     cfg = from_dict(config)
-    with fetched_checkpoint(checkpoint_path, checkpoint_metadata) as (_, _, local):
+    with fetched_checkpoint(checkpoint_path, checkpoint_metadata) as (uri, ckpt_id, local):
         metrics = evaluate(local, data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata))
+    record_evaluation(uri, ckpt_id, metrics)
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(out_dir) / "report.html", report_path)
