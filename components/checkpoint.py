@@ -4,8 +4,9 @@ A checkpoint directory holds::
 
     tables/NNN/part-*.gz     the servers' own table files (fleet.save_persistables, mode 0):
                              what a PS job reloads to resume
-    export/embedding.npz     ids (uint64, sorted) and rows (float32 [n, dim]) of the sparse table
-    export/dense.npz         every dense parameter by name
+    export/embedding.npz     ids (uint64, sorted) and rows ([n, dim], float32 or float16:
+                             ``checkpoint.export_dtype``) of the sparse table
+    export/dense.npz         every dense parameter by name (float32)
     model.json               what rebuilds the network: model config, data schema, table config, mode,
                              Paddle version, server count
     MANIFEST.json            written last: every file with size and sha256
@@ -27,7 +28,7 @@ from typing import Any, Optional
 
 import numpy as np
 
-from components.config import SparseRule
+from components.config import ExportDtype, SparseRule
 from components.train.strategy import rule_state_dim
 
 MANIFEST = "MANIFEST.json"
@@ -54,7 +55,7 @@ class Checkpoint:
 
     meta: dict[str, Any]
     ids: np.ndarray
-    rows: np.ndarray
+    rows: np.ndarray  # as exported: float32, or float16 (checkpoint.export_dtype)
     dense: dict[str, np.ndarray]
 
 
@@ -142,10 +143,24 @@ def sort_rows(ids: np.ndarray, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray
     return ids[order], rows[order]
 
 
-def save_export(root: str | os.PathLike, ids: np.ndarray, rows: np.ndarray, dense: dict[str, np.ndarray]) -> None:
+def save_export(root: str | os.PathLike, ids: np.ndarray, rows: np.ndarray, dense: dict[str, np.ndarray],
+                rows_dtype: ExportDtype = ExportDtype.float32) -> None:
+    """Write the export: the embedding rows as ``rows_dtype``, the dense parameters as they are (float32).
+
+    Only scoring and serving read the rows; resume reads the servers' table files and ``dense.npz``, which
+    is why the rows may be narrowed and the dense parameters may not. Raises :class:`CheckpointError` when a
+    finite row value does not fit ``rows_dtype`` (float16 ends at 65504).
+    """
+    with np.errstate(over="ignore"):  # overflow is reported below, naming the values
+        stored = rows.astype(rows_dtype.value)
+    overflow = np.isfinite(rows) & ~np.isfinite(stored)
+    if overflow.any():
+        raise CheckpointError(f"embedding values up to {np.abs(rows[overflow]).max():.6g} do not fit "
+                              f"checkpoint.export_dtype={rows_dtype.value} (largest finite value "
+                              f"{np.finfo(stored.dtype).max:.6g}): export float32 or narrow table.weight_bounds")
     export = Path(root) / EXPORT
     export.mkdir(parents=True, exist_ok=True)
-    np.savez(export / EMBEDDING_FILE, ids=ids.astype(np.uint64), rows=rows.astype(np.float32))
+    np.savez(export / EMBEDDING_FILE, ids=ids.astype(np.uint64), rows=stored)
     np.savez(export / DENSE_FILE, **dense)
 
 

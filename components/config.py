@@ -36,10 +36,14 @@ FileFormat = _vocabulary("FileFormat", ["raw", "slot", "feasign"],
 ModelName = _vocabulary("ModelName", ["dnn", "wide_deep", "deepfm"], "The CTR model families.")
 DenseOptimizer = _vocabulary("DenseOptimizer", ["sgd", "adagrad", "adam"],
                              "The optimizer the servers apply to dense parameters.")
-TableClass = _vocabulary("TableClass", ["MemorySparseTable"], "Server-side sparse table implementations.")
+TableClass = _vocabulary("TableClass", ["MemorySparseTable", "SSDSparseTable"],
+                         "Server-side sparse table implementations: every row in memory, or memory + RocksDB on "
+                         "the server's disk (README: hot/cold tables).")
 Accessor = _vocabulary("Accessor", ["SparseAccessor"], "Row layouts of the sparse table.")
 SparseRule = _vocabulary("SparseRule", ["naive", "adagrad", "std_adagrad", "adam"],
                          "The optimizer rule the servers apply to embedding rows.")
+ExportDtype = _vocabulary("ExportDtype", ["float32", "float16"],
+                          "How a checkpoint's export stores the embedding rows (README: float16 exports).")
 PipelineRunner = _vocabulary("PipelineRunner", ["local", "kubeflow"],
                              "Where the pipeline's steps run: kfp.local on this machine, or Kubeflow Pipelines.")
 ClusterBackend = _vocabulary("ClusterBackend", ["local", "jobset", "paddlejob"],
@@ -69,18 +73,39 @@ class ModelConfig:
 
 
 @dataclass
+class EvictionConfig:
+    """Evict rows from the servers at every checkpoint (Paddle's CTR accessor shrink).
+
+    First show and click decay (x ``show_click_decay_rate``); then a row goes if its score
+    ``(show - click) * nonclk_coeff + click * click_coeff`` is under ``delete_threshold``, or if it was not
+    trained for more than ``delete_after_unseen_days`` checkpoints (a "day" is one checkpoint: each save ages
+    every row by one, a training step resets it).
+    """
+
+    enabled: bool = False
+    show_click_decay_rate: float = 1.0
+    delete_threshold: float = 0.0
+    delete_after_unseen_days: int = 30
+    nonclk_coeff: float = 1.0
+    click_coeff: float = 1.0
+
+
+@dataclass
 class TableConfig:
     table_class: TableClass = TableClass.MemorySparseTable
     accessor: Accessor = Accessor.SparseAccessor
     # Feature ids are hashed into [0, vocab_size). A geo worker keeps a dense local copy of this size.
     vocab_size: int = 1 << 20
     embedding_dim: int = 9
-    shard_num: int = 16
+    # Hash shards of the table (a row lives in shard id % shard_num; each server owns a block of them).
+    # null: 8 per server, or what a restored checkpoint was saved with (components/train/planner.py).
+    shard_num: Optional[int] = None
     rule: SparseRule = SparseRule.adagrad
     learning_rate: float = 0.05
     initial_range: float = 1e-4
     initial_g2sum: float = 3.0
     weight_bounds: list[float] = field(default_factory=lambda: [-10.0, 10.0])
+    eviction: EvictionConfig = field(default_factory=EvictionConfig)
 
 
 @dataclass
@@ -102,6 +127,9 @@ class PsConfig:
     rpc_timeout_ms: int = 600_000
     rpc_connect_timeout_ms: int = 10_000
     table_save_max_retry: int = 3
+    # GiB (2^30 bytes) one server may hold; a sparse table whose plan exceeds it is refused before the job
+    # starts. null: the server pods' memory (cluster.servers.memory) on Kubernetes, no check locally.
+    memory_budget_gb: Optional[float] = None
 
 
 @dataclass
@@ -117,6 +145,9 @@ class CheckpointConfig:
     # Start from another run's weights when this store has nothing to resume: "<store uri>" (its latest
     # checkpoint) or "<store uri>#<checkpoint id>". Training starts at pass 1.
     warm_start: Optional[str] = None
+    # The dtype of the export's embedding rows (what evaluation and serving read). float16 halves them;
+    # resume reads the servers' own float32 table files, so it stays exact either way.
+    export_dtype: ExportDtype = ExportDtype.float32
 
 
 @dataclass
@@ -261,11 +292,14 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     credentials for the cluster's storage; the run's first step checks it with the cluster's.
     """
     for key in ("ps.servers", "ps.workers", "ps.threads", "ps.batch_size", "ps.epochs",
-                "table.embedding_dim", "table.vocab_size", "table.shard_num", "table.learning_rate",
+                "table.embedding_dim", "table.vocab_size", "table.learning_rate",
                 "model.learning_rate", "data.shards_per_worker", "ps.rpc_timeout_ms",
                 "ps.rpc_connect_timeout_ms", "ps.table_save_max_retry"):
         group, name = key.split(".")
         _positive(key, getattr(getattr(cfg, group), name))
+    for key, value in (("table.shard_num", cfg.table.shard_num), ("ps.memory_budget_gb", cfg.ps.memory_budget_gb)):
+        if value is not None:  # null: chosen by the planner / no budget
+            _positive(key, value)
     if cfg.ps.mode is Mode.geo:
         _positive("ps.geo_k_steps", cfg.ps.geo_k_steps)
     if cfg.ps.mode is Mode.sync:
@@ -297,15 +331,41 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     _positive("checkpoint.chunk_batches", cfg.checkpoint.chunk_batches)
     if cfg.checkpoint.every_minutes < 0:
         raise ConfigError("checkpoint.every_minutes", cfg.checkpoint.every_minutes, "minutes >= 0 (0 = off)")
+    ssd = cfg.table.table_class is TableClass.SSDSparseTable
+    eviction = cfg.table.eviction
+    if eviction.enabled:
+        if cfg.ps.mode is Mode.geo or ssd:
+            raise ConfigError("table.eviction.enabled", True, "false in geo mode and with SSDSparseTable",
+                              "only the PS MemorySparseTable shrinks; geo servers keep their own table, and an "
+                              "SSD table cannot be saved, which is what ages its rows")
+        if not 0 < eviction.show_click_decay_rate <= 1:
+            raise ConfigError("table.eviction.show_click_decay_rate", eviction.show_click_decay_rate, "a rate in (0, 1]")
+        if eviction.delete_after_unseen_days < 0:
+            raise ConfigError("table.eviction.delete_after_unseen_days", eviction.delete_after_unseen_days,
+                              "checkpoints >= 0")
+    if ssd and cfg.ps.mode is Mode.geo:
+        raise ConfigError("table.table_class", cfg.table.table_class.value, "MemorySparseTable in geo mode",
+                          "geo servers keep their own MemorySparseGeoTable; use ps=async or ps=sync for table=ssd")
     if cfg.ps.mode is Mode.geo:
-        for key, value, unset in (("checkpoint.resume", cfg.checkpoint.resume, "none"),
-                                  ("checkpoint.warm_start", cfg.checkpoint.warm_start, None)):
-            if value != unset:
-                raise ConfigError(key, value, f"{unset!r} in geo mode",
-                                  "geo servers do not save their table in Paddle 2.6.2, so a geo job cannot restore one")
+        _refuse_restore(cfg, "in geo mode", "geo servers do not save their table in Paddle 2.6.2, so a geo job "
+                                            "cannot restore one")
+    if ssd:
+        _refuse_restore(cfg, "with table.table_class=SSDSparseTable",
+                        "Paddle 2.6.2 cannot save an SSDSparseTable (SSDSparseTable::Save locks the table mutex, then "
+                        "SaveWithString locks it again: every save hangs), and its init_server load reads only its own "
+                        "binary format, so an SSD job has no table of its own to restore and cannot load a memory "
+                        "table's; use table=memory to resume or warm-start")
     if cfg.objective not in ("auc", "logloss"):
         raise ConfigError("objective", cfg.objective, "'auc' or 'logloss'")
     _validate_cluster(cfg)
+
+
+def _refuse_restore(cfg: CtrConfig, condition: str, why: str) -> None:
+    """Jobs whose servers keep no loadable table: nothing may be restored into them."""
+    for key, value, unset in (("checkpoint.resume", cfg.checkpoint.resume, "none"),
+                              ("checkpoint.warm_start", cfg.checkpoint.warm_start, None)):
+        if value != unset:
+            raise ConfigError(key, value, f"{unset!r} {condition}", why)
 
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")

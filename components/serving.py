@@ -3,13 +3,15 @@
 A serving model directory (written by :func:`export_inference_model`)::
 
     model.pdmodel     the inference program in Paddle's inference format (pruned to the inputs below)
-    model.pdiparams   its parameters: the dense weights and the embedding table, whose rows are the
-                      checkpoint's rows followed by one zero row (the row of every id never trained)
+    model.pdiparams   its parameters: the dense weights (float32) and the embedding table, whose rows are
+                      the checkpoint's rows followed by one zero row (the row of every id never trained),
+                      in the export's dtype: float16 when the checkpoint was exported so, widened to
+                      float32 by the program right after the lookup
     ids.npy           uint64 [n], sorted: the feature id of each table row (row i <-> ids[i]); any other
                       id uses row n, the zero row
     serving.json      schema, feed names in order, fetch names, model config and name, the source
                       checkpoint (its path, or store URI and id; MANIFEST.json sha256), Paddle version,
-                      table shape, vocab_size
+                      table shape and dtype, vocab_size
 
 The program is the one :class:`components.evaluate.evaluate.Scorer` runs
 (:func:`components.evaluate.evaluate.build_program`), so the served model scores exactly like the evaluation.
@@ -125,6 +127,7 @@ def export_inference_model(checkpoint_dir: str | os.PathLike, out_dir: str | os.
             "sparse_values": f"a sparse feed holds row indices, not ids: the position of the id in {IDS_FILE} "
                              f"(sorted), or unseen_row ({program.table_shape[0] - 1}) for an id not in it",
             "embedding_dim": program.table_shape[1],
+            "embedding_dtype": program.table_dtype,
             "vocab_size": meta.get("table", {}).get("vocab_size"),
             "source_checkpoint": {"manifest_sha256": ckpt_io.file_digest(local / ckpt_io.MANIFEST)[1],
                                   "mode": meta.get("mode"),

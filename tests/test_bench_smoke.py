@@ -45,3 +45,22 @@ def test_report_table_has_ratio_per_layout():
     table = tp.render(results, {"when": "now", "paddle": "2.6.2", "cpus": 2, "train_rows": 100_000, "quick": False})
     assert "**0.50** (vs hand-written dataset)" in table
     assert "hand-written dataset (*)" in table and table.count("\n| 1s/1w |") == 3
+
+
+def test_memory_report_fits_the_slope_and_says_why_a_table_was_not_measured():
+    mem = _load("memory")
+    mib = 1 << 20
+
+    def job(rows, growth):
+        return {"rows": rows, "memory": [{"serving_rss": 288 * mib, "peak_rss": 288 * mib + g} for g in growth]}
+
+    # 150 B/row on top of 30 MiB that every server grows by, whatever its rows.
+    fit = mem.slope_fit(job([100_000, 100_000], [30 * mib + 15_000_000] * 2),
+                        job([900_000, 700_000], [30 * mib + 135_000_000, 30 * mib + 105_000_000]))
+    assert fit["slopes"] == [150.0, 150.0] and fit["intercept"] == 30 * mib and fit["serving"] == 288 * mib
+    rows = [{"table": "MemorySparseTable", "dim": 9, "fit": fit, "small_rows": 100_000, "large_rows": 800_000,
+             "planner": 154, "planner_fixed": 31 * mib},
+            {"table": "SSDSparseTable", "dim": 9, "skipped": "not measured: RuntimeError: no"}]
+    table = mem.render(rows, [{"servers": 3, "shard_num": 24, "rows": [100, 110, 90]}], {"when": "now", "cpus": 2})
+    assert "| 150 (150 / 150) | 154 | **0.97** | 36 | 4.2 | 30 (31) | 288 (288) |" in table
+    assert "not measured: RuntimeError: no" in table and "| 3 | 24 | 300 | 100 / 110 / 90 | **1.100** |" in table

@@ -27,11 +27,12 @@ def test_defaults(tmp_path):
     assert cfg.model.name is ModelName.dnn
     assert cfg.cluster.name == "local"
     assert cfg.checkpoint.uri == f"{tmp_path}/checkpoint"
+    assert cfg.checkpoint.export_dtype.value == "float32"
 
 
 @pytest.mark.parametrize("group,option", [
     ("model", "dnn"), ("model", "wide_deep"), ("model", "deepfm"),
-    ("ps", "async"), ("ps", "sync"), ("ps", "geo"), ("table", "memory"),
+    ("ps", "async"), ("ps", "sync"), ("ps", "geo"), ("table", "memory"), ("table", "ssd"),
 ])
 def test_every_group_option_composes(tmp_path, group, option):
     cfg = _config(tmp_path, f"{group}={option}")
@@ -50,7 +51,8 @@ def test_cluster_is_added_explicitly(tmp_path):
     ("ps.mode=bogus", "[async, sync, geo]"),
     ("model.name=transformer", "[dnn, wide_deep, deepfm]"),
     ("table.rule=rmsprop", "[naive, adagrad, std_adagrad, adam]"),
-    ("table.table_class=HashTable", "[MemorySparseTable]"),
+    ("table.table_class=HashTable", "[MemorySparseTable, SSDSparseTable]"),
+    ("checkpoint.export_dtype=bfloat16", "[float32, float16]"),
 ])
 def test_closed_vocabularies_fail_at_composition(tmp_path, override, allowed):
     key, _, value = override.partition("=")
@@ -73,6 +75,9 @@ def test_closed_vocabularies_fail_at_composition(tmp_path, override, allowed):
     (["ps=sync", "ps.sync_batches=0"], "ps.sync_batches", 0),
     (["ps=geo", "checkpoint.resume=latest"], "checkpoint.resume", "latest"),
     (["ps=geo", "checkpoint.warm_start=s3://b/run"], "checkpoint.warm_start", "s3://b/run"),
+    (["table=ssd", "ps=geo"], "table.table_class", "SSDSparseTable"),
+    (["table=ssd", "checkpoint.resume=latest"], "checkpoint.resume", "latest"),
+    (["table=ssd", "checkpoint.warm_start=s3://b/run"], "checkpoint.warm_start", "s3://b/run"),
     (["checkpoint.keep_last=0"], "checkpoint.keep_last", 0),
     (["data=criteo"], "data.uri", None),
     (["data=criteo", "data.uri=/no/such/dir/day_*.tsv"], "data.uri", "/no/such/dir/day_*.tsv"),
@@ -85,6 +90,9 @@ def test_closed_vocabularies_fail_at_composition(tmp_path, override, allowed):
     ([*PROD, "cluster.workers.gpus=-1"], "cluster.workers.gpus", -1),
     ([*PROD, "cluster.backend=paddlejob", "cluster.paddle_port=40000"], "cluster.paddle_port", 40000),
     ([*PROD, "cluster.start_timeout_s=-1.0"], "cluster.start_timeout_s", -1.0),
+    (["ps=geo", "table.eviction.enabled=true"], "table.eviction.enabled", True),
+    (["table.eviction.enabled=true", "table.eviction.show_click_decay_rate=1.5"],
+     "table.eviction.show_click_decay_rate", 1.5),
 ])
 def test_validation_names_key_value_and_allowed(tmp_path, overrides, key, value):
     cfg = _config(tmp_path, *overrides)
@@ -92,6 +100,14 @@ def test_validation_names_key_value_and_allowed(tmp_path, overrides, key, value)
         validate(cfg)
     assert err.value.key == key and err.value.value == value
     assert f"config key '{key}' has value {value!r}; allowed:" in str(err.value)
+
+
+def test_ssd_table_refuses_resume_and_says_why(tmp_path):
+    """A save of an SSD table would hang the job, so nothing that needs one is accepted."""
+    with pytest.raises(ConfigError) as err:
+        validate(_config(tmp_path, "table=ssd", "checkpoint.resume=latest"))
+    assert "'none' with table.table_class=SSDSparseTable" in str(err.value)
+    assert "every save hangs" in str(err.value) and "use table=memory" in str(err.value)
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data/criteo is not beside the checkout")

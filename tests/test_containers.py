@@ -28,7 +28,7 @@ from components.checkpoint_store import CheckpointStore
 from components.config import CtrConfig, SecretEnv, from_dict, to_dict, validate
 from components.train import compose
 from components.train.env import ClusterLayout, Role, role_env
-from components.train.job import SPEC_ENV
+from components.train.job import SPEC_ENV, planned_config
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -184,7 +184,7 @@ def test_job_spec_in_the_committed_file_rebuilds_a_valid_config():
     spec = json.loads(specs.pop())
     cfg = from_dict(spec["config"])
     validate(cfg)
-    assert to_dict(cfg) == to_dict(compose.load_config([]))
+    assert to_dict(cfg) == to_dict(planned_config(compose.load_config([]), None))  # shard_num resolved
     assert (cfg.ps.servers, cfg.ps.workers) == (2, 2)
     assert spec["restore"] is None
     # Data and checkpoints live in the volumes every role mounts; scratch paths are per container.

@@ -13,7 +13,7 @@ from kubernetes.client import ApiClient
 from components.config import from_dict, to_dict, validate
 from components.train import manifests
 from components.train.env import Role, role_env
-from components.train.job import RESTART_ENV, SPEC_ENV
+from components.train.job import RESTART_ENV, SPEC_ENV, planned_config
 from tests.test_config import _config
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "shared" / "schemas"
@@ -129,14 +129,17 @@ def test_paddlejob_pod_env_with_the_operators_variables_equals_the_local_backend
 
 def test_pod_spec_carries_the_job_and_nothing_secret(tmp_path):
     cfg = _prod(tmp_path, "ps.epochs=7")
-    _, job = _objects(cfg, restore={"uri": "s3://ctr/ckpt", "id": "x", "continue": True})
+    restore = {"uri": "s3://ctr/ckpt", "id": "x", "continue": True, "shard_num": 12}
+    _, job = _objects(cfg, restore=restore)
     container = _pod_templates(job)["worker"]["spec"]["containers"][0]
     env = {e["name"]: e for e in container["env"]}
     spec = json.loads(env[SPEC_ENV]["value"])
     assert spec["data_dir"] == "s3://ctr/kfp/prepare/dataset" and spec["restore"]["id"] == "x"
     rebuilt = from_dict(spec["config"])
     validate(rebuilt)
-    assert to_dict(rebuilt) == to_dict(cfg) and rebuilt.ps.epochs == 7
+    # The config with what the roles must agree on resolved: the restored table's shard count.
+    assert to_dict(rebuilt) == to_dict(planned_config(cfg, restore)) and rebuilt.ps.epochs == 7
+    assert rebuilt.table.shard_num == 12
     # Credentials only by reference, never a value
     assert env["AWS_SECRET_ACCESS_KEY"] == {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {
         "secretKeyRef": {"name": "ctr-storage", "key": "secret_access_key"}}}

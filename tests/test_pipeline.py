@@ -163,6 +163,7 @@ def test_step_error_keeps_the_role_and_log_tail():
     (["ps.workers=0"], "ps.workers"),
     (["data=criteo"], "data.uri"),
     (["checkpoint.resume=20261129T000000000000Z-e0001-s0000000001"], "checkpoint.resume"),
+    (["table=ssd", "checkpoint.resume=latest"], "checkpoint.resume"),
 ])
 def test_bad_config_fails_before_anything_starts(tmp_path, overrides, key):
     run_dir = tmp_path / "run"

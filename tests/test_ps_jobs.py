@@ -6,10 +6,13 @@ import subprocess
 import threading
 import time
 
+import numpy as np
 import pytest
 
+from components import checkpoint as ckpt_io
 from components.config import EvalConfig, from_dict
 from tests.conftest import FAKE_SECRET
+from components.data_prep.multislot import Schema, read_shards
 from components.data_prep.prepare import prepare_synthetic
 from components.evaluate.evaluate import evaluate
 from components.checkpoint_store import CheckpointStore, fetch_for_scoring, parse_id
@@ -89,6 +92,24 @@ def test_two_servers_two_workers_learn(tmp_path, datasets, mode):
     assert metrics["auc"] > 0.7, (mode, metrics)
 
 
+def test_ssd_table_learns_with_a_rocksdb_per_server_workdir(tmp_path, datasets):
+    """table=ssd: Paddle's SSDSparseTable serves and learns. Each server opens its RocksDB stores in its own
+    work directory, and the checkpoint's rows are pulled by the workers, since a save of the table hangs."""
+    result, metrics, stats, _ = _train_and_score(tmp_path, datasets, servers=2,
+                                                 table={"table_class": "SSDSparseTable", "shard_num": 16})
+    assert result.epochs[-1]["examples"] == stats["rows"]["train"]
+    assert metrics["auc"] > 0.7, metrics
+    work = tmp_path / "logs" / "work"
+    for server in ("server-0", "server-1"):
+        # 16 shards on 2 servers: one RocksDB per local shard, opened (CURRENT written) in the server's workdir
+        stores = sorted((work / server).glob("rocksdb_*"))
+        assert sorted(p.name for p in stores) == sorted(f"rocksdb_{k}" for k in range(8)), server
+        assert all((p / "CURRENT").is_file() for p in stores)
+    assert not list(work.rglob("database*"))  # Paddle's default path, which servers in one directory share
+    last = tmp_path / "ckpt" / result.checkpoints[-1]["id"]
+    assert not (last / "tables").exists() and (last / "worker_rows" / "worker-0.npz").is_file()
+
+
 def test_endpoints_may_be_host_names(tmp_path, datasets):
     """On Kubernetes every endpoint is a pod's DNS name (manifests.kubernetes_layout), POD_IP included."""
     result, _, stats, _ = _train_and_score(tmp_path, datasets, servers=2, workers=2, host="localhost", epochs=1)
@@ -140,7 +161,7 @@ def test_resume_restores_the_model_exactly_and_continues(tmp_path, datasets):
     (pass1,) = [c["id"] for c in first.checkpoints]
     second = run_local_job(_config(tmp_path, servers=2, workers=2, epochs=2, checkpoint={"resume": "latest"}),
                            data_dir, tmp_path / "l2", echo=lambda line: None)
-    assert second.restored_from == {"uri": str(tmp_path / "ckpt"), "id": pass1, "continue": True}
+    assert second.restored_from == {"uri": str(tmp_path / "ckpt"), "id": pass1, "continue": True, "shard_num": 16}
     assert [e["epoch"] for e in second.epochs] == [2]  # pass 1 is not trained twice
     (pass2,) = [c["id"] for c in second.checkpoints]
     uri = str(tmp_path / "ckpt")
@@ -151,6 +172,7 @@ def test_resume_restores_the_model_exactly_and_continues(tmp_path, datasets):
                      model={"learning_rate": 1e-12}, table={"learning_rate": 1e-12})
     third = run_local_job(frozen, data_dir, tmp_path / "l3", echo=lambda line: None)
     assert third.restored_from["id"] == pass2 and [e["epoch"] for e in third.epochs] == [3]
+    assert third.plan.shard_num == 16  # as saved on 2 servers, not 3 x 8: Paddle loads a table into no other count
     restored = _score(uri, third.checkpoints[-1]["id"], data_dir, tmp_path / "e3")
     assert restored["auc"] == pytest.approx(resumed["auc"], abs=1e-6)
     assert restored["logloss"] == pytest.approx(resumed["logloss"], abs=1e-6)
@@ -160,7 +182,7 @@ def test_resume_restores_the_model_exactly_and_continues(tmp_path, datasets):
                    checkpoint={"warm_start": f"{uri}#{pass2}"},
                    model={"learning_rate": 1e-12}, table={"learning_rate": 1e-12})
     fourth = run_local_job(warm, data_dir, tmp_path / "l4", echo=lambda line: None)
-    assert fourth.restored_from == {"uri": uri, "id": pass2, "continue": False}
+    assert fourth.restored_from == {"uri": uri, "id": pass2, "continue": False, "shard_num": 16}
     assert [e["epoch"] for e in fourth.epochs] == [1]
     warm_metrics = _score(warm.checkpoint.uri, fourth.checkpoints[-1]["id"], data_dir, tmp_path / "e4")
     assert warm_metrics["auc"] == pytest.approx(resumed["auc"], abs=1e-6)
@@ -252,3 +274,67 @@ def test_timed_checkpoints_inside_a_pass_and_resume_there(tmp_path, datasets):
     assert rerun.restored_from["id"] == mid
     # Only the chunks after the checkpoint were trained: nothing twice, nothing skipped.
     assert rerun.epochs[0]["epoch"] == 1 and rerun.epochs[0]["examples"] + done == stats["rows"]["train"]
+
+
+def test_float16_export_scores_like_float32_and_resume_reads_the_float32_tables(tmp_path, datasets):
+    """checkpoint.export_dtype=float16 narrows only the export's rows: they are the servers' float32 rows
+    rounded, score within 0.002 AUC of them, and a resume from that checkpoint starts from the float32 tables."""
+    data_dir, _ = datasets[1]
+    cfg = _config(tmp_path, epochs=1, checkpoint={"export_dtype": "float16"})
+    (ckpt_id,) = [c["id"] for c in run_local_job(cfg, data_dir, tmp_path / "l1", echo=lambda line: None).checkpoints]
+    half_dir = CheckpointStore(cfg.checkpoint.uri).download(ckpt_id, tmp_path / "half")
+    half = ckpt_io.load(half_dir)
+    # Table 000 is the sparse table (001 holds the dense parameters): the servers' own float32 rows.
+    ids, rows = ckpt_io.read_sparse_table(half_dir / ckpt_io.TABLES / "000", cfg.table.rule, cfg.table.embedding_dim)
+    assert half.rows.dtype == np.float16 and np.array_equal(half.ids, ids)
+    assert np.array_equal(half.rows, rows.astype(np.float16))
+    # The same checkpoint as export_dtype=float32 exports it, scored both ways.
+    full_dir = tmp_path / "full"
+    ckpt_io.save_export(full_dir, ids, rows, half.dense)
+    ckpt_io.commit(full_dir, half.meta)
+    embedding = f"{ckpt_io.EXPORT}/{ckpt_io.EMBEDDING_FILE}"
+    assert (full_dir / embedding).stat().st_size - (half_dir / embedding).stat().st_size == rows.nbytes // 2
+    half_metrics = evaluate(half_dir, data_dir, tmp_path / "e16", EvalConfig())
+    full_metrics = evaluate(full_dir, data_dir, tmp_path / "e32", EvalConfig())
+    assert full_metrics["auc"] > 0.7
+    assert half_metrics["auc"] == pytest.approx(full_metrics["auc"], abs=0.002)
+
+    # Resume with learning rates too small to move a weight: the servers load the float32 tables, so the
+    # resumed job's (float32) export holds the float32 rows, not their float16 rounding.
+    frozen = _config(tmp_path, epochs=2, checkpoint={"resume": ckpt_id},
+                     model={"learning_rate": 1e-12}, table={"learning_rate": 1e-12})
+    resumed_id = run_local_job(frozen, data_dir, tmp_path / "l2", echo=lambda line: None).checkpoints[-1]["id"]
+    resumed = ckpt_io.load(fetch_for_scoring(cfg.checkpoint.uri, resumed_id, tmp_path / "resumed"))
+    assert resumed.rows.dtype == np.float32 and np.array_equal(resumed.ids, ids)
+    # (measured: a learning rate of 1e-12 moved 183 of 543k weights, all tiny, by up to 1e-12; float16
+    # rounding moved weights by up to 6e-5)
+    assert np.abs(resumed.rows - rows).max() < 1e-9
+    assert np.abs(half.rows.astype(np.float32) - rows).max() > 1e-6
+
+
+def test_eviction_removes_the_rows_not_trained_since_the_last_checkpoint(tmp_path, datasets):
+    """table.eviction with delete_after_unseen_days=0: each save ages every row, training resets it, and the
+    shrink before the next save evicts the rest, so a checkpoint holds exactly the ids its chunk trained."""
+    data_dir, stats = datasets[1]
+    timed = {"every_minutes": 1e-6, "chunk_batches": 250, "keep_last": 10}  # a checkpoint after every chunk
+    cfg = _config(tmp_path, epochs=1, checkpoint=timed,
+                  table={"eviction": {"enabled": True, "delete_after_unseen_days": 0}})
+    lines = []
+    result = run_local_job(cfg, data_dir, tmp_path / "logs", echo=lines.append)
+    assert len(result.checkpoints) == 3  # 48k rows in chunks of 250 x 64
+    schema = Schema.from_dict(stats["schema"])
+    chunk_files = sorted((tmp_path / "logs" / "work" / "worker-0" / "chunks-epoch1").glob("chunk-*.txt"))
+    store = CheckpointStore(cfg.checkpoint.uri)
+    saved = []
+    for n, event in enumerate(result.checkpoints):
+        local = store.download(event["id"], tmp_path / f"c{n}")
+        saved.append(ckpt_io.read_sparse_table(local / ckpt_io.TABLES / "000", cfg.table.rule,
+                                               cfg.table.embedding_dim)[0])
+    for n in (1, 2):
+        _, _, sparse = read_shards([chunk_files[n]], schema)
+        trained = np.unique(np.concatenate([slot.values for slot in sparse]))
+        assert np.array_equal(np.sort(saved[n]), trained), n
+        evicted = np.setdiff1d(saved[n - 1], saved[n])
+        assert evicted.size > 0 and result.checkpoints[n]["evicted"] == evicted.size
+        assert any(f"({evicted.size:,} rows evicted since the last checkpoint)" in line for line in lines)
+    assert result.checkpoints[0].get("evicted") is None  # nothing to compare the first with

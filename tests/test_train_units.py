@@ -10,7 +10,7 @@ import pytest
 from components import checkpoint
 from components.config import CtrConfig, Mode, SparseRule, from_dict
 from components.train.env import Role, local_layout, role_env
-from components.train.strategy import rule_state_dim, sparse_table_configs, strategy_settings
+from components.train.strategy import rule_state_dim, server_flags, sparse_table_configs, strategy_settings
 
 
 def test_role_env_matches_paddle_contract():
@@ -63,6 +63,14 @@ def test_strategy_builds_in_paddle():
     assert table.accessor.embed_sgd_param.name == "SparseAdaGradSGDRule"
     assert table.accessor.embedx_sgd_param.adagrad.learning_rate == pytest.approx(0.3)
     assert list(table.accessor.embedx_sgd_param.adagrad.weight_bounds) == [-10.0, 10.0]
+
+
+def test_each_ssd_server_keeps_its_rocksdb_in_its_own_workdir(tmp_path):
+    ssd = from_dict({"table": {"table_class": "SSDSparseTable"}, "run_dir": "."})
+    flags = {i: server_flags(ssd, tmp_path / f"server-{i}") for i in (0, 1)}
+    assert flags[0] == {"FLAGS_rocksdb_path": str(tmp_path / "server-0" / "rocksdb")}
+    assert flags[0] != flags[1]
+    assert server_flags(from_dict({"run_dir": "."}), tmp_path) == {}  # a memory table opens no RocksDB
 
 
 def _write_table(path, rule, dim, rows):
@@ -136,6 +144,40 @@ def test_each_server_uploads_only_its_own_shards(tmp_path):
     assert sorted(collected) == ["tables/000/part-000-00000.gz", "tables/000/part-000-00001.gz",
                                  "tables/000/part-001-00000.gz", "tables/001/part-000.gz", "tables/001/part-001.gz"]
     assert not list(staged.rglob("part-*"))  # each server removed what it staged once it was in the store
+
+
+def test_collecting_the_shards_clears_the_upload_records(tmp_path):
+    """Worker 0's round: request, every server's answer, then no trace left in the control folder."""
+    from components.checkpoint_store import CheckpointStore, make_id
+    from components.train import shard_uploader
+
+    store = CheckpointStore(str(tmp_path / "store"))
+    ckpt_id = make_id(1, 10)
+    entry = {"size": 3, "sha256": "abc"}
+    for server in (0, 1):  # the servers answered already; the round must not depend on who is first
+        store.write_json(None, shard_uploader.answer_rel(ckpt_id, server), {"files": {f"tables/part-00{server}": entry}})
+    files = shard_uploader.collect_shards(store, ckpt_id, "/staging/tables", servers=2, timeout_s=5)
+    assert files == {"tables/part-000": entry, "tables/part-001": entry}
+    assert store.fs.ls(store.fs_path(None, shard_uploader.UPLOADS), detail=False) == []
+
+
+def test_worker_rows_merge_averages_geo_copies_and_keeps_pulled_rows_exact(tmp_path):
+    from components.checkpoint_store import CheckpointStore
+    from components.train import checkpointing
+
+    store = CheckpointStore(str(tmp_path / "store"))
+    pulled = np.array([[0.1, -0.7], [1 / 3, 2e-8]], np.float32)  # one barrier's rows: equal on every worker
+    checkpointing.upload_worker_rows(store, 1, 0, np.array([5, 9]), pulled, tmp_path)
+    checkpointing.upload_worker_rows(store, 1, 1, np.array([9, 2**63 + 1], np.uint64), np.vstack([pulled[1], [4, 4]]), tmp_path)
+    ids, rows = checkpointing.merged_worker_rows(store, 1, workers=2, staging=tmp_path / "local")
+    assert ids.tolist() == [5, 9, 2**63 + 1]
+    assert rows[1].tobytes() == pulled[1].tobytes()  # bit-exact: the mean of equal copies
+    checkpointing.upload_worker_rows(store, 2, 0, np.array([7]), np.array([[1.0, 0.0]], np.float32), tmp_path)
+    checkpointing.upload_worker_rows(store, 2, 1, np.array([7]), np.array([[3.0, 1.0]], np.float32), tmp_path)
+    _, geo = checkpointing.merged_worker_rows(store, 2, workers=2, staging=tmp_path / "local2")
+    np.testing.assert_array_equal(geo, [[2.0, 0.5]])
+    assert (tmp_path / "local2" / checkpointing.WORKER_ROWS / "worker-1.npz").is_file()  # kept in the checkpoint
+    assert not store.fs.exists(store.fs_path(None, f"{checkpointing.WORKER_ROWS_SCRATCH}/e0002"))
 
 
 def test_worker_0_fails_with_the_server_error(tmp_path):

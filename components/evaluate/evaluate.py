@@ -1,6 +1,7 @@
 """Scores the test split with a model loaded from a committed checkpoint (never the in-memory model).
 
-The network is rebuilt from ``model.json`` with a local embedding table holding the exported rows;
+The network is rebuilt from ``model.json`` with a local embedding table holding the exported rows, in
+their exported dtype (a float16 table's looked-up rows are widened to float32, exactly, before the network);
 ids the servers never saw map to a zero row (the PS would create them with near-zero weights).
 :func:`build_program` is the one place that builds that program: :class:`Scorer` runs it here, and
 :func:`components.serving.export_inference_model` saves it in Paddle's inference format.
@@ -36,16 +37,20 @@ class LocalProgram:
     feeds: models.Feeds
     prob: Any  # [batch, 1] click probability
     table_shape: tuple[int, int]
+    table_dtype: str  # float32 or float16
 
     def input_vars(self) -> list:
         """What inference feeds, in MultiSlot slot order without the label: ``dense`` (if any), sparse slots."""
         return ([self.feeds.dense] if self.feeds.dense is not None else []) + list(self.feeds.sparse)
 
 
-def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embedding_dim: int) -> LocalProgram:
+def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embedding_dim: int,
+                  table_dtype: str = "float32") -> LocalProgram:
     """The network of ``model_cfg`` over a local ``[table_rows, embedding_dim]`` table named ``EMBEDDING_TABLE``.
 
     Its dense parameters carry the names the PS programs give them, so a checkpoint's export maps onto it.
+    A ``float16`` table stays float16 (half the table's bytes, in memory and in a saved inference model); the
+    network computes in float32 on its rows, as it does on a float32 table.
     """
     import paddle
 
@@ -56,16 +61,19 @@ def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embed
         feeds = models.create_feeds(schema)
 
         def lookup(slot):
-            return paddle.static.nn.embedding(slot, size=list(shape), param_attr=paddle.ParamAttr(name=EMBEDDING_TABLE))
+            rows = paddle.static.nn.embedding(slot, size=list(shape), dtype=table_dtype,
+                                              param_attr=paddle.ParamAttr(name=EMBEDDING_TABLE))
+            return rows if table_dtype == "float32" else paddle.cast(rows, "float32")  # keeps the LoD
 
         prob = paddle.nn.functional.sigmoid(models.net(model_cfg, feeds, lookup, shape[1]))
-    return LocalProgram(main, startup, feeds, prob, shape)
+    return LocalProgram(main, startup, feeds, prob, shape, table_dtype)
 
 
 def local_table(checkpoint: ckpt_io.Checkpoint) -> np.ndarray:
-    """The checkpoint's rows plus a last, zero row: the row of every id the servers never saw."""
+    """The checkpoint's rows (in their exported dtype) plus a last, zero row: the row of every id the servers
+    never saw."""
     dim = checkpoint.rows.shape[1]
-    return np.vstack([checkpoint.rows.astype(np.float32), np.zeros((1, dim), np.float32)])
+    return np.vstack([checkpoint.rows, np.zeros((1, dim), checkpoint.rows.dtype)])
 
 
 def checkpoint_program(checkpoint: ckpt_io.Checkpoint) -> tuple[LocalProgram, dict[str, np.ndarray]]:
@@ -76,7 +84,7 @@ def checkpoint_program(checkpoint: ckpt_io.Checkpoint) -> tuple[LocalProgram, di
     model_cfg = from_dict({"model": checkpoint.meta["model"]}).model
     schema = Schema.from_dict(checkpoint.meta["schema"])
     table = local_table(checkpoint)
-    program = build_program(model_cfg, schema, *table.shape)
+    program = build_program(model_cfg, schema, *table.shape, table_dtype=table.dtype.name)
     params = {**checkpoint.dense, EMBEDDING_TABLE: table}
     missing = [p.name for p in program.main.all_parameters() if p.name not in params]
     if missing:

@@ -8,12 +8,14 @@ they arrive through a local pipe or a pod's log stream.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
 from components.config import CtrConfig, to_dict
+from components.train import planner
 
 PROGRESS, EPOCH, CHECKPOINT, DONE = "@progress", "@epoch", "@checkpoint", "@done"
 SPEC_ENV = "PS_JOB_SPEC"
@@ -36,6 +38,9 @@ class JobResult:
     logs: dict[str, str]
     checkpoints: list[dict]  # committed during this job, oldest first: {id, epoch, uri}
     restored_from: Optional[dict]  # {uri, id, continue}: resumed (continue) or warm-started from
+    plan: Optional[planner.MemoryPlan] = None  # the sparse table's memory plan (None in geo mode)
+    # Local backend: each server's RSS in bytes when it started serving and at its peak while the job ran.
+    server_memory: Optional[list[dict]] = None
 
 
 def job_spec(cfg: CtrConfig, data_dir: str, workdir: str, staging_dir: str, restore: Optional[dict]) -> dict:
@@ -45,8 +50,31 @@ def job_spec(cfg: CtrConfig, data_dir: str, workdir: str, staging_dir: str, rest
     ``workdir``: the process's scratch directory; ``staging_dir``: where servers save table shards before
     their uploader moves them to the store (the same path string on every machine).
     """
-    return {"config": to_dict(cfg), "data_dir": data_dir, "workdir": workdir, "staging_dir": staging_dir,
-            "restore": restore}
+    return {"config": to_dict(planned_config(cfg, restore)), "data_dir": data_dir, "workdir": workdir,
+            "staging_dir": staging_dir, "restore": restore}
+
+
+def planned_config(cfg: CtrConfig, restore: Optional[dict]) -> CtrConfig:
+    """``cfg`` with what every role of the job must agree on resolved: ``table.shard_num``."""
+    shard_num, _ = planner.resolve_shard_num(cfg.table.shard_num, cfg.ps.servers, (restore or {}).get("shard_num"))
+    return dataclasses.replace(cfg, table=dataclasses.replace(cfg.table, shard_num=shard_num))
+
+
+def plan_job(cfg: CtrConfig, stats: Optional[dict], restore: Optional[dict]) -> Optional[planner.MemoryPlan]:
+    """The sparse table's memory plan; raises ConfigError, before any process starts, when it cannot fit.
+
+    ``stats``: the dataset's ``stats.json`` (its distinct ids bound the rows), when the launcher can read it.
+    """
+    saved_in = f"checkpoint {restore['id']}" if restore else "the checkpoint"
+    plan = planner.plan_memory(cfg, planner.distinct_train_ids(stats), (restore or {}).get("shard_num"), saved_in)
+    if plan is not None:
+        planner.check_fits(cfg, plan)
+    return plan
+
+
+def plan_lines(plan: Optional[planner.MemoryPlan]) -> list[str]:
+    return plan.lines() if plan else ["memory plan: none in geo mode (servers keep a MemorySparseGeoTable, "
+                                      "each worker a dense vocab_size x embedding_dim copy)"]
 
 
 def format_progress(event: dict) -> str:
@@ -93,7 +121,9 @@ class EventLog:
                 self.echo(format_epoch(event))
             elif tag == CHECKPOINT:
                 self.checkpoints.append(event)
-                self.echo(f"== checkpoint {event['id']} committed to {event['uri']}")
+                evicted = (f" ({event['evicted']:,} rows evicted since the last checkpoint)"
+                           if event.get("evicted") is not None else "")
+                self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}")
             else:
                 self.done.add(source)
         return True

@@ -30,7 +30,7 @@ from urllib3.exceptions import HTTPError
 from components.checkpoint_store import CheckpointStore
 from components.config import ClusterBackend, CtrConfig, is_remote_uri
 from components.train import checkpointing, manifests
-from components.train.job import EventLog, JobResult, PsJobError
+from components.train.job import EventLog, JobResult, PsJobError, plan_job, plan_lines
 
 TAIL_LINES = 30
 POLL_S = 5.0
@@ -296,7 +296,8 @@ class KubernetesJob:
     """One PS job on Kubernetes, from creating its objects to deleting them (see the module doc)."""
 
     def __init__(self, cfg: CtrConfig, data_uri: Optional[str], log_dir: Path,
-                 echo: Callable[[str], None] = print, apis: Optional[KubeApis] = None, poll_s: float = POLL_S):
+                 echo: Callable[[str], None] = print, apis: Optional[KubeApis] = None, poll_s: float = POLL_S,
+                 stats: Optional[dict] = None):
         if cfg.cluster.backend not in _RULES:
             raise ValueError(f"cluster.backend {cfg.cluster.backend.value!r} does not run on Kubernetes")
         if not is_remote_uri(data_uri):
@@ -315,6 +316,7 @@ class KubernetesJob:
         self.store = CheckpointStore(cfg.checkpoint.uri)
         self.store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
         self.restore = checkpointing.restore_source(self.store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
+        self.plan = plan_job(cfg, stats, self.restore)  # refuses a table the server pods cannot hold
         self.events = EventLog(echo)
         self.created: list[KubeObject] = []
         self._cancelled = False
@@ -348,7 +350,7 @@ class KubernetesJob:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
         return JobResult(epochs=self.events.epochs, progress=self.events.progress, seconds=time.time() - started,
                          logs={WORKER_0: str(log_path)}, checkpoints=self.events.checkpoints,
-                         restored_from=self.restore)
+                         restored_from=self.restore, plan=self.plan)
 
     def _run_attempts(self, follower: Worker0Log) -> None:
         attempts = self.cfg.cluster.max_restarts + 1 if self.rules.relaunch else 1
@@ -376,6 +378,8 @@ class KubernetesJob:
         if self.restore:
             how = "resuming from" if self.restore["continue"] else "warm start from"
             self.echo(f"{how} checkpoint {self.restore['id']} in {CheckpointStore(self.restore['uri']).display_uri}")
+        for line in plan_lines(self.plan):
+            self.echo(line)
 
     def _create(self, attempt: int) -> KubeObject:
         """Create the job's objects in order; returns the job object (the last one)."""
@@ -552,6 +556,7 @@ def _role_name(pod: Any, job_name: str) -> str:
 
 
 def run_kubernetes_job(cfg: CtrConfig, data_uri: Optional[str], log_dir: Path,
-                       echo: Callable[[str], None] = print) -> JobResult:
-    """Train ``cfg`` on the dataset at ``data_uri`` with the job's pods; checkpoints go to ``cfg.checkpoint.uri``."""
-    return KubernetesJob(cfg, data_uri, log_dir, echo).run()
+                       echo: Callable[[str], None] = print, stats: Optional[dict] = None) -> JobResult:
+    """Train ``cfg`` on the dataset at ``data_uri`` (``stats``: its stats.json, for the memory plan) with the job's
+    pods; checkpoints go to ``cfg.checkpoint.uri``."""
+    return KubernetesJob(cfg, data_uri, log_dir, echo, stats=stats).run()

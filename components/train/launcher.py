@@ -26,7 +26,7 @@ from components.config import CtrConfig
 from components.train.env import ClusterLayout, Role, endpoint_accepts, local_layout, role_env
 from components.checkpoint_store import CheckpointStore
 from components.train import checkpointing
-from components.train.job import EventLog, JobResult, PsJobError, job_spec
+from components.train.job import EventLog, JobResult, PsJobError, job_spec, plan_job, plan_lines
 
 TAIL_LINES = 30
 POLL_S = 0.2
@@ -58,8 +58,10 @@ class LocalJob:
         self.store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
         self.restore = checkpointing.restore_source(self.store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
         self.data_dir = str(Path(data_dir).resolve())
+        self.plan = plan_job(cfg, json.loads((Path(data_dir) / "stats.json").read_text()), self.restore)
         self.processes: list[Process] = []
         self.events = EventLog(echo)
+        self.server_memory: dict[int, dict] = {}  # server index -> {"serving_rss", "peak_rss"} in bytes
 
     @property
     def progress(self) -> dict[str, dict]:
@@ -124,6 +126,8 @@ class LocalJob:
         started = time.time()
         self.echo(f"PS job {self.job_id}: {cfg.ps.servers} server(s) + {cfg.ps.workers} worker(s), "
                   f"mode {cfg.ps.mode.value}, logs in {self.log_dir}")
+        for line in plan_lines(self.plan):
+            self.echo(line)
         if self.restore:
             how = "resuming from" if self.restore["continue"] else "warm start from"
             self.echo(f"{how} checkpoint {self.restore['id']} in {CheckpointStore(self.restore['uri']).display_uri}")
@@ -136,7 +140,8 @@ class LocalJob:
             self._stop_all()
         return JobResult(epochs=self.events.epochs, progress=self.progress, seconds=time.time() - started,
                          logs={p.name: str(p.log_path) for p in self.processes}, checkpoints=self.events.checkpoints,
-                         restored_from=self.restore)
+                         restored_from=self.restore, plan=self.plan,
+                         server_memory=[self.server_memory.get(i) for i in range(cfg.ps.servers)])
 
     def _wait_for_rendezvous(self, layout: ClusterLayout) -> None:
         """Start workers once server 0 serves the gloo store: a worker that finds it down sleeps 3 s per retry."""
@@ -159,6 +164,7 @@ class LocalJob:
         workers = [p for p in self.processes if p.role is Role.WORKER]
         ending_since: Optional[float] = None
         while True:
+            self._sample_server_memory()
             codes = [p.popen.poll() for p in self.processes]
             for p, code in zip(self.processes, codes):
                 if code not in (None, 0):
@@ -173,6 +179,29 @@ class LocalJob:
                 stuck = next(p for p in self.processes if p.popen.poll() is None)
                 raise self._failure(stuck, f"did not exit within {SERVER_EXIT_S:.0f}s of the job's end")
             time.sleep(POLL_S)
+
+    def _sample_server_memory(self) -> None:
+        """Each server's RSS from the first sample after it reported serving (its table still empty: workers
+        push only once every server listens) and its peak since: what the memory plan estimates."""
+        for p in self.processes:
+            if p.role is not Role.SERVER or self.progress.get(p.name, {}).get("state") is None:
+                continue
+            rss = _rss_bytes(p.popen.pid)
+            if rss is None:  # exited (or exiting: a zombie has no RSS)
+                continue
+            memory = self.server_memory.setdefault(p.index, {"serving_rss": rss, "peak_rss": rss})
+            memory["peak_rss"] = max(memory["peak_rss"], rss)
+
+
+def _rss_bytes(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _signal_group(popen: subprocess.Popen, sig: int) -> None:

@@ -29,15 +29,16 @@ from components import checkpoint
 from components.checkpoint_store import CheckpointStore
 from components.config import CtrConfig, Mode, from_dict
 from components.data_prep.multislot import Schema, read_shards
-from components.train import checkpointing, models
+from components.train import checkpointing, models, planner
 from components.train.env import wait_until_listening
 from components.train.job import CHECKPOINT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV
-from components.train.shard_uploader import request_rel, wait_for_servers
+from components.train.shard_uploader import collect_shards
 from components.train.strategy import (EMBEDDING_TABLE, build_strategy, dense_optimizer, install_rpc_gflags,
-                                       rpc_gflags)
+                                       rpc_gflags, server_flags, table_save_mode)
 
 
 _EMIT_LOCK = threading.Lock()
+PULL_BATCH = 1 << 16  # ids per request when a worker pulls rows from the servers for a checkpoint
 
 
 def emit(tag: str, **payload) -> None:
@@ -127,6 +128,10 @@ class Worker:
         self.rows_per_worker = [sum(shard_rows[w::self.count]) for w in range(self.count)]
         self.workdir = Path(job["workdir"])
         self.store = CheckpointStore(cfg.checkpoint.uri)
+        self._pull = None  # the program that pulls rows from the servers, once built
+        # Eviction: the ids of the previous checkpoint's export, to count the rows evicted since.
+        self.exported_ids: Optional[np.ndarray] = None
+        self.evicted: Optional[int] = None
 
     # -- training -------------------------------------------------------------------------------
     def _tensor(self, var) -> np.ndarray:
@@ -261,18 +266,23 @@ class Worker:
         pos, neg = (self._tensor(v) for v in self.program.heads.auc_stats)
         in_pass = np.asarray(self.fleet.util.all_reduce(np.array([pos.sum() + neg.sum()]), "sum")).ravel()[0]
         examples = sum(h["examples"] for h in history) + (int(in_pass) if chunk else 0)
+        from_workers = checkpointing.rows_from_workers(self.cfg)
         fleet.barrier_worker()
-        fleet.save_persistables(self.exe, str(staging / checkpoint.TABLES), main)  # worker 0 asks; all barrier
+        if self.cfg.table.eviction.enabled:
+            fleet.shrink()  # worker 0 asks every server to decay and evict; all barrier
+        if not from_workers:
+            fleet.save_persistables(self.exe, str(staging / checkpoint.TABLES), main,  # worker 0 asks; all barrier
+                                    mode=table_save_mode(self.cfg.table))
         # Pulls the servers' dense parameters into every worker's scope.
         fleet.save_dense_params(self.exe, str(self.workdir / "dense.pdparams"), self.scope, main)
-        if self.cfg.ps.mode is Mode.geo:
-            ids, rows = self._local_geo_rows()
-            checkpointing.upload_geo_rows(self.store, epoch, self.index, ids, rows, self.workdir)
+        if from_workers:
+            ids, rows = self._worker_rows(main)
+            checkpointing.upload_worker_rows(self.store, epoch, self.index, ids, rows, self.workdir)
         fleet.barrier_worker()
         if self.index == 0:
             ckpt_id = checkpointing.checkpoint_id(epoch, examples)
-            self.store.write_json(None, request_rel(ckpt_id), {"tables_dir": str(staging / checkpoint.TABLES)})
-            server_files = wait_for_servers(self.store, ckpt_id, self.cfg.ps.servers, self.cfg.ps.startup_timeout_s)
+            server_files = {} if from_workers else collect_shards(
+                self.store, ckpt_id, str(staging / checkpoint.TABLES), self.cfg.ps.servers, self.cfg.ps.startup_timeout_s)
             local = self.workdir / f"checkpoint-e{epoch:04d}"
             self._export(local, ckpt_id, epoch, main)
             # Resume continues after pass ``epoch``, or inside it after ``chunk`` chunks.
@@ -280,7 +290,8 @@ class Worker:
                      "history": history, "examples": examples, "seed": self.cfg.data.seed}
             checkpointing.commit_checkpoint(self.store, ckpt_id, local, server_files, self._meta(history), state,
                                             self.cfg.checkpoint.keep_last)
-            emit(CHECKPOINT, id=ckpt_id, epoch=epoch, chunk=chunk, uri=self.store.uri)
+            emit(CHECKPOINT, id=ckpt_id, epoch=epoch, chunk=chunk, uri=self.store.uri,
+                 servers=self._server_load(server_files), evicted=self.evicted)
         fleet.barrier_worker()
         self.last_checkpoint = time.time()
 
@@ -292,32 +303,77 @@ class Worker:
             self.fleet.fleet._runtime_handle._worker.stop_server()
         emit(DONE, role="worker", index=self.index)
 
-    def _local_geo_rows(self) -> tuple[np.ndarray, np.ndarray]:
-        """Geo servers do not save their table: this worker's local rows for the ids it trained."""
+    def _worker_rows(self, main) -> tuple[np.ndarray, np.ndarray]:
+        """Rows for the ids this worker trained, when the servers cannot save the table: geo's local copy,
+        else the rows the servers serve."""
         schema = Schema.from_dict(self.stats["schema"])
         _, _, sparse = read_shards(self.shards, schema)
         ids = np.unique(np.concatenate([slot.values for slot in sparse]))
-        table = np.array(self.scope.find_var(EMBEDDING_TABLE).get_tensor())
-        return ids, table[ids]
+        if self.cfg.ps.mode is Mode.geo:
+            return ids, np.array(self.scope.find_var(EMBEDDING_TABLE).get_tensor())[ids]
+        program, scope, feed, pulled = self._pull_program(main)
+        rows = [self.exe.run(program, feed={feed.name: ids[i:i + PULL_BATCH].reshape(-1, 1).astype(np.int64)},
+                             fetch_list=[pulled], scope=scope)[0] for i in range(0, len(ids), PULL_BATCH)]
+        return ids, np.concatenate(rows).reshape(len(ids), -1)
 
-    def _sparse_table_id(self, main) -> int:
+    def _pull_program(self, main):
+        """The training program's sparse lookup (same table, same attributes) alone in a program, in test
+        mode: it returns the rows the servers serve.
+
+        It runs in a scope of its own, where the table variable is a [1, dim] tensor (the lookup reads only
+        its width): in the training scope, a pull after the next pass failed ("Variable Id ... is not
+        registered"). Built once and kept, since Paddle's executor caches programs by ``id()``.
+        """
+        if self._pull is None:
+            lookup = self._sparse_lookup(main)
+            table = main.global_block().var(lookup.input("W")[0])
+            program, scope = self.paddle.static.Program(), self.paddle.static.Scope()
+            scope.var(table.name).get_tensor().set(np.zeros((1, table.shape[1]), np.float32), self.place)
+            block = program.global_block()
+            weights = block.create_var(name=table.name, shape=[1, table.shape[1]], dtype=table.dtype, persistable=True)
+            feed = block.create_var(name="pull_ids", shape=[-1, 1], dtype="int64")
+            pulled = block.create_var(name="pulled_rows", shape=[-1, table.shape[1]], dtype=table.dtype)
+            attrs = {name: lookup.attr(name) for name in lookup.attr_names}
+            block.append_op(type=lookup.type, inputs={"Ids": [feed], "W": [weights]}, outputs={"Outputs": [pulled]},
+                            attrs={**attrs, "is_test": True})
+            self._pull = (program, scope, feed, pulled)
+        return self._pull
+
+    def _sparse_lookup(self, main):
         for op in main.global_block().ops:
-            if op.type in ("distributed_lookup_table", "distributed_push_sparse"):
-                return int(op.attr("table_id"))
+            if op.type == "distributed_lookup_table":
+                return op
         raise RuntimeError("no distributed sparse lookup in the training program")
 
     def _export(self, local: Path, ckpt_id: str, epoch: int, main) -> None:
         cfg = self.cfg
-        if cfg.ps.mode is Mode.geo:
-            ids, rows = checkpointing.merged_geo_rows(self.store, epoch, self.count, local)
+        if checkpointing.rows_from_workers(cfg):
+            ids, rows = checkpointing.merged_worker_rows(self.store, epoch, self.count, local)
         else:
-            table = f"{checkpoint.TABLES}/{self._sparse_table_id(main):03d}"
+            table = f"{checkpoint.TABLES}/{int(self._sparse_lookup(main).attr('table_id')):03d}"
             table_dir = checkpointing.fetch_uploaded_table(self.store, ckpt_id, table, self.workdir / "export-table")
             ids, rows = checkpoint.read_sparse_table(table_dir, cfg.table.rule, cfg.table.embedding_dim)
         dense = {p.name: np.array(self.scope.find_var(p.name).get_tensor()) for p in main.all_parameters()
                  if p.name != EMBEDDING_TABLE}
-        checkpoint.save_export(local, ids, rows, dense)
+        checkpoint.save_export(local, ids, rows, dense, cfg.checkpoint.export_dtype)
         self.export_rows = int(len(ids))
+        if cfg.table.eviction.enabled:
+            if self.exported_ids is not None:
+                self.evicted = int(np.setdiff1d(self.exported_ids, ids, assume_unique=True).size)
+            self.exported_ids = ids
+        # Which server holds each row (geo servers route rows their own way): the checkpoint's load report.
+        self.rows_per_server = (None if cfg.ps.mode is Mode.geo
+                                else planner.rows_per_server(ids, cfg.table.shard_num, cfg.ps.servers))
+
+    def _server_load(self, server_files: dict[str, dict]) -> Optional[dict]:
+        """Rows per server, and the bytes of the shard files each server saved (none when the rows came from
+        the workers)."""
+        if self.rows_per_server is None:
+            return None
+        load = {"rows": self.rows_per_server}
+        if server_files:
+            load["saved_bytes"] = planner.saved_bytes_per_server(server_files, self.cfg.ps.servers)
+        return load
 
     def _meta(self, history: list[dict]) -> dict:
         from components.config import to_dict
@@ -370,6 +426,7 @@ def main(job_path: Optional[str]) -> None:
     fleet.init(PaddleCloudRoleMaker(is_collective=False))
     program = build_train_program(cfg, schema, paddle)
     if fleet.is_server():
+        paddle.set_flags(server_flags(cfg, Path(job["workdir"])))
         restore = job.get("restore")
         if restore:  # the servers load the sparse tables; worker 0 restores the dense ones
             source = CheckpointStore(restore["uri"])

@@ -11,7 +11,8 @@ Protocol, all through the store (see :mod:`components.train.checkpointing`):
 2. each server's uploader sees the request, uploads the files under it that carry its server index
    (``part-<iii>-*`` sparse shards, ``part-<iii>.*`` dense slices) into ``<ckpt_id>/tables/...``, and
    writes ``_upload/<ckpt_id>.server-<i>.json`` with their sizes and checksums, or ``.server-<i>.error.json``;
-3. worker 0 waits for every server's answer and commits the checkpoint with the entries.
+3. worker 0 waits for every server's answer, removes the round's records and commits the checkpoint with
+   the entries (:func:`collect_shards`).
 """
 
 from __future__ import annotations
@@ -111,6 +112,17 @@ def wait_for_servers(store: CheckpointStore, ckpt_id: str, servers: int, timeout
                                f"within {timeout_s:.0f}s")
         if pending:
             time.sleep(POLL_S)
+    return entries
+
+
+def collect_shards(store: CheckpointStore, ckpt_id: str, tables_dir: str, servers: int,
+                   timeout_s: float) -> dict[str, dict]:
+    """Worker 0's whole round: request the servers' shards saved under ``tables_dir``, wait for every
+    server's entries, then remove the round's records from the control folder."""
+    store.write_json(None, request_rel(ckpt_id), {"tables_dir": tables_dir})
+    entries = wait_for_servers(store, ckpt_id, servers, timeout_s)
+    for rel in (request_rel(ckpt_id),) + tuple(answer_rel(ckpt_id, i) for i in range(servers)):
+        store.fs.rm_file(store.fs_path(None, rel))
     return entries
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
 
 from components.config import from_dict
+from components.train.planner import GIB, load_balance_lines, max_over_mean, size
 
 POINTER_FORMAT = 1
 
@@ -39,7 +40,9 @@ def run_job(cfg: Any, data_dir: Path, log_dir: Path, echo: Callable[[str], None]
         return run_local_job(cfg, data_dir, log_dir, echo=echo)
     from components.train.kubernetes_job import run_kubernetes_job
 
-    return run_kubernetes_job(cfg, data_uri, log_dir, echo=echo)
+    stats_path = Path(data_dir) / "stats.json"
+    stats = json.loads(stats_path.read_text()) if stats_path.is_file() else None
+    return run_kubernetes_job(cfg, data_uri, log_dir, echo=echo, stats=stats)
 
 
 def training_summary(result: Any, checkpoint_uri: str) -> dict:
@@ -60,7 +63,28 @@ def training_summary(result: Any, checkpoint_uri: str) -> dict:
     }
     if result.epochs:
         summary["final_train_auc"] = float(result.epochs[-1]["auc"])
+    if result.plan:
+        summary["memory_plan"] = result.plan.summary()
+    load = result.checkpoints[-1].get("servers")
+    if load:
+        summary["server_rows"] = load["rows"]
+        summary["server_rows_max_over_mean"] = round(max_over_mean(load["rows"]), 4)
+    if result.server_memory and all(result.server_memory):
+        summary["server_peak_rss_gib"] = [round(m["peak_rss"] / GIB, 3) for m in result.server_memory]
     return summary
+
+
+def server_report(result: Any) -> list[str]:
+    """After training: where the rows of the last checkpoint live and, for local servers, what they held."""
+    lines = []
+    load = result.checkpoints[-1].get("servers") if result.checkpoints else None
+    if load and result.plan:
+        lines += load_balance_lines(load, result.plan)
+    if result.server_memory and all(result.server_memory):
+        planned = f" (planned {size(result.plan.server_bytes)})" if result.plan else ""
+        lines.append("server RSS: serving " + " | ".join(size(m["serving_rss"]) for m in result.server_memory)
+                     + ", peak " + " | ".join(size(m["peak_rss"]) for m in result.server_memory) + planned)
+    return lines
 
 
 def write_pointer(path: str | os.PathLike, summary: dict) -> None:
@@ -98,6 +122,8 @@ def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
     shutil.rmtree(Path(log_dir) / "work", ignore_errors=True)  # kept on failure, for debugging
     summary = training_summary(result, cfg.checkpoint.uri)
     write_pointer(pointer_path, summary)
+    for line in server_report(result):
+        echo(line)
     echo(f"checkpoint: {summary['id']} in {cfg.checkpoint.uri} ({summary['epochs']} epoch(s) this run, "
          f"{summary['seconds']:.1f}s, {summary['examples_per_s'] or 0:,.0f} examples/s)")
     return summary

@@ -6,9 +6,11 @@ are shared with the checkpoint exporter, which parses the servers' table files.
 
 from __future__ import annotations
 
+import dataclasses
+from pathlib import Path
 from typing import Any
 
-from components.config import CtrConfig, DenseOptimizer, Mode, SparseRule, TableConfig
+from components.config import CtrConfig, DenseOptimizer, Mode, SparseRule, TableClass, TableConfig
 
 EMBEDDING_TABLE = "embedding"
 
@@ -54,7 +56,21 @@ def sparse_table_configs(table: TableConfig, table_name: str = EMBEDDING_TABLE) 
         configs[key + f"{settings}.weight_bounds"] = list(table.weight_bounds)
         if settings == "adagrad":
             configs[key + "adagrad.initial_g2sum"] = table.initial_g2sum
+    if table.eviction.enabled:
+        key = f"{prefix}accessor.ctr_accessor_param."
+        for name in ("show_click_decay_rate", "delete_threshold", "delete_after_unseen_days", "nonclk_coeff",
+                     "click_coeff"):
+            configs[key + name] = getattr(table.eviction, name)
     return {table_name: configs}
+
+
+# fleet.save_persistables modes: 0 saves every row; 3 saves every row too, then ages each by one "day"
+# (SparseAccessor::UpdateStatAfterSave), which is what delete_after_unseen_days counts.
+SAVE_ALL, SAVE_ALL_AND_AGE = 0, 3
+
+
+def table_save_mode(table: TableConfig) -> int:
+    return SAVE_ALL_AND_AGE if table.eviction.enabled else SAVE_ALL
 
 
 def strategy_settings(cfg: CtrConfig) -> dict[str, Any]:
@@ -63,12 +79,16 @@ def strategy_settings(cfg: CtrConfig) -> dict[str, Any]:
     ``sync`` runs on the asynchronous engine (``a_sync=False`` segfaults in SendBarrierOp on the 2.6.2
     CPU wheel); its bulk-synchronous rounds come from the trainer's per-round barriers.
     """
+    from components.train.planner import resolve_shard_num  # the planner imports this module's rule_state_dim
+
     geo = cfg.ps.mode is Mode.geo
+    # A job spec carries the shard_num the launcher resolved (job.planned_config); a bare config gets the default.
+    table = dataclasses.replace(cfg.table, shard_num=resolve_shard_num(cfg.table.shard_num, cfg.ps.servers)[0])
     return {
         "a_sync": True,
         "a_sync_configs": {"k_steps": cfg.ps.geo_k_steps if geo else 0},
         # Geo keeps its own MemorySparseGeoTable; the table settings apply to the PS hash table.
-        "sparse_table_configs": None if geo else sparse_table_configs(cfg.table),
+        "sparse_table_configs": None if geo else sparse_table_configs(table),
     }
 
 
@@ -80,6 +100,21 @@ def build_strategy(cfg: CtrConfig):
         if value is not None:
             setattr(strategy, name, value)
     return strategy
+
+
+ROCKSDB_PREFIX = "rocksdb"  # an SSD table's stores: <server workdir>/rocksdb_<local shard>
+
+
+def server_flags(cfg: CtrConfig, workdir: Path) -> dict[str, str]:
+    """Paddle flags a server process sets (``paddle.set_flags``) before ``fleet.init_server`` creates its tables.
+
+    An SSDSparseTable opens one RocksDB per local shard at ``FLAGS_rocksdb_path + "_<shard>"``; the default,
+    ``database`` in the working directory, would be shared by servers started in one directory, so each
+    server keeps its stores in its own work directory (which exists: the role creates it first).
+    """
+    if cfg.table.table_class is TableClass.SSDSparseTable:
+        return {"FLAGS_rocksdb_path": str(workdir / ROCKSDB_PREFIX)}
+    return {}
 
 
 def dense_optimizer(cfg: CtrConfig):

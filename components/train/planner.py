@@ -1,0 +1,316 @@
+"""Sparse-table planning before a PS job starts: rows, bytes per row, memory per server, ``shard_num``.
+
+Pure functions of the config and a few numbers (no Paddle, no I/O), so the plan can be printed, checked and
+tested before any process starts; the launchers call :func:`plan_memory` and the worker that writes a
+checkpoint calls :func:`rows_per_server`.
+
+**Rows.** A server holds one row per distinct feature id that was pushed to it. Ids are hashed into
+``[0, table.vocab_size)``, so ``vocab_size`` bounds the rows; data prep counts the distinct ids of every
+slot in the train split (``stats.json``), whose sum bounds them too (ids of two slots may collide, so the
+sum can over-count but never under-count). The plan takes the smaller bound.
+
+**Bytes per row.** Paddle 2.6.2's MemorySparseTable keeps a row as a ``std::vector<float>`` of the
+SparseAccessor layout (:func:`row_floats`) behind a node of a chunk allocator, indexed by an open-addressing
+hash map per local shard. :data:`ROW_OVERHEAD_BYTES` is what that costs beyond the floats, measured.
+
+**Where rows go.** A row lives in shard ``id % shard_num``; server ``s`` owns the ``ceil(shard_num /
+servers)`` consecutive shards from ``s * ceil(shard_num / servers)`` (Paddle's ``sparse_local_shard_num``
+and the client's ``get_sparse_shard``), and writes one file per shard, ``part-<s>-<shard>``, when it saves.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+
+from components.config import ClusterBackend, ConfigError, CtrConfig, Mode, TableClass, TableConfig
+from components.train.strategy import rule_state_dim
+
+MIB, GIB = 1 << 20, 1 << 30
+FLOAT_BYTES = 4
+# SparseAccessor's row before the optimizer state: slot, unseen_days, delta_score, show, click, embed_w.
+ACCESSOR_HEADER_FLOATS = 6
+
+# Server RSS per row beyond the row's floats: the vector's heap block (malloc header + rounding), its
+# 24-byte node in the chunk allocator and its share of the hash map's bucket array (16-byte key/pointer
+# pairs, power-of-two sized, so between one and two buckets' worth per row). Measured with bench/memory.py
+# (Paddle 2.6.2 CPU wheel; 2 servers, 2 workers, batch 256, adagrad): the slope of a server's peak RSS
+# against its rows between two jobs of equal traffic (~130k and ~900k rows per server). Two runs gave
+# 151 and 146 B/row at dim 9 (64 B of floats) and 252 and 238 B/row at dim 33 (160 B): 78-92 B over the
+# floats, 85 on average. A third run (bench/results/memory.md) measured 1.02x and 1.04x the estimate.
+ROW_OVERHEAD_BYTES = 85
+# RSS of a server process when it starts serving (Python, Paddle, the program, an empty table): 282-290 MiB
+# in the bench/memory.py jobs (an SSDSparseTable server: about 10 MiB more).
+SERVER_PROCESS_BYTES = 288 * MIB
+# Growth of a serving server's RSS that does not scale with its rows (RPC messages, which carry dim-wide
+# rows, and per-thread malloc arenas): the intercepts of the same fits, 31 and 36 MiB at dim 9, 69 and
+# 74 MiB at dim 33, as a line through their means. Only small tables notice it.
+SERVING_BUFFER_BYTES = 19 * MIB
+SERVING_BUFFER_BYTES_PER_DIM = int(1.6 * MIB)
+# Local shards per server when table.shard_num is not set: see default_shard_num.
+SHARDS_PER_SERVER = 8
+AUTO_SHARDS = f"{SHARDS_PER_SERVER} per server"
+
+
+def row_floats(table: TableConfig) -> int:
+    """Floats of a full SparseAccessor row: header, embed_w's optimizer state, embedx and its state.
+
+    Every row gets its embedx part on its first push (the strategy leaves embedx_threshold at 0), so
+    every trained row is full.
+    """
+    embedx = table.embedding_dim - 1
+    return ACCESSOR_HEADER_FLOATS + rule_state_dim(table.rule, 1) + embedx + rule_state_dim(table.rule, embedx)
+
+
+def bytes_per_row(table: TableConfig) -> int:
+    return row_floats(table) * FLOAT_BYTES + ROW_OVERHEAD_BYTES
+
+
+def serving_buffer_bytes(table: TableConfig) -> int:
+    """What a server's RSS grows by once it serves, whatever its rows."""
+    return SERVING_BUFFER_BYTES + SERVING_BUFFER_BYTES_PER_DIM * table.embedding_dim
+
+
+def server_base_bytes(table: TableConfig) -> int:
+    """What a serving server holds besides its rows."""
+    return SERVER_PROCESS_BYTES + serving_buffer_bytes(table)
+
+
+def table_rows(vocab_size: int, distinct_ids: Optional[int]) -> tuple[int, str]:
+    """The smaller of the two bounds on the rows that can exist, and which one it is."""
+    if distinct_ids is not None and distinct_ids < vocab_size:
+        return distinct_ids, "distinct train ids in stats.json"
+    return vocab_size, "table.vocab_size"
+
+
+def distinct_train_ids(stats: Optional[dict]) -> Optional[int]:
+    """Sum over the slots of the distinct ids data prep counted in the train split (None without stats)."""
+    if not stats or "distinct_ids" not in stats:
+        return None
+    return int(sum(stats["distinct_ids"].values()))
+
+
+# -- shards ------------------------------------------------------------------------------------------------
+def default_shard_num(servers: int) -> int:
+    """``SHARDS_PER_SERVER`` shards per server.
+
+    A multiple of the server count, because each server owns ``ceil(shard_num / servers)`` shards: 16 shards
+    on 3 servers are 6 + 6 + 4, and the first servers hold 1.125x the mean rows; with a multiple, every server
+    owns as many shards and the hashed ids spread evenly. Eight per server because a server pulls, pushes,
+    saves (one file each) and loads its shards in parallel, one task queue per shard; more only adds files
+    to every checkpoint.
+    """
+    return servers * SHARDS_PER_SERVER
+
+
+def resolve_shard_num(configured: Optional[int], servers: int, saved: Optional[int] = None,
+                      saved_in: str = "the checkpoint") -> tuple[int, str]:
+    """``(shard_num, where it comes from)``.
+
+    A restored table keeps the shard count it was saved with: a server loads a table only when it finds
+    exactly ``shard_num`` files (Paddle's MemorySparseTable::Load), so a different count is refused here.
+    """
+    if saved is not None:
+        if configured is not None and configured != saved:
+            raise ConfigError("table.shard_num", configured, f"{saved} (or null) when restoring {saved_in}",
+                              f"its table was saved in {saved} shards and Paddle loads a table only into as many")
+        return saved, f"as saved in {saved_in}"
+    if configured is not None:
+        return configured, "table.shard_num"
+    return default_shard_num(servers), AUTO_SHARDS
+
+
+def shards_per_server(shard_num: int, servers: int) -> list[int]:
+    """Shards each server owns (Paddle: ``ceil(shard_num / servers)`` each, the last ones what is left)."""
+    local = math.ceil(shard_num / servers)
+    return [max(0, min(local, shard_num - local * s)) for s in range(servers)]
+
+
+def server_of(ids: np.ndarray, shard_num: int, servers: int) -> np.ndarray:
+    """The server that holds each id's row."""
+    return (np.asarray(ids, dtype=np.uint64) % np.uint64(shard_num)) // np.uint64(math.ceil(shard_num / servers))
+
+
+def rows_per_server(ids: np.ndarray, shard_num: int, servers: int) -> list[int]:
+    return np.bincount(server_of(ids, shard_num, servers).astype(np.int64), minlength=servers).tolist()
+
+
+_SHARD_FILE = re.compile(r"part-(\d{3})-\d+")
+
+
+def saved_bytes_per_server(files: dict[str, dict], servers: int) -> list[int]:
+    """Bytes of the sparse shard files each server wrote (``part-<server>-<shard>``), from upload entries."""
+    total = [0] * servers
+    for rel, entry in files.items():
+        match = _SHARD_FILE.search(rel.rsplit("/", 1)[-1])
+        if match:
+            total[int(match[1])] += int(entry["size"])
+    return total
+
+
+# -- the plan ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class MemoryPlan:
+    rows: int
+    rows_source: str
+    vocab_size: int
+    floats: int
+    bytes_per_row: int
+    servers: int
+    shard_num: int
+    shard_source: str
+    largest_server_rows: int  # the server owning the most shards
+    base_bytes: int  # what a serving server holds besides its rows (server_base_bytes)
+    budget_bytes: Optional[float]
+    budget_source: str
+    table_class: str
+
+    @property
+    def server_bytes(self) -> int:
+        """Estimated RSS of the fullest server."""
+        return self.largest_server_rows * self.bytes_per_row + self.base_bytes
+
+    @property
+    def fits(self) -> bool:
+        return self.budget_bytes is None or self.server_bytes <= self.budget_bytes
+
+    def lines(self) -> list[str]:
+        budget = (f"budget {size(self.budget_bytes)} per server ({self.budget_source})"
+                  if self.budget_bytes is not None else f"no budget ({self.budget_source})")
+        shards = shards_per_server(self.shard_num, self.servers)
+        source = (self.rows_source if self.rows == self.vocab_size
+                  else f"{self.rows_source}; vocab_size {self.vocab_size:,}")
+        return [
+            f"memory plan: {self.rows:,} rows ({source}) x {self.bytes_per_row} B/row ({self.floats} floats = "
+            f"{self.floats * FLOAT_BYTES} B + {ROW_OVERHEAD_BYTES} B table overhead)",
+            f"memory plan: shard_num {self.shard_num} ({self.shard_source}): {max(shards)} shard(s) on the fullest "
+            f"of {self.servers} server(s), {self.largest_server_rows:,} rows",
+            f"memory plan: {size(self.server_bytes)} on the fullest server "
+            f"({size(self.largest_server_rows * self.bytes_per_row)} of rows + {size(self.base_bytes)} base); {budget}",
+        ]
+
+    def summary(self) -> dict:
+        """JSON-safe: what the Model artifact records about the plan."""
+        return {"rows": self.rows, "bytes_per_row": self.bytes_per_row, "shard_num": self.shard_num,
+                "server_gib": round(self.server_bytes / GIB, 3),
+                "budget_gib": None if self.budget_bytes is None else round(self.budget_bytes / GIB, 3)}
+
+
+def plan_memory(cfg: CtrConfig, distinct_ids: Optional[int] = None, saved_shard_num: Optional[int] = None,
+                saved_in: str = "the checkpoint") -> Optional[MemoryPlan]:
+    """The plan of ``cfg``'s sparse table; None in geo mode (geo servers keep a MemorySparseGeoTable, whose
+    layout this does not model)."""
+    if cfg.ps.mode is Mode.geo:
+        return None
+    rows, rows_source = table_rows(cfg.table.vocab_size, distinct_ids)
+    shard_num, shard_source = resolve_shard_num(cfg.table.shard_num, cfg.ps.servers, saved_shard_num, saved_in)
+    fullest = max(shards_per_server(shard_num, cfg.ps.servers))
+    budget, budget_source = memory_budget(cfg)
+    return MemoryPlan(rows=rows, rows_source=rows_source, vocab_size=cfg.table.vocab_size,
+                      floats=row_floats(cfg.table), bytes_per_row=bytes_per_row(cfg.table), servers=cfg.ps.servers,
+                      shard_num=shard_num, shard_source=shard_source,
+                      largest_server_rows=math.ceil(rows * fullest / shard_num),
+                      base_bytes=server_base_bytes(cfg.table), budget_bytes=budget,
+                      budget_source=budget_source, table_class=cfg.table.table_class.value)
+
+
+def memory_budget(cfg: CtrConfig) -> tuple[Optional[float], str]:
+    """Bytes one server may hold: ``ps.memory_budget_gb``, else on Kubernetes the server pods' memory (their
+    limit: above it a pod is OOM-killed), else none."""
+    if cfg.ps.memory_budget_gb is not None:
+        return cfg.ps.memory_budget_gb * GIB, "ps.memory_budget_gb"
+    if cfg.cluster.backend is not ClusterBackend.local:
+        return kubernetes_bytes(cfg.cluster.servers.memory), f"cluster.servers.memory={cfg.cluster.servers.memory}"
+    return None, "set ps.memory_budget_gb to check one"
+
+
+_QUANTITY = re.compile(r"^([0-9.]+)([KMGTPE]i?|k)?$")
+_UNITS = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+          "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
+
+
+def kubernetes_bytes(quantity: str) -> float:
+    """A Kubernetes memory quantity in bytes: a number with an optional suffix (``8Gi``, ``512M``)."""
+    match = _QUANTITY.match(str(quantity).strip())
+    if not match:
+        raise ConfigError("cluster.servers.memory", quantity, "a Kubernetes memory quantity such as 8Gi or 8000M")
+    return float(match[1]) * _UNITS[match[2] or ""]
+
+
+def check_fits(cfg: CtrConfig, plan: MemoryPlan) -> None:
+    """Refuse a table that cannot fit its servers, with the numbers and what would make it fit."""
+    if plan.fits:
+        return
+    budget = plan.budget_bytes
+    fixes = []
+    more = _servers_that_fit(plan)
+    if more is not None:
+        servers, fullest = more
+        fixes.append(f"ps.servers={servers} ({fullest / GIB:.2f} GiB on the fullest)")
+    dim = _largest_dim_that_fits(cfg, plan)
+    if dim is not None:
+        fixes.append(f"table.embedding_dim={dim} (or less)")
+    if plan.table_class == TableClass.MemorySparseTable.value:
+        fixes.append("not table=ssd: with SparseAccessor, Paddle 2.6.2's SSDSparseTable moves no row to its disk "
+                     "store (the accessor's SaveSSD is false) and holds as much RAM per row (bench/memory.py: "
+                     "143-155 B/row vs 146-152 for table=memory), so it does not help here")
+    if budget <= plan.base_bytes:
+        fixes.append(f"a budget above the {plan.base_bytes / GIB:.2f} GiB every server needs before its rows")
+    raise ConfigError(
+        "ps.servers", cfg.ps.servers, f"enough servers for the sparse table within {budget / GIB:.2f} GiB each "
+        f"({plan.budget_source})",
+        f"{plan.rows:,} rows ({plan.rows_source}) x {plan.bytes_per_row} B/row puts {plan.largest_server_rows:,} "
+        f"rows on the fullest server: {plan.server_bytes / GIB:.2f} GiB with its "
+        f"{plan.base_bytes / GIB:.2f} GiB base. Fixes: " + "; ".join(fixes))
+
+
+def _servers_that_fit(plan: MemoryPlan, limit: int = 100_000) -> Optional[tuple[int, int]]:
+    """``(the fewest servers that fit the budget, the fullest one's bytes)``; None when no count does.
+
+    A shard_num that is set (or restored) stays; past ``shard_num`` servers the fullest still holds a shard.
+    """
+    room = plan.budget_bytes - plan.base_bytes
+    if room <= 0:
+        return None
+    fixed = plan.shard_source != AUTO_SHARDS
+    for servers in range(max(plan.servers + 1, math.ceil(plan.rows * plan.bytes_per_row / room)), limit + 1):
+        shard_num = plan.shard_num if fixed else default_shard_num(servers)
+        if fixed and servers > shard_num:
+            return None
+        fullest = math.ceil(plan.rows * math.ceil(shard_num / servers) / shard_num) * plan.bytes_per_row
+        if fullest <= room:
+            return servers, fullest + plan.base_bytes
+    return None
+
+
+def _largest_dim_that_fits(cfg: CtrConfig, plan: MemoryPlan) -> Optional[int]:
+    for dim in range(cfg.table.embedding_dim - 1, 1, -1):
+        narrower = dataclasses.replace(cfg.table, embedding_dim=dim)
+        if plan.largest_server_rows * bytes_per_row(narrower) + server_base_bytes(narrower) <= plan.budget_bytes:
+            return dim
+    return None
+
+
+# -- after training ------------------------------------------------------------------------------------------
+def load_balance_lines(load: dict, plan: MemoryPlan) -> list[str]:
+    """Readable lines of a checkpoint's per-server load (``rows``, optional ``saved_bytes``), with the plan's
+    estimate of each server's memory."""
+    rows = load["rows"]
+    lines = [f"server load: rows {' | '.join(f'{r:,}' for r in rows)} (largest {max_over_mean(rows):.3f}x the mean); "
+             f"est. {' | '.join(size(r * plan.bytes_per_row + plan.base_bytes) for r in rows)}"]
+    if load.get("saved_bytes"):
+        lines.append(f"server load: saved shards {' | '.join(size(b) for b in load['saved_bytes'])}")
+    return lines
+
+
+def size(n: float) -> str:
+    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
+
+
+def max_over_mean(rows: list[int]) -> float:
+    return max(rows) / (sum(rows) / len(rows)) if sum(rows) else 1.0
