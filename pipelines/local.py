@@ -35,6 +35,7 @@ EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png")
 TAP_LINES = 400
 _KFP_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - [A-Z]+ - ")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_TASK_OUTPUTS = re.compile(r" - INFO - Task '[\w-]+' outputs:$")
 
 
 class PipelineRunError(RuntimeError):
@@ -51,7 +52,8 @@ class _ConsoleTap(io.TextIOBase):
     """Stands in for ``sys.stdout`` during a run: writes whole lines, flushes each, keeps a tail.
 
     It drops the executor-input JSON that kfp's executor logs at the start of every step (~125 lines of
-    artifact plumbing); it stays in the run's kfp/ folder, and the tail keeps it for error reports.
+    artifact plumbing) and the listing of each finished task's output artifacts (the ROC curve's points
+    alone fill a screen); the run's kfp/ folder has both, and the tail keeps them for error reports.
     """
 
     def __init__(self, target):
@@ -59,6 +61,7 @@ class _ConsoleTap(io.TextIOBase):
         self.lines: deque[str] = deque(maxlen=TAP_LINES)
         self._partial = ""
         self._json_indent: Optional[int] = None  # set while inside an executor-input dump
+        self._in_outputs = False  # inside the listing of a task's output artifacts
 
     def write(self, text: str) -> int:
         *complete, self._partial = (self._partial + text).split("\n")
@@ -72,6 +75,12 @@ class _ConsoleTap(io.TextIOBase):
 
     def _shown(self, line: str) -> bool:
         stripped = line.strip()
+        if self._in_outputs:  # a finished task's artifacts, up to kfp's separator line (which is shown)
+            self._in_outputs = set(stripped) != {"-"}
+            return not self._in_outputs
+        if _TASK_OUTPUTS.search(_ANSI.sub("", line)):
+            self._in_outputs = True
+            return False
         if self._json_indent is None:
             if line.rstrip().endswith("Got executor_input:"):
                 self._json_indent = -1  # the next line opens the JSON object

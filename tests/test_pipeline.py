@@ -204,6 +204,7 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     # The PS job's progress came through kfp.local to this process's stdout, then the summary table.
     assert "== epoch 2 done" in out and "== CTR pipeline done" in out and "test AUC" in out
     assert "Got executor_input" not in out and '"outputFile"' not in out  # kfp's plumbing dump is filtered
+    assert "confidenceMetrics" not in out and "outputs:" not in out  # so are the tasks' artifact listings
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["checkpoint"]["uri"] == str(run_dir / "checkpoint")
     assert "Training" in (run_dir / "report.md").read_text()  # the train step's summary reached the report
     # The exported serving model scores the test split as the evaluated checkpoint does.
