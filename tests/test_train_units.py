@@ -35,14 +35,18 @@ def test_role_env_matches_paddle_contract():
 
 def test_sparse_table_configs_spell_out_the_rule():
     table = CtrConfig().table
-    table.rule, table.learning_rate, table.embedding_dim = SparseRule.adam, 0.01, 9
+    table.rule, table.learning_rate, table.embedding_dim, table.shard_num = SparseRule.adam, 0.01, 9, 24
     (name, configs), = sparse_table_configs(table).items()
     prefix = f"table_parameters.{name}.accessor."
     assert configs[prefix + "embed_sgd_param.name"] == "SparseAdamSGDRule"
     assert configs[prefix + "embedx_sgd_param.adam.learning_rate"] == 0.01
     # Paddle checks fea_dim = dim + 2 and embedx_dim = dim - 1 for SparseAccessor.
     assert configs[prefix + "fea_dim"] == 11 and configs[prefix + "embedx_dim"] == 8
-    assert configs[f"table_parameters.{name}.shard_num"] == table.shard_num
+    assert configs[f"table_parameters.{name}.shard_num"] == 24
+    assert not any("ctr_accessor_param" in key for key in configs)  # eviction off: Paddle's defaults
+    table.eviction.enabled, table.eviction.delete_after_unseen_days = True, 3
+    (_, configs), = sparse_table_configs(table).items()
+    assert configs[prefix + "ctr_accessor_param.delete_after_unseen_days"] == 3
 
 
 @pytest.mark.parametrize("mode,k_steps,has_table", [("async", 0, True), ("sync", 0, True), ("geo", 7, False)])
