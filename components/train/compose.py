@@ -24,7 +24,7 @@ from typing import Optional
 import yaml
 
 from components.config import ConfigError, CtrConfig, DataSource, from_dict, register_configs, validate
-from components.train.env import ClusterLayout, Role, role_env
+from components.train.env import ClusterLayout, Role, host_layout, role_env
 from components.train.job import SPEC_ENV, job_spec
 # The container contract the pods use too: the scratch directory and the gloo port rule.
 from components.train.manifests import SCRATCH, gloo_port
@@ -41,13 +41,8 @@ REGENERATE = "python -m components.train.compose --out containers/docker-compose
 
 def compose_layout(cfg: CtrConfig) -> ClusterLayout:
     """Every process listens on ``cluster.paddle_port`` of its own container, named by its service."""
-    port = cfg.cluster.paddle_port
-    return ClusterLayout(
-        server_endpoints=tuple(f"ps-{i}:{port}" for i in range(cfg.ps.servers)),
-        worker_endpoints=tuple(f"worker-{i}:{port}" for i in range(cfg.ps.workers)),
-        gloo_endpoint=f"ps-0:{gloo_port(cfg)}",
-        job_id=PROJECT,
-    )
+    return host_layout(lambda role, i: f"{'ps' if role is Role.SERVER else 'worker'}-{i}", cfg.ps.servers,
+                       cfg.ps.workers, cfg.cluster.paddle_port, gloo_port(cfg), job_id=PROJECT)
 
 
 def ready_endpoints(layout: ClusterLayout, server: int) -> list[str]:

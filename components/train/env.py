@@ -10,6 +10,7 @@ import socket
 import time
 from dataclasses import dataclass
 from enum import Enum
+from typing import Callable
 
 
 class Role(str, Enum):
@@ -62,6 +63,18 @@ def role_env(layout: ClusterLayout, role: Role, index: int) -> dict[str, str]:
         # Paddle's own wait for servers retries every 3 s; the worker polls them itself (role.py).
         env["FLAGS_LAUNCH_BARRIER"] = "0"
     return env
+
+
+def host_layout(host: Callable[[Role, int], str], servers: int, workers: int, port: int, gloo_port: int,
+                job_id: str) -> ClusterLayout:
+    """A layout where every process listens on the same port of a host of its own (a pod, a container),
+    named by ``host(role, index)``; server 0 also serves the rendezvous store on ``gloo_port``."""
+    return ClusterLayout(
+        server_endpoints=tuple(f"{host(Role.SERVER, i)}:{port}" for i in range(servers)),
+        worker_endpoints=tuple(f"{host(Role.WORKER, i)}:{port}" for i in range(workers)),
+        gloo_endpoint=f"{host(Role.SERVER, 0)}:{gloo_port}",
+        job_id=job_id,
+    )
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:

@@ -25,7 +25,7 @@ import json
 from typing import Optional
 
 from components.config import ClusterBackend, CtrConfig, PodConfig
-from components.train.env import ClusterLayout, Role, role_env
+from components.train.env import ClusterLayout, Role, host_layout, role_env
 from components.train.job import RESTART_ENV, SPEC_ENV, job_spec
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
@@ -56,13 +56,8 @@ def pod_host(cfg: CtrConfig, name: str, role: Role, index: str | int) -> str:
 
 
 def kubernetes_layout(cfg: CtrConfig, name: str) -> ClusterLayout:
-    port = cfg.cluster.paddle_port
-    return ClusterLayout(
-        server_endpoints=tuple(f"{pod_host(cfg, name, Role.SERVER, i)}:{port}" for i in range(cfg.ps.servers)),
-        worker_endpoints=tuple(f"{pod_host(cfg, name, Role.WORKER, i)}:{port}" for i in range(cfg.ps.workers)),
-        gloo_endpoint=f"{pod_host(cfg, name, Role.SERVER, 0)}:{gloo_port(cfg)}",
-        job_id=name,
-    )
+    return host_layout(lambda role, i: pod_host(cfg, name, role, i), cfg.ps.servers, cfg.ps.workers,
+                       cfg.cluster.paddle_port, gloo_port(cfg), job_id=name)
 
 
 def role_env_template(cfg: CtrConfig, layout: ClusterLayout, role: Role) -> list[dict]:
