@@ -28,7 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from components.config import CtrConfig
+from components.config import CtrConfig, is_remote_uri
 
 # What the run directory gets from the evaluation directory (the Metrics artifact's path).
 EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png")
@@ -136,7 +136,7 @@ def local_config(cfg: CtrConfig) -> CtrConfig:
     """
     run_dir = Path(cfg.run_dir).expanduser().resolve()
     uri = cfg.checkpoint.uri
-    if "://" not in uri or uri.startswith("file://"):
+    if not is_remote_uri(uri):
         checkpoint = Path(uri.removeprefix("file://")).expanduser()
         uri = str((checkpoint if checkpoint.is_absolute() else run_dir / checkpoint).resolve())
     return dataclasses.replace(cfg, run_dir=str(run_dir), checkpoint=dataclasses.replace(cfg.checkpoint, uri=uri))

@@ -254,6 +254,17 @@ class FakeCluster:
         self.deleted.append((body["kind"], name, propagation))
 
 
+def _succeeding_controller(bodies: list[dict]) -> Callable[[FakeCluster, dict], None]:
+    """A controller whose job succeeds at once (worker 0 exits 0); it keeps the bodies it was given."""
+
+    def controller(cluster, body):
+        bodies.append(body)
+        cluster.add_pod(body, "worker", 0).end(0)
+        cluster.statuses[body["metadata"]["name"]] = lambda: COMPLETED
+
+    return controller
+
+
 def _launcher(cfg, tmp_path, cluster: FakeCluster, echoed: list[str]) -> KubernetesJob:
     return KubernetesJob(cfg, DATA_URI, tmp_path / "logs", echo=echoed.append, apis=cluster.apis(), poll_s=POLL_S)
 
@@ -304,12 +315,7 @@ def test_success_streams_worker0_returns_its_events_and_deletes_the_objects(tmp_
 
 def test_objects_are_owned_by_the_launcher_pod(tmp_path, launcher_pod):
     bodies = []
-
-    def controller(cluster, body):
-        bodies.append(body)
-        cluster.add_pod(body, "worker", 0).end(0)
-        cluster.statuses[body["metadata"]["name"]] = lambda: COMPLETED
-
+    controller = _succeeding_controller(bodies)
     _launcher(_cfg(tmp_path), tmp_path, FakeCluster(controller), []).run()
     (jobset,) = bodies
     assert jobset["metadata"]["namespace"] == NAMESPACE
@@ -542,12 +548,7 @@ def test_a_job_whose_pods_never_start_fails_with_the_reason_and_is_deleted(tmp_p
 
 def test_pods_read_a_minio_artifact_through_s3(tmp_path, launcher_pod):
     bodies = []
-
-    def controller(cluster, body):
-        bodies.append(body)
-        cluster.add_pod(body, "worker", 0).end(0)
-        cluster.statuses[body["metadata"]["name"]] = lambda: COMPLETED
-
+    controller = _succeeding_controller(bodies)
     KubernetesJob(_cfg(tmp_path), "minio://mlpipeline/v2/artifacts/ctr/prepare-data/dataset", tmp_path / "logs",
                   echo=lambda line: None, apis=FakeCluster(controller).apis(), poll_s=POLL_S).run()
     env = {e["name"]: e.get("value") for e in _pod_templates(bodies[0])["worker"]["spec"]["containers"][0]["env"]}

@@ -23,7 +23,8 @@ from typing import Optional
 
 import yaml
 
-from components.config import ConfigError, CtrConfig, DataSource, from_dict, register_configs, validate
+from components.config import (ConfigError, CtrConfig, DataSource, from_dict, is_remote_uri, register_configs,
+                               validate)
 from components.train.env import ClusterLayout, Role, host_layout, role_env
 from components.train.job import SPEC_ENV, job_spec
 # The container contract the pods use too: the scratch directory and the gloo port rule.
@@ -56,7 +57,7 @@ def ready_endpoints(layout: ClusterLayout, server: int) -> list[str]:
 
 
 def _local_path(uri: str) -> Optional[str]:
-    return uri.removeprefix("file://") if "://" not in uri or uri.startswith("file://") else None
+    return None if is_remote_uri(uri) else uri.removeprefix("file://")
 
 
 def _check(cfg: CtrConfig) -> None:
