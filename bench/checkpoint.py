@@ -53,7 +53,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from components.checkpoint_store import CheckpointStore, make_id  # noqa: E402
+from components.checkpoint.store import CheckpointStore, make_id  # noqa: E402
 
 BUCKET = "ckpt-bench"
 FAKE_ENV = {
@@ -169,7 +169,7 @@ class _Retries(logging.Handler):
 def run(args) -> dict:
     os.environ.update(FAKE_ENV)
     retries = _Retries()
-    logging.getLogger("components.checkpoint_store").addHandler(retries)
+    logging.getLogger("components.checkpoint.store").addHandler(retries)
     load = os.getloadavg()[0]
     work = Path(tempfile.mkdtemp(prefix="ckpt-bench-", dir=args.work))
     try:

@@ -3,7 +3,7 @@ and how evenly the default ``shard_num`` spreads Zipf-skewed ids over the server
 
     python bench/memory.py [--quick] [--work DIR] [--out bench/results/memory.md]
 
-What runs (real local PS jobs through ``components.train.launcher.LocalJob``, one at a time; 2 servers,
+What runs (real local PS jobs through ``components.train.step.launch_ps_job``, one at a time; 2 servers,
 2 workers, batch 256, one pass, adagrad, a DNN with one hidden layer of 16):
 
 * **bytes per row**: for each table (``MemorySparseTable`` at dim 9 and 33, ``SSDSparseTable`` at dim 9), two
@@ -12,7 +12,7 @@ What runs (real local PS jobs through ``components.train.launcher.LocalJob``, on
   of keys per batch (nearly every key of a batch is distinct either way), so what differs between them is the
   rows the servers hold. The launcher samples each server's VmRSS every 0.2 s (``JobResult.server_memory``):
   *growth* = peak RSS - RSS when the server started serving (its table empty). Rows per server are counted
-  from the checkpoint (``@checkpoint`` event: the export's ids routed with ``planner.server_of``).
+  from the checkpoint (``@checkpoint`` event: the export's ids routed with ``components.ps.sharding.server_of``).
 
   - **measured B/row** = (growth_large - growth_small) / (rows_large - rows_small), per server, averaged over
     the servers: the slope, free of what does not scale with rows (RPC buffers, arenas);
@@ -45,7 +45,7 @@ from components.config import from_dict  # noqa: E402
 from components.data_prep.prepare import prepare_synthetic  # noqa: E402
 from components.data_prep.synthetic import SyntheticSpec  # noqa: E402
 from components.train import planner  # noqa: E402
-from components.train.launcher import run_local_job  # noqa: E402
+from components.train.step import launch_ps_job  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "memory.md"
 DATA_ROWS = 100_000
@@ -78,7 +78,7 @@ def run_job(data_dir: Path, work: Path, *, servers: int, dim: int = 9, table_cla
         "checkpoint": {"uri": str(work / "ckpt")},
         "run_dir": str(work),
     })
-    result = run_local_job(cfg, data_dir, work / "logs", echo=lambda line: None)
+    result = launch_ps_job(cfg, data_dir, work / "logs", echo=lambda line: None)
     rows = result.checkpoints[-1]["servers"]["rows"]
     return {"rows": rows, "memory": result.server_memory, "plan": result.plan, "seconds": result.seconds}
 

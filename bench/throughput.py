@@ -5,7 +5,7 @@
 What runs (same synthetic data, same DNN: embedding dim 9, hidden [256, 128], batch 256, threads 1, async PS,
 adagrad sparse table, Adam on dense; one epoch):
 
-* **ours** -- ``components.train.launcher.run_local_job``: our role processes, ``QueueDataset`` +
+* **ours** -- ``components.train.step.launch_ps_job``: our role processes, ``QueueDataset`` +
   ``train_from_dataset``, progress handler, global AUC, checkpoint + export at the end.
 * **hand-written feed** -- ``bench/handwritten_fleet.py --loop feed``: a self-contained fleet script that parses
   the shard files in Python and calls ``exe.run(feed=...)`` per batch (the seed article's way). It is slow, so it
@@ -13,7 +13,7 @@ adagrad sparse table, Adam on dense; one epoch):
 * **hand-written dataset** -- the same script with ``--loop dataset`` (``QueueDataset`` + ``train_from_dataset``).
 
 Each for every layout (default 1 server/1 worker and 2 servers/2 workers). The hand-written processes get
-the environment ours get (``components.train.env.role_env`` over a fresh ``local_layout``; no
+the environment ours get (``components.ps.contract.role_env`` over a fresh ``local_layout``; no
 ``paddle.distributed.launch``) except ``FLAGS_LAUNCH_BARRIER``, so they keep Paddle's own wait for the servers, each in its own process group, killed (SIGTERM, then SIGKILL) when the job ends
 or fails; leftovers are checked for with ``pgrep`` after every job.
 
@@ -25,7 +25,7 @@ Measures:
   seconds of the ``@epoch`` event in ``JobResult.epochs`` (worker 0's loop; the workers start together after a
   barrier and hold equally many rows).
 * **to 1st batch** = seconds from the job's command start (just before the first process is spawned, or just
-  before ``run_local_job`` is called) to the training loop's start on the first worker. Hand-written: the
+  before ``launch_ps_job`` is called) to the training loop's start on the first worker. Hand-written: the
   timestamp the worker prints (feed: just before its first ``exe.run``; dataset: just before
   ``train_from_dataset``). Ours: derived from the first ``@progress`` line each worker sends:
   ``loop start = time the line arrived - examples / examples_per_s`` (both computed by the worker against its
@@ -35,7 +35,7 @@ Measures:
 * **ours / best** = ours' examples/s divided by the best hand-written examples/s of the layout.
 
 Before every job the script waits (polling every 10 s, up to 10 minutes) until no other PS job
-(``components.train.role``, ``paddle.distributed.launch``, the hand-written script) is running on the machine.
+(``components.ps.role``, ``paddle.distributed.launch``, the hand-written script) is running on the machine.
 The table is printed and written to ``bench/results/throughput.md``. On the 2-core dev machine the default run
 (400k rows) takes about 3 minutes, ``--quick`` (60k rows, 6 s feed cap) under 2, plus any wait for other jobs.
 The generated data is cached in ``--work`` (default ``$TMPDIR/paddle-ps-bench``, ~130 MB for 400k rows).
@@ -63,13 +63,14 @@ sys.path.insert(0, str(ROOT))
 
 from components.config import from_dict  # noqa: E402
 from components.data_prep.prepare import prepare_synthetic  # noqa: E402
-from components.train.env import Role, local_layout, role_env  # noqa: E402
-from components.train.launcher import run_local_job  # noqa: E402
+from components.ps.contract import Role, role_env  # noqa: E402
+from components.train.backends.local import local_layout  # noqa: E402
+from components.train.step import launch_ps_job  # noqa: E402
 
 STEPS = {"ours": "ours", "feed": "hand-written feed", "dataset": "hand-written dataset"}
 HANDWRITTEN = ROOT / "bench" / "handwritten_fleet.py"
 RESULTS = ROOT / "bench" / "results" / "throughput.md"
-BUSY_PATTERNS = ("components.train.role", "paddle.distributed.launch", "handwritten_fleet.py")
+BUSY_PATTERNS = ("components.ps.role", "paddle.distributed.launch", "handwritten_fleet.py")
 
 EMB_DIM, HIDDEN, BATCH, THREADS, VOCAB = 9, [256, 128], 256, 1, 1 << 20
 JOB_TIMEOUT_S = 600.0
@@ -182,7 +183,7 @@ def run_ours(servers: int, workers: int, data_dir: Path, work: Path) -> dict:
     })
     echo = OursEcho()
     started = time.time()
-    result = run_local_job(cfg, data_dir, work / "logs", echo=echo)
+    result = launch_ps_job(cfg, data_dir, work / "logs", echo=echo)
     wall = time.time() - started
     left = leftovers(str(work))
     if left:

@@ -156,9 +156,13 @@ class EvalConfig:
     calibration_bins: int = 10
 
 
+# The image every pipeline step and PS pod runs unless the cluster config names another (containers/Dockerfile).
+DEFAULT_IMAGE = "paddle-ps-pipelines:0.1.0"
+
+
 @dataclass
 class ImageConfig:
-    name: str = "paddle-ps-pipelines:0.1.0"
+    name: str = DEFAULT_IMAGE
     digest: Optional[str] = None  # "sha256:<64 hex>": when set, pods pull name@digest
 
     @property
@@ -196,7 +200,6 @@ class SecretEnv:
 
 @dataclass
 class ClusterConfig:
-    name: str = "local"
     runner: PipelineRunner = PipelineRunner.local
     backend: ClusterBackend = ClusterBackend.local
     # Kubeflow Pipelines (runner=kubeflow)

@@ -13,8 +13,8 @@ A serving model directory (written by :func:`export_inference_model`)::
                       checkpoint (its path, or store URI and id; MANIFEST.json sha256), Paddle version,
                       table shape and dtype, vocab_size
 
-The program is the one :class:`components.evaluate.evaluate.Scorer` runs
-(:func:`components.evaluate.evaluate.build_program`), so the served model scores exactly like the evaluation.
+The program is the one :class:`components.evaluate.scoring.Scorer` runs
+(:func:`components.evaluate.scoring.build_program`), so the served model scores exactly like the evaluation.
 The directory is staged next to ``out`` and renamed into place: it is complete or absent.
 
 How to run it on new data
@@ -64,10 +64,10 @@ from typing import Any, Optional, Sequence
 
 import numpy as np
 
-from components import checkpoint as ckpt_io
+from components.checkpoint import format as ckpt_io
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
-from components.evaluate.evaluate import Scorer, predict_batches
-from components.train.strategy import EMBEDDING_TABLE
+from components.evaluate.scoring import Scorer, predict_batches
+from components.ps.models import EMBEDDING_TABLE
 
 FORMAT = 1
 MODEL_PREFIX = "model"  # model.pdmodel + model.pdiparams

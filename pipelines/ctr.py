@@ -41,14 +41,14 @@ def run(cfg: DictConfig) -> float:
         from pipelines.kubeflow import run_kubeflow
 
         return run_kubeflow(typed)
-    from pipelines.local import local_config, run_local
+    from pipelines.local import local_config, run_pipeline_locally
 
     typed = local_config(typed)
     check_restore(typed)
     run_dir = Path(typed.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))))
-    metrics = run_local(typed)
+    metrics = run_pipeline_locally(typed)
     return float(metrics[typed.objective])
 
 

@@ -97,7 +97,7 @@ class _PlainDumper(yaml.SafeDumper):
 
 def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
     """Compile the pipeline and write the run directory's files; returns the pipeline YAML's path."""
-    from components.train.manifests import launcher_rbac
+    from components.train.backends.manifests import launcher_rbac
 
     run_dir.mkdir(parents=True, exist_ok=True)
     pipeline_path = Path(compile_pipeline(cfg, run_dir / PIPELINE_FILE))
@@ -212,9 +212,9 @@ def run_metrics(submitted: SubmittedRun) -> tuple[str, dict]:
     Raises :class:`RunError` when they cannot be read or are not of a checkpoint the run made (a checkpoint
     id made before the submission: what an earlier run at the same ``checkpoint_uri`` left).
     """
-    from components.checkpoint import CheckpointError
-    from components.checkpoint_store import id_time
-    from components.evaluate.step import EVALUATION_FILE, read_evaluation
+    from components.checkpoint.evaluation import EVALUATION_FILE, read_evaluation
+    from components.checkpoint.format import CheckpointError
+    from components.checkpoint.store import id_time
 
     name = f"Kubeflow run {submitted.run_id}"
     uri = submitted.parameters["checkpoint_uri"]
@@ -267,7 +267,7 @@ def run_kubeflow(cfg: CtrConfig) -> float:
         ("record", str(run_dir / RUN_FILE))])
     if not cfg.cluster.wait:
         return math.nan
-    from components.checkpoint import write_json_atomic
+    from components.checkpoint.format import write_json_atomic
 
     wait_for_run(cfg, submitted)
     checkpoint, metrics = run_metrics(submitted)

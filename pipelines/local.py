@@ -142,7 +142,7 @@ def local_config(cfg: CtrConfig) -> CtrConfig:
     return dataclasses.replace(cfg, run_dir=str(run_dir), checkpoint=dataclasses.replace(cfg.checkpoint, uri=uri))
 
 
-def run_local(cfg: CtrConfig) -> dict:
+def run_pipeline_locally(cfg: CtrConfig) -> dict:
     """Execute :func:`pipelines.pipeline.ctr_pipeline` with kfp.local; returns the test metrics.
 
     Raises :class:`PipelineRunError` naming the failed step and quoting its error.

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real S3 endpoint on loopback (moto's server), as s3fs's own test suite uses.
+"""Shared fixtures: the real config composed through Hydra, ``../shared`` beside the checkout, and a real S3
+endpoint on loopback (moto's server), as s3fs's own test suite uses.
 
 Nothing here reaches the internet: the server listens on 127.0.0.1, and the AWS variables (fake credentials,
 region, ``AWS_ENDPOINT_URL``) point botocore/s3fs at it for the duration of one test.
@@ -11,8 +12,71 @@ import socket
 import threading
 import urllib.request
 import uuid
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+# ../shared beside the checkout: the real Criteo samples and the CRDs. CI has it; a clone on its own does not,
+# and the tests that read it skip, saying why.
+SHARED = ROOT.parent / "shared"
+CRITEO = SHARED / "data" / "criteo"
+SCHEMAS = SHARED / "schemas"
+needs_criteo = pytest.mark.skipif(not CRITEO.is_dir(), reason=f"{CRITEO} (../shared beside the checkout) is absent")
+needs_schemas = pytest.mark.skipif(not SCHEMAS.is_dir(), reason=f"{SCHEMAS} (../shared beside the checkout) is absent")
+# The overrides of a Kubeflow config that compiles without a cluster.
+PROD = ("+cluster=prod", "cluster.submit=false", "checkpoint.uri=s3://b/ckpt")
+
+
+def compose_config(run_dir, *overrides: str):
+    """The real ``conf/`` composed with Hydra ``overrides``, as ``python -m pipelines.ctr`` composes it (a
+    DictConfig; :func:`components.config.from_dict` types it)."""
+    from hydra import compose, initialize_config_dir
+
+    from components.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose("config", overrides=[f"run_dir={run_dir}", *overrides])
+
+
+def commit_staged_checkpoint(staged: Path, meta: dict) -> Path:
+    """``staged`` (a checkpoint's files, e.g. an export written by ``save_export``) committed by a local
+    checkpoint store beside it, as a training job commits one; returns the committed checkpoint's directory."""
+    from components.checkpoint.store import CheckpointStore, make_id
+
+    store = CheckpointStore(str(staged.parent / f"{staged.name}.store"))
+    ckpt_id = make_id(1, 0)
+    store.commit(ckpt_id, store.upload_dir(staged, ckpt_id), meta)
+    return Path(store.fs_path(ckpt_id))
+
+
+def score_serving_model(serving_dir, data_dir) -> dict:
+    """The test split of ``data_dir`` scored by an exported serving model: ``{"labels", "preds", "metrics"}``,
+    what a check that the served model is the evaluated one needs."""
+    from components.evaluate.metrics import binary_metrics
+    from components.evaluate.scoring import read_test_split
+    from components.serving import InferenceModel
+
+    model = InferenceModel.load(serving_dir)
+    labels, dense, sparse = read_test_split(data_dir, model.schema)
+    preds = model.predict(dense, sparse)
+    return {"labels": labels, "preds": preds, "metrics": binary_metrics(labels, preds)}
+
+
+@pytest.fixture
+def composed(tmp_path):
+    """``composed(*overrides, run_dir=tmp_path)``: :func:`compose_config` of this test."""
+    return lambda *overrides, run_dir=tmp_path: compose_config(run_dir, *overrides)
+
+
+@pytest.fixture
+def config(composed):
+    """``config(*overrides, run_dir=tmp_path)``: the composed config, typed (a CtrConfig)."""
+    from components.config import from_dict
+
+    return lambda *overrides, **kwargs: from_dict(composed(*overrides, **kwargs))
 
 # A recognisable fake secret: tests assert it never shows up in an error message or a log line.
 FAKE_SECRET = "fake-secret-Zq8vX2kP9wLm4nR7"

@@ -1,31 +1,18 @@
 """The real conf/ composed through Hydra: every group option, and every validation error."""
 
-from pathlib import Path
-
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 
-import pipelines
-from components.config import ConfigError, Mode, ModelName, from_dict, register_configs, validate
-
-PROD = ["+cluster=prod", "cluster.submit=false", "checkpoint.uri=s3://b/ckpt"]
-CONF = Path(pipelines.__file__).resolve().parent.parent / "conf"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "criteo"
+from components.config import ConfigError, Mode, ModelName, from_dict, validate
+from tests.conftest import CRITEO, PROD, needs_criteo
 
 
-def _config(tmp_path, *overrides):
-    register_configs()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return from_dict(compose("config", overrides=[f"run_dir={tmp_path}", *overrides]))
-
-
-def test_defaults(tmp_path):
-    cfg = _config(tmp_path)
+def test_defaults(config, tmp_path):
+    cfg = config()
     validate(cfg)
     assert cfg.ps.mode is Mode["async"] and (cfg.ps.servers, cfg.ps.workers) == (2, 2)
     assert cfg.model.name is ModelName.dnn
-    assert cfg.cluster.name == "local"
+    assert cfg.cluster.runner.value == "local" and cfg.cluster.backend.value == "local"
     assert cfg.checkpoint.uri == f"{tmp_path}/checkpoint"
     assert cfg.checkpoint.export_dtype.value == "float32"
 
@@ -34,8 +21,8 @@ def test_defaults(tmp_path):
     ("model", "dnn"), ("model", "wide_deep"), ("model", "deepfm"),
     ("ps", "async"), ("ps", "sync"), ("ps", "geo"), ("table", "memory"), ("table", "ssd"),
 ])
-def test_every_group_option_composes(tmp_path, group, option):
-    cfg = _config(tmp_path, f"{group}={option}")
+def test_every_group_option_composes(config, group, option):
+    cfg = config(f"{group}={option}")
     validate(cfg)
     if group == "ps":
         assert cfg.ps.mode.value == option
@@ -43,8 +30,8 @@ def test_every_group_option_composes(tmp_path, group, option):
         assert cfg.model.name.value == option
 
 
-def test_cluster_is_added_explicitly(tmp_path):
-    assert _config(tmp_path, "+cluster=local").cluster.backend.value == "local"
+def test_cluster_is_added_explicitly(config):
+    assert config("+cluster=local").cluster.backend.value == "local"
 
 
 @pytest.mark.parametrize("override,allowed", [
@@ -54,10 +41,10 @@ def test_cluster_is_added_explicitly(tmp_path):
     ("table.table_class=HashTable", "[MemorySparseTable, SSDSparseTable]"),
     ("checkpoint.export_dtype=bfloat16", "[float32, float16]"),
 ])
-def test_closed_vocabularies_fail_at_composition(tmp_path, override, allowed):
+def test_closed_vocabularies_fail_at_composition(config, override, allowed):
     key, _, value = override.partition("=")
     with pytest.raises(ConfigCompositionException) as err:
-        _config(tmp_path, override)
+        config(override)
     message = str(err.value.__cause__)
     assert f"Invalid value '{value}'" in message and allowed in message and key in message
 
@@ -94,40 +81,71 @@ def test_closed_vocabularies_fail_at_composition(tmp_path, override, allowed):
     (["table.eviction.enabled=true", "table.eviction.show_click_decay_rate=1.5"],
      "table.eviction.show_click_decay_rate", 1.5),
 ])
-def test_validation_names_key_value_and_allowed(tmp_path, overrides, key, value):
-    cfg = _config(tmp_path, *overrides)
+def test_validation_names_key_value_and_allowed(config, overrides, key, value):
+    cfg = config(*overrides)
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert err.value.key == key and err.value.value == value
     assert f"config key '{key}' has value {value!r}; allowed:" in str(err.value)
 
 
-def test_ssd_table_refuses_resume_and_says_why(tmp_path):
+def test_ssd_table_refuses_resume_and_says_why(config):
     """A save of an SSD table would hang the job, so nothing that needs one is accepted."""
     with pytest.raises(ConfigError) as err:
-        validate(_config(tmp_path, "table=ssd", "checkpoint.resume=latest"))
+        validate(config("table=ssd", "checkpoint.resume=latest"))
     assert "'none' with table.table_class=SSDSparseTable" in str(err.value)
     assert "every save hangs" in str(err.value) and "use table=memory" in str(err.value)
 
 
-@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/data/criteo is not beside the checkout")
-def test_real_data_uri_and_glob_pass(tmp_path):
-    for uri in (SHARED / "raw_criteo_sample.tsv", SHARED / "*.tsv"):
-        validate(_config(tmp_path, "data=criteo", f"data.uri={uri}"))
+@needs_criteo
+def test_real_data_uri_and_glob_pass(config):
+    for uri in (CRITEO / "raw_criteo_sample.tsv", CRITEO / "*.tsv"):
+        validate(config("data=criteo", f"data.uri={uri}"))
 
 
-def test_struct_round_trip_restores_ints(tmp_path):
+def test_struct_round_trip_restores_ints(config, tmp_path):
     """KFP carries the config as a protobuf Struct: every number arrives as a float."""
-    cfg = _config(tmp_path)
+    cfg = config()
     as_struct = {"ps": {"workers": 2.0, "epochs": 1.0}, "table": {"learning_rate": 0.05}, "run_dir": str(tmp_path)}
     rebuilt = from_dict(as_struct)
     assert rebuilt.ps.workers == 2 and isinstance(rebuilt.ps.workers, int)
     assert rebuilt.table.learning_rate == cfg.table.learning_rate
 
 
-def test_a_kubeflow_driver_leaves_listing_the_data_to_the_cluster(tmp_path):
-    cfg = _config(tmp_path, *PROD, "data=criteo", "data.uri=s3://no-such-bucket-here/day_*.tsv")
+def test_a_kubeflow_driver_leaves_listing_the_data_to_the_cluster(config):
+    cfg = config(*PROD, "data=criteo", "data.uri=s3://no-such-bucket-here/day_*.tsv")
     validate(cfg, check_storage=False)  # the run's first step lists it, with the cluster's credentials
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert err.value.key == "data.uri"
+
+
+def _leaves(node, prefix=""):
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _leaves(value, f"{prefix}{key}.")
+    else:
+        yield prefix[:-1], node
+
+
+def test_no_option_file_merely_repeats_a_schema_default():
+    """A group option sets only what makes it that option: a value equal to the schema's default is allowed
+    only where another option of the group sets the key otherwise (``model/dnn.yaml``'s ``name: dnn``)."""
+    import yaml
+    from omegaconf import OmegaConf
+
+    from components.config import CtrConfig
+    from tests.conftest import CONF
+
+    defaults = OmegaConf.to_container(OmegaConf.structured(CtrConfig), enum_to_str=True)
+    repeats = []
+    for group_dir in sorted(p for p in CONF.iterdir() if p.is_dir() and p.name in defaults):
+        options = {f.stem: dict(_leaves(yaml.safe_load(f.read_text()) or {})) for f in group_dir.glob("*.yaml")}
+        for option, leaves in options.items():
+            for key, value in leaves.items():
+                default = OmegaConf.select(OmegaConf.create(defaults[group_dir.name]), key)
+                default = OmegaConf.to_container(default) if OmegaConf.is_config(default) else default
+                distinguishes = any(other.get(key, default) != value for other in options.values())
+                if value == default and not distinguishes:
+                    repeats.append(f"{group_dir.name}/{option}.yaml: {key}: {value!r}")
+    assert not repeats, "option files repeat schema defaults:\n" + "\n".join(repeats)

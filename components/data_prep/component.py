@@ -4,10 +4,10 @@
 from kfp import dsl
 from kfp.dsl import Dataset, Output
 
-from components.images import PIPELINE_IMAGE
+from components.config import DEFAULT_IMAGE
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
 def prepare_data(config: dict, dataset: Output[Dataset]):
     """Synthetic or file data -> sharded MultiSlot train/test splits + stats.json."""
     from components.data_prep.step import dataset_metadata, prepare_dataset

@@ -4,10 +4,10 @@
 from kfp import dsl
 from kfp.dsl import HTML, ClassificationMetrics, Dataset, Input, Metrics, Model, Output
 
-from components.images import PIPELINE_IMAGE
+from components.config import DEFAULT_IMAGE
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
 def evaluate_model(config: dict, dataset: Input[Dataset], checkpoint: Input[Model], metrics: Output[Metrics],
                    roc: Output[ClassificationMetrics], report: Output[HTML]):
     """Test-split metrics of the trained checkpoint, its ROC curve and an HTML report."""

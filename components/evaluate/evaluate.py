@@ -1,191 +1,23 @@
-"""Scores the test split with a model loaded from a committed checkpoint (never the in-memory model).
+"""The evaluation of a checkpoint on the test split: metrics, ROC curve, calibration, the report.
 
-The network is rebuilt from ``model.json`` with a local embedding table holding the exported rows, in
-their exported dtype (a float16 table's looked-up rows are widened to float32, exactly, before the network);
-ids the servers never saw map to a zero row (the PS would create them with near-zero weights).
-:func:`build_program` is the one place that builds that program: :class:`Scorer` runs it here, and
-:func:`components.serving.export_inference_model` saves it in Paddle's inference format.
+The checkpoint is scored by :class:`components.evaluate.scoring.Scorer`, the program the serving model runs too.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 import numpy as np
 
-from components import checkpoint as ckpt_io
-from components.config import EvalConfig, ModelConfig, from_dict
-from components.data_prep.multislot import RaggedIds, Schema, read_shards
+from components.checkpoint import format as ckpt_io
+from components.config import EvalConfig
+from components.data_prep.multislot import Schema
 from components.evaluate import metrics as metric_fns
 from components.evaluate import report
-from components.train import models
-from components.train.strategy import EMBEDDING_TABLE
-
-SCORE_BATCH = 8192
-
-
-@dataclass
-class LocalProgram:
-    """A CTR network as a local static program with a plain embedding table of ``table_shape``."""
-
-    main: Any
-    startup: Any
-    feeds: models.Feeds
-    prob: Any  # [batch, 1] click probability
-    table_shape: tuple[int, int]
-    table_dtype: str  # float32 or float16
-
-    def input_vars(self) -> list:
-        """What inference feeds, in MultiSlot slot order without the label: ``dense`` (if any), sparse slots."""
-        return ([self.feeds.dense] if self.feeds.dense is not None else []) + list(self.feeds.sparse)
-
-
-def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embedding_dim: int,
-                  table_dtype: str = "float32") -> LocalProgram:
-    """The network of ``model_cfg`` over a local ``[table_rows, embedding_dim]`` table named ``EMBEDDING_TABLE``.
-
-    Its dense parameters carry the names the PS programs give them, so a checkpoint's export maps onto it.
-    A ``float16`` table stays float16 (half the table's bytes, in memory and in a saved inference model); the
-    network computes in float32 on its rows, as it does on a float32 table.
-    """
-    import paddle
-
-    paddle.enable_static()
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    shape = (int(table_rows), int(embedding_dim))
-    with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
-        feeds = models.create_feeds(schema)
-
-        def lookup(slot):
-            rows = paddle.static.nn.embedding(slot, size=list(shape), dtype=table_dtype,
-                                              param_attr=paddle.ParamAttr(name=EMBEDDING_TABLE))
-            return rows if table_dtype == "float32" else paddle.cast(rows, "float32")  # keeps the LoD
-
-        prob = paddle.nn.functional.sigmoid(models.net(model_cfg, feeds, lookup, shape[1]))
-    return LocalProgram(main, startup, feeds, prob, shape, table_dtype)
-
-
-def local_table(checkpoint: ckpt_io.Checkpoint) -> np.ndarray:
-    """The checkpoint's rows (in their exported dtype) plus a last, zero row: the row of every id the servers
-    never saw."""
-    dim = checkpoint.rows.shape[1]
-    return np.vstack([checkpoint.rows, np.zeros((1, dim), checkpoint.rows.dtype)])
-
-
-def checkpoint_program(checkpoint: ckpt_io.Checkpoint) -> tuple[LocalProgram, dict[str, np.ndarray]]:
-    """The checkpoint's network (:func:`build_program`) and the value of each of its parameters.
-
-    Raises :class:`~components.checkpoint.CheckpointError` when the checkpoint lacks one of them.
-    """
-    model_cfg = from_dict({"model": checkpoint.meta["model"]}).model
-    schema = Schema.from_dict(checkpoint.meta["schema"])
-    table = local_table(checkpoint)
-    program = build_program(model_cfg, schema, *table.shape, table_dtype=table.dtype.name)
-    params = {**checkpoint.dense, EMBEDDING_TABLE: table}
-    missing = [p.name for p in program.main.all_parameters() if p.name not in params]
-    if missing:
-        raise ckpt_io.CheckpointError(f"checkpoint lacks parameters {missing} of model {model_cfg.name.value}")
-    return program, {p.name: params[p.name] for p in program.main.all_parameters()}
-
-
-def row_indices(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
-    """Global feature ids -> row indices of the local table: the position in the sorted ``ids``;
-    an id not in ``ids`` gets ``len(ids)``, the zero row."""
-    values = np.asarray(values).astype(np.uint64)
-    if len(ids) == 0:
-        return np.zeros(len(values), np.int64)
-    pos = np.minimum(np.searchsorted(ids, values), len(ids) - 1)
-    return np.where(ids[pos] == values, pos, len(ids)).astype(np.int64)
-
-
-def predict_batches(run: Callable[[dict], np.ndarray], ids: np.ndarray, dense_name: Optional[str],
-                    sparse_names: list[str], dense: np.ndarray, sparse: list[RaggedIds],
-                    batch: int = SCORE_BATCH) -> np.ndarray:
-    """Probabilities of every row, ``run(feed)`` scoring one batch.
-
-    ``feed`` maps ``dense_name`` to a float32 ``[b, dense_dim]`` array and each sparse name to a LoD tensor
-    of row indices (:func:`row_indices`) with one sequence per example.
-    """
-    import paddle
-
-    if len(sparse) != len(sparse_names):
-        raise ValueError(f"the model reads {len(sparse_names)} sparse slots, got {len(sparse)}")
-    n = len(sparse[0].offsets) - 1 if sparse else len(dense)
-    if dense_name is not None:
-        dense = np.asarray(dense, dtype=np.float32)
-        if dense.ndim != 2 or len(dense) != n:
-            raise ValueError(f"dense features must be a [{n}, dense_dim] array, got shape {dense.shape}")
-    out = np.empty(n, dtype=np.float32)
-    for start in range(0, n, batch):
-        stop = min(start + batch, n)
-        feed: dict[str, Any] = {}
-        if dense_name is not None:
-            feed[dense_name] = dense[start:stop]
-        for name, slot in zip(sparse_names, sparse):
-            if len(slot.offsets) != n + 1:
-                raise ValueError(f"sparse slot {name} holds {len(slot.offsets) - 1} rows, expected {n}")
-            lo, hi = int(slot.offsets[start]), int(slot.offsets[stop])
-            tensor = paddle.base.core.LoDTensor()
-            tensor.set(row_indices(ids, slot.values[lo:hi]).reshape(-1, 1), paddle.CPUPlace())
-            tensor.set_lod([(slot.offsets[start:stop + 1] - lo).tolist()])
-            feed[name] = tensor
-        out[start:stop] = np.asarray(run(feed)).ravel()
-    return out
-
-
-class Scorer:
-    """A checkpoint's model as a local Paddle program: ``predict(dense, sparse) -> probabilities``."""
-
-    def __init__(self, checkpoint: ckpt_io.Checkpoint):
-        import paddle
-
-        self.paddle = paddle
-        self.ids = checkpoint.ids
-        self.schema = Schema.from_dict(checkpoint.meta["schema"])
-        self.program, params = checkpoint_program(checkpoint)
-        self.main, self.feeds, self.prob = self.program.main, self.program.feeds, self.program.prob
-        self.scope = paddle.static.Scope()
-        self.exe = paddle.static.Executor(paddle.CPUPlace())
-        with paddle.static.scope_guard(self.scope):
-            self.exe.run(self.program.startup)
-        for name, value in params.items():
-            self.scope.find_var(name).get_tensor().set(value, paddle.CPUPlace())
-
-    def _run(self, feed: dict) -> np.ndarray:
-        with self.paddle.static.scope_guard(self.scope):
-            (prob,) = self.exe.run(self.main, feed=feed, fetch_list=[self.prob])
-        return prob
-
-    def predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
-        dense_name = self.feeds.dense.name if self.feeds.dense is not None else None
-        return predict_batches(self._run, self.ids, dense_name, [v.name for v in self.feeds.sparse], dense, sparse)
-
-
-def read_test_split(data_dir: str | os.PathLike,
-                    schema: Optional[Schema] = None) -> tuple[np.ndarray, np.ndarray, list[RaggedIds]]:
-    """``(labels, dense, sparse)`` of the test split of a prepared dataset (checked against ``schema``)."""
-    stats = json.loads((Path(data_dir) / "stats.json").read_text())
-    data_schema = Schema.from_dict(stats["schema"])
-    if schema is not None and schema.to_dict() != data_schema.to_dict():
-        raise ckpt_io.CheckpointError(f"the model was trained on another feature schema than the data in {data_dir}")
-    return read_shards([Path(data_dir) / p for p in stats["shards"]["test"]], data_schema)
-
-
-def score_serving_model(serving_dir: str | os.PathLike, data_dir: str | os.PathLike) -> dict[str, Any]:
-    """Score the test split of ``data_dir`` with an exported serving model (:mod:`components.serving`).
-
-    Returns ``{"labels", "preds", "metrics"}``: what a check that the served model is the evaluated one needs.
-    """
-    from components.serving import InferenceModel
-
-    model = InferenceModel.load(serving_dir)
-    labels, dense, sparse = read_test_split(data_dir, model.schema)
-    preds = model.predict(dense, sparse)
-    return {"labels": labels, "preds": preds, "metrics": metric_fns.binary_metrics(labels, preds)}
+from components.evaluate.scoring import Scorer, read_test_split
 
 
 def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
@@ -195,11 +27,7 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = ckpt_io.load(checkpoint_dir)
     stats = json.loads((Path(data_dir) / "stats.json").read_text())
-    schema = Schema.from_dict(stats["schema"])
-    if schema.to_dict() != checkpoint.meta["schema"]:
-        raise ckpt_io.CheckpointError(f"checkpoint {checkpoint_dir} was trained on another feature schema "
-                                      f"than the data in {data_dir}")
-    labels, dense, sparse = read_shards([Path(data_dir) / p for p in stats["shards"]["test"]], schema)
+    labels, dense, sparse = read_test_split(data_dir, Schema.from_dict(checkpoint.meta["schema"]))
     preds = Scorer(checkpoint).predict(dense, sparse)
     measured = metric_fns.binary_metrics(labels, preds)
     result = dict(measured)

@@ -14,11 +14,11 @@ from typing import Any, Optional
 
 import numpy as np
 
+from components.checkpoint.evaluation import record_evaluation
+from components.checkpoint.pointer import fetched_checkpoint
 from components.config import from_dict, ints_from_struct
 from components.evaluate.evaluate import evaluate
-from components.train.step import fetched_checkpoint
 
-EVALUATION_FILE = "EVALUATION.json"
 # Training facts from the Model artifact's metadata that the report lists.
 TRAINING_KEYS = ("epochs", "examples", "seconds", "examples_per_s", "final_train_auc")
 
@@ -28,21 +28,6 @@ def training_facts(checkpoint_metadata: Optional[dict]) -> Optional[dict]:
     meta = ints_from_struct(dict(checkpoint_metadata or {}))
     facts = {k: meta[k] for k in TRAINING_KEYS if meta.get(k) is not None}
     return facts or None
-
-
-def record_evaluation(store_uri: str, ckpt_id: str, metrics: dict) -> None:
-    """The test metrics, also beside the checkpoints (``EVALUATION.json`` in the store): whoever knows only a
-    run's checkpoint URI (a sweep waiting on Kubeflow runs) reads its objective there."""
-    from components.checkpoint_store import CheckpointStore
-
-    CheckpointStore(store_uri).write_json(None, EVALUATION_FILE, {"checkpoint": ckpt_id, "metrics": metrics})
-
-
-def read_evaluation(store_uri: str) -> Optional[dict]:
-    """What :func:`record_evaluation` wrote last into the store, or None."""
-    from components.checkpoint_store import CheckpointStore
-
-    return CheckpointStore(store_uri).read_json(None, EVALUATION_FILE)
 
 
 def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkpoint_metadata: Optional[dict],

@@ -4,10 +4,10 @@
 from kfp import dsl
 from kfp.dsl import Input, Model, Output
 
-from components.images import PIPELINE_IMAGE
+from components.config import DEFAULT_IMAGE
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
 def export_model(config: dict, checkpoint: Input[Model], serving_model: Output[Model]):
     """The trained checkpoint as a Paddle inference model (``.pdmodel`` + ``.pdiparams``, ``ids.npy``,
     ``serving.json``), run by ``python -m components.serving predict``."""

@@ -11,7 +11,7 @@ from typing import Any, Optional
 
 from components.config import from_dict
 from components.serving import SERVING_META, export_inference_model
-from components.train.step import fetched_checkpoint
+from components.checkpoint.pointer import fetched_checkpoint
 
 
 def serving_metadata(serving: dict) -> dict:

@@ -3,10 +3,10 @@
 # No `from __future__ import annotations`: KFP reads the component signatures' annotations as types.
 from kfp import dsl
 
-from components.images import PIPELINE_IMAGE
+from components.config import DEFAULT_IMAGE
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
 def resolve_config(config: dict, data_uri: str, epochs: int, learning_rate: float, table_learning_rate: float,
                    batch_size: int, checkpoint_uri: str, resume: str) -> dict:
     """The compiled-in config with this run's parameters applied, validated: what every later step uses."""

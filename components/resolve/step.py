@@ -71,12 +71,12 @@ def config_struct(cfg: CtrConfig) -> dict:
 
 def check_restore(cfg: CtrConfig) -> None:
     """A resume or warm-start target that names no committed checkpoint fails here, before anything starts."""
-    from components.checkpoint import CheckpointError
-    from components.checkpoint_store import CheckpointStore
-    from components.train.checkpointing import restore_source
+    from components.checkpoint.format import CheckpointError
+    from components.checkpoint.restore import restore_target
+    from components.checkpoint.store import CheckpointStore
 
     try:
-        restore_source(CheckpointStore(cfg.checkpoint.uri), cfg.checkpoint.resume, cfg.checkpoint.warm_start)
+        restore_target(CheckpointStore(cfg.checkpoint.uri), cfg.checkpoint.resume, cfg.checkpoint.warm_start)
     except CheckpointError as err:
         key, value = (("checkpoint.warm_start", cfg.checkpoint.warm_start) if "warm_start" in str(err)
                       else ("checkpoint.resume", cfg.checkpoint.resume))

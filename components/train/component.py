@@ -4,10 +4,10 @@
 from kfp import dsl
 from kfp.dsl import Artifact, Dataset, Input, Model, Output
 
-from components.images import PIPELINE_IMAGE
+from components.config import DEFAULT_IMAGE
 
 
-@dsl.component(base_image=PIPELINE_IMAGE, install_kfp_package=False)
+@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
 def train(config: dict, dataset: Input[Dataset], checkpoint: Output[Model], logs: Output[Artifact]):
     """The PS job (servers + workers) on the prepared dataset; checkpoint at ``checkpoint.uri``."""
     from components.train.step import train_model

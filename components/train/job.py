@@ -1,25 +1,24 @@
-"""What every launcher backend shares: the job spec a role process reads, the events it prints, the result.
+"""What every launcher backend shares: the job prepared once before it starts, its events, its result.
 
-A role process (:mod:`components.train.role`) gets its spec as a file (local backend) or in the
-``PS_JOB_SPEC`` environment variable (pods); it prints ``@progress`` / ``@epoch`` / ``@checkpoint`` /
-``@done`` lines, which :class:`EventLog` turns into progress lines and the :class:`JobResult`, whether
-they arrive through a local pipe or a pod's log stream.
+:func:`prepare_job` resolves what every role must agree on (the checkpoint to restore, ``table.shard_num``)
+and plans the table's memory, before any process starts; a backend (:mod:`components.train.backends`) then
+starts the roles with :meth:`PreparedJob.spec`. The roles print events (:mod:`components.ps.contract`),
+which :class:`EventLog` turns into progress lines and the :class:`JobResult`, whether they arrive through a
+local pipe or a pod's log stream.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import threading
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from components.checkpoint.restore import RestoreTarget, restore_target
+from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, to_dict
+from components.ps.contract import CHECKPOINT, EPOCH, PROGRESS, JobSpec, parse_event
 from components.train import planner
-
-PROGRESS, EPOCH, CHECKPOINT, DONE = "@progress", "@epoch", "@checkpoint", "@done"
-SPEC_ENV = "PS_JOB_SPEC"
-RESTART_ENV = "PS_RESTART_ATTEMPT"  # pods: how many times the whole job was restarted before this attempt
 
 
 class PsJobError(RuntimeError):
@@ -33,43 +32,59 @@ class PsJobError(RuntimeError):
 @dataclass
 class JobResult:
     epochs: list[dict]
-    progress: dict[str, dict]
     seconds: float
-    logs: dict[str, str]
     checkpoints: list[dict]  # committed during this job, oldest first: {id, epoch, uri}
-    restored_from: Optional[dict]  # {uri, id, continue}: resumed (continue) or warm-started from
+    restored_from: Optional[RestoreTarget]
     plan: Optional[planner.MemoryPlan] = None  # the sparse table's memory plan (None in geo mode)
     # Local backend: each server's RSS in bytes when it started serving and at its peak while the job ran.
     server_memory: Optional[list[dict]] = None
 
 
-def job_spec(cfg: CtrConfig, data_dir: str, workdir: str, staging_dir: str, restore: Optional[dict]) -> dict:
-    """Everything a role process needs besides its environment.
+@dataclass(frozen=True)
+class PreparedJob:
+    """A PS job's config with everything its roles must agree on resolved, derived once before it starts.
 
-    ``data_dir``: the prepared dataset, a local path or a remote fsspec URL (pods fetch their shards);
-    ``workdir``: the process's scratch directory; ``staging_dir``: where servers save table shards before
-    their uploader moves them to the store (the same path string on every machine).
+    ``cfg``: ``table.shard_num`` resolved (:func:`planned_config`); ``store``: the checkpoint store, cleaned of
+    saves that never committed; ``restore``: what the job starts from; ``plan``: the sparse table's memory plan
+    (None in geo mode), checked to fit.
     """
-    return {"config": to_dict(planned_config(cfg, restore)), "data_dir": data_dir, "workdir": workdir,
-            "staging_dir": staging_dir, "restore": restore}
+
+    cfg: CtrConfig
+    store: CheckpointStore
+    restore: Optional[RestoreTarget]
+    plan: Optional[planner.MemoryPlan]
+
+    def spec(self, data_dir: str, workdir: str, staging_dir: str) -> JobSpec:
+        """The spec every role of this job gets (see :class:`components.ps.contract.JobSpec`)."""
+        return JobSpec(config=to_dict(self.cfg), data_dir=data_dir, workdir=workdir, staging_dir=staging_dir,
+                       restore=self.restore)
+
+    def lines(self) -> list[str]:
+        """What the job starts from and its memory plan, as lines to print before it starts."""
+        return ([self.restore.describe()] if self.restore else []) + plan_lines(self.plan)
 
 
-def planned_config(cfg: CtrConfig, restore: Optional[dict]) -> CtrConfig:
-    """``cfg`` with what every role of the job must agree on resolved: ``table.shard_num``."""
-    shard_num, _ = planner.resolve_shard_num(cfg.table.shard_num, cfg.ps.servers, (restore or {}).get("shard_num"))
-    return dataclasses.replace(cfg, table=dataclasses.replace(cfg.table, shard_num=shard_num))
+def planned_config(cfg: CtrConfig, restore: Optional[RestoreTarget]) -> tuple[CtrConfig, str]:
+    """``(cfg with table.shard_num resolved, where that count comes from)``: a restored table keeps its own."""
+    saved_in = f"checkpoint {restore.id}" if restore else "the checkpoint"
+    shard_num, source = planner.resolve_shard_num(cfg.table.shard_num, cfg.ps.servers,
+                                                  restore.shard_num if restore else None, saved_in)
+    return dataclasses.replace(cfg, table=dataclasses.replace(cfg.table, shard_num=shard_num)), source
 
 
-def plan_job(cfg: CtrConfig, stats: Optional[dict], restore: Optional[dict]) -> Optional[planner.MemoryPlan]:
-    """The sparse table's memory plan; raises ConfigError, before any process starts, when it cannot fit.
-
-    ``stats``: the dataset's ``stats.json`` (its distinct ids bound the rows), when the launcher can read it.
+def prepare_job(cfg: CtrConfig, stats: Optional[dict]) -> PreparedJob:
+    """Resolve what a job starts from and plan its table; raises ConfigError (a table that cannot fit, a
+    shard count a restored table refuses) or CheckpointError (a restore target that does not exist) before
+    any process starts. ``stats``: the dataset's ``stats.json`` (its distinct ids bound the rows), if readable.
     """
-    saved_in = f"checkpoint {restore['id']}" if restore else "the checkpoint"
-    plan = planner.plan_memory(cfg, planner.distinct_train_ids(stats), (restore or {}).get("shard_num"), saved_in)
+    store = CheckpointStore(cfg.checkpoint.uri)
+    store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
+    restore = restore_target(store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
+    planned, shard_source = planned_config(cfg, restore)
+    plan = planner.plan_memory(planned, planner.distinct_train_ids(stats), shard_source)
     if plan is not None:
-        planner.check_fits(cfg, plan)
-    return plan
+        planner.check_fits(planned, plan)
+    return PreparedJob(planned, store, restore, plan)
 
 
 def plan_lines(plan: Optional[planner.MemoryPlan]) -> list[str]:
@@ -99,18 +114,14 @@ class EventLog:
         self.progress: dict[str, dict] = {}
         self.epochs: list[dict] = []
         self.checkpoints: list[dict] = []
-        self.done: set[str] = set()
         self._lock = threading.Lock()
 
     def feed(self, source: str, line: str) -> bool:
         """Take one output line of process ``source``; True when it was an event."""
-        tag, _, payload = line.strip().partition(" ")
-        if tag not in (PROGRESS, EPOCH, CHECKPOINT, DONE):
+        parsed = parse_event(line)
+        if parsed is None:
             return False
-        try:
-            event = json.loads(payload)
-        except json.JSONDecodeError:  # e.g. native output mixed into the line
-            return False
+        tag, event = parsed
         with self._lock:
             if tag == PROGRESS:
                 self.progress[source] = event
@@ -124,6 +135,4 @@ class EventLog:
                 evicted = (f" ({event['evicted']:,} rows evicted since the last checkpoint)"
                            if event.get("evicted") is not None else "")
                 self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}")
-            else:
-                self.done.add(source)
         return True

@@ -1,8 +1,7 @@
 """Sparse-table planning before a PS job starts: rows, bytes per row, memory per server, ``shard_num``.
 
 Pure functions of the config and a few numbers (no Paddle, no I/O), so the plan can be printed, checked and
-tested before any process starts; the launchers call :func:`plan_memory` and the worker that writes a
-checkpoint calls :func:`rows_per_server`.
+tested before any process starts: the job is prepared with :func:`resolve_shard_num` and :func:`plan_memory`.
 
 **Rows.** A server holds one row per distinct feature id that was pushed to it. Ids are hashed into
 ``[0, table.vocab_size)``, so ``vocab_size`` bounds the rows; data prep counts the distinct ids of every
@@ -10,12 +9,10 @@ slot in the train split (``stats.json``), whose sum bounds them too (ids of two 
 sum can over-count but never under-count). The plan takes the smaller bound.
 
 **Bytes per row.** Paddle 2.6.2's MemorySparseTable keeps a row as a ``std::vector<float>`` of the
-SparseAccessor layout (:func:`row_floats`) behind a node of a chunk allocator, indexed by an open-addressing
+SparseAccessor layout (:func:`components.ps.accessor.row_floats`) behind a node of a chunk allocator, indexed by an open-addressing
 hash map per local shard. :data:`ROW_OVERHEAD_BYTES` is what that costs beyond the floats, measured.
 
-**Where rows go.** A row lives in shard ``id % shard_num``; server ``s`` owns the ``ceil(shard_num /
-servers)`` consecutive shards from ``s * ceil(shard_num / servers)`` (Paddle's ``sparse_local_shard_num``
-and the client's ``get_sparse_shard``), and writes one file per shard, ``part-<s>-<shard>``, when it saves.
+**Where rows go**: :mod:`components.ps.sharding`.
 """
 
 from __future__ import annotations
@@ -26,15 +23,12 @@ import re
 from dataclasses import dataclass
 from typing import Optional
 
-import numpy as np
-
 from components.config import ClusterBackend, ConfigError, CtrConfig, Mode, TableClass, TableConfig
-from components.train.strategy import rule_state_dim
+from components.ps.accessor import row_floats
+from components.ps.sharding import SHARDS_PER_SERVER, default_shard_num, shards_per_server
 
 MIB, GIB = 1 << 20, 1 << 30
 FLOAT_BYTES = 4
-# SparseAccessor's row before the optimizer state: slot, unseen_days, delta_score, show, click, embed_w.
-ACCESSOR_HEADER_FLOATS = 6
 
 # Server RSS per row beyond the row's floats: the vector's heap block (malloc header + rounding), its
 # 24-byte node in the chunk allocator and its share of the hash map's bucket array (16-byte key/pointer
@@ -52,19 +46,7 @@ SERVER_PROCESS_BYTES = 288 * MIB
 # 74 MiB at dim 33, as a line through their means. Only small tables notice it.
 SERVING_BUFFER_BYTES = 19 * MIB
 SERVING_BUFFER_BYTES_PER_DIM = int(1.6 * MIB)
-# Local shards per server when table.shard_num is not set: see default_shard_num.
-SHARDS_PER_SERVER = 8
 AUTO_SHARDS = f"{SHARDS_PER_SERVER} per server"
-
-
-def row_floats(table: TableConfig) -> int:
-    """Floats of a full SparseAccessor row: header, embed_w's optimizer state, embedx and its state.
-
-    Every row gets its embedx part on its first push (the strategy leaves embedx_threshold at 0), so
-    every trained row is full.
-    """
-    embedx = table.embedding_dim - 1
-    return ACCESSOR_HEADER_FLOATS + rule_state_dim(table.rule, 1) + embedx + rule_state_dim(table.rule, embedx)
 
 
 def bytes_per_row(table: TableConfig) -> int:
@@ -96,18 +78,6 @@ def distinct_train_ids(stats: Optional[dict]) -> Optional[int]:
 
 
 # -- shards ------------------------------------------------------------------------------------------------
-def default_shard_num(servers: int) -> int:
-    """``SHARDS_PER_SERVER`` shards per server.
-
-    A multiple of the server count, because each server owns ``ceil(shard_num / servers)`` shards: 16 shards
-    on 3 servers are 6 + 6 + 4, and the first servers hold 1.125x the mean rows; with a multiple, every server
-    owns as many shards and the hashed ids spread evenly. Eight per server because a server pulls, pushes,
-    saves (one file each) and loads its shards in parallel, one task queue per shard; more only adds files
-    to every checkpoint.
-    """
-    return servers * SHARDS_PER_SERVER
-
-
 def resolve_shard_num(configured: Optional[int], servers: int, saved: Optional[int] = None,
                       saved_in: str = "the checkpoint") -> tuple[int, str]:
     """``(shard_num, where it comes from)``.
@@ -123,34 +93,6 @@ def resolve_shard_num(configured: Optional[int], servers: int, saved: Optional[i
     if configured is not None:
         return configured, "table.shard_num"
     return default_shard_num(servers), AUTO_SHARDS
-
-
-def shards_per_server(shard_num: int, servers: int) -> list[int]:
-    """Shards each server owns (Paddle: ``ceil(shard_num / servers)`` each, the last ones what is left)."""
-    local = math.ceil(shard_num / servers)
-    return [max(0, min(local, shard_num - local * s)) for s in range(servers)]
-
-
-def server_of(ids: np.ndarray, shard_num: int, servers: int) -> np.ndarray:
-    """The server that holds each id's row."""
-    return (np.asarray(ids, dtype=np.uint64) % np.uint64(shard_num)) // np.uint64(math.ceil(shard_num / servers))
-
-
-def rows_per_server(ids: np.ndarray, shard_num: int, servers: int) -> list[int]:
-    return np.bincount(server_of(ids, shard_num, servers).astype(np.int64), minlength=servers).tolist()
-
-
-_SHARD_FILE = re.compile(r"part-(\d{3})-\d+")
-
-
-def saved_bytes_per_server(files: dict[str, dict], servers: int) -> list[int]:
-    """Bytes of the sparse shard files each server wrote (``part-<server>-<shard>``), from upload entries."""
-    total = [0] * servers
-    for rel, entry in files.items():
-        match = _SHARD_FILE.search(rel.rsplit("/", 1)[-1])
-        if match:
-            total[int(match[1])] += int(entry["size"])
-    return total
 
 
 # -- the plan ----------------------------------------------------------------------------------------------
@@ -201,14 +143,14 @@ class MemoryPlan:
                 "budget_gib": None if self.budget_bytes is None else round(self.budget_bytes / GIB, 3)}
 
 
-def plan_memory(cfg: CtrConfig, distinct_ids: Optional[int] = None, saved_shard_num: Optional[int] = None,
-                saved_in: str = "the checkpoint") -> Optional[MemoryPlan]:
-    """The plan of ``cfg``'s sparse table; None in geo mode (geo servers keep a MemorySparseGeoTable, whose
+def plan_memory(cfg: CtrConfig, distinct_ids: Optional[int], shard_source: str) -> Optional[MemoryPlan]:
+    """The plan of ``cfg``'s sparse table, whose ``table.shard_num`` is resolved (:func:`resolve_shard_num`
+    says from where: ``shard_source``); None in geo mode (geo servers keep a MemorySparseGeoTable, whose
     layout this does not model)."""
     if cfg.ps.mode is Mode.geo:
         return None
     rows, rows_source = table_rows(cfg.table.vocab_size, distinct_ids)
-    shard_num, shard_source = resolve_shard_num(cfg.table.shard_num, cfg.ps.servers, saved_shard_num, saved_in)
+    shard_num = cfg.table.shard_num
     fullest = max(shards_per_server(shard_num, cfg.ps.servers))
     budget, budget_source = memory_budget(cfg)
     return MemoryPlan(rows=rows, rows_source=rows_source, vocab_size=cfg.table.vocab_size,

@@ -1,23 +1,19 @@
-"""What the train step runs: plain functions around the PS launcher (no KFP needed).
+"""What the train step runs: plain functions around the PS job's backends (no KFP needed).
 
-The checkpoint is not copied into the artifact store: the job writes it to ``cfg.checkpoint.uri``
-(the checkpoint group's URI), and the ``Model`` artifact only points at it: ``metadata["uri"]`` and a
-small JSON pointer file at ``checkpoint.path`` (:func:`read_pointer` reads either). The processes' logs
-go into the ``logs`` artifact directory as ``<role>-<i>.log``.
+The checkpoint is not copied into the artifact store: the job writes it to ``cfg.checkpoint.uri``, and the
+``Model`` artifact points at it (:mod:`components.checkpoint.pointer`). The processes' logs go into the
+``logs`` artifact directory as ``<role>-<i>.log``.
 """
 
-import contextlib
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
-from typing import Any, Callable, Iterator, Optional
+from typing import Any, Callable, Optional
 
-from components.config import from_dict
+from components.checkpoint.pointer import write_pointer
+from components.config import ClusterBackend, CtrConfig, from_dict
+from components.train.job import JobResult, prepare_job
 from components.train.planner import GIB, load_balance_lines, max_over_mean, size
-
-POINTER_FORMAT = 1
 
 
 def echo_now(line: str) -> None:
@@ -25,37 +21,37 @@ def echo_now(line: str) -> None:
     print(line, flush=True)
 
 
-def run_job(cfg: Any, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = echo_now,
-            data_uri: Optional[str] = None) -> Any:
-    """The single dispatch point from ``cluster.backend`` to the code that runs a PS job.
+def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = echo_now,
+                  data_uri: Optional[str] = None) -> JobResult:
+    """Prepare the PS job of ``cfg`` once and run it on ``cluster.backend``: the one dispatch to the backends.
 
-    ``data_dir`` is the prepared dataset on this machine (local processes read it); ``data_uri`` is where it
-    is stored remotely (the ``Dataset`` artifact's URI), which pods on Kubernetes fetch their shards from.
+    ``data_dir`` is the prepared dataset on this machine (local processes read it; its stats.json sizes the
+    memory plan); ``data_uri`` is where it is stored remotely (the ``Dataset`` artifact's URI), which pods on
+    Kubernetes fetch their shards from.
     """
-    from components.config import ClusterBackend
-
-    if cfg.cluster.backend is ClusterBackend.local:
-        from components.train.launcher import run_local_job
-
-        return run_local_job(cfg, data_dir, log_dir, echo=echo)
-    from components.train.kubernetes_job import run_kubernetes_job
-
     stats_path = Path(data_dir) / "stats.json"
-    stats = json.loads(stats_path.read_text()) if stats_path.is_file() else None
-    return run_kubernetes_job(cfg, data_uri, log_dir, echo=echo, stats=stats)
+    job = prepare_job(cfg, json.loads(stats_path.read_text()) if stats_path.is_file() else None)
+    if cfg.cluster.backend is ClusterBackend.local:
+        from components.train.backends.local import LocalJob
+
+        return LocalJob(job, data_dir, log_dir, echo=echo).run()
+    # Imported here: the kubernetes client is needed only by this backend.
+    from components.train.backends.kubernetes import KubernetesJob
+
+    return KubernetesJob(job, data_uri, log_dir, echo=echo).run()
 
 
-def training_summary(result: Any, checkpoint_uri: str) -> dict:
+def training_summary(result: JobResult, checkpoint_uri: str) -> dict:
     """What the Model artifact records about the run (JSON-safe): the store and the last checkpoint's id."""
     examples = sum(int(e["examples"]) for e in result.epochs)
     train_seconds = sum(float(e["seconds"]) for e in result.epochs)
     if not result.checkpoints:
         raise RuntimeError(f"the PS job committed no checkpoint to {checkpoint_uri} (nothing left to train "
-                           f"after resuming from {(result.restored_from or {}).get('id')}?)")
+                           f"after resuming from {result.restored_from.id if result.restored_from else None}?)")
     summary = {
         "uri": checkpoint_uri,
         "id": result.checkpoints[-1]["id"],
-        "restored_from": (result.restored_from or {}).get("id"),
+        "restored_from": result.restored_from.id if result.restored_from else None,
         "epochs": len(result.epochs),
         "examples": examples,
         "seconds": round(float(result.seconds), 3),
@@ -74,7 +70,7 @@ def training_summary(result: Any, checkpoint_uri: str) -> dict:
     return summary
 
 
-def server_report(result: Any) -> list[str]:
+def server_report(result: JobResult) -> list[str]:
     """After training: where the rows of the last checkpoint live and, for local servers, what they held."""
     lines = []
     load = result.checkpoints[-1].get("servers") if result.checkpoints else None
@@ -87,28 +83,6 @@ def server_report(result: Any) -> list[str]:
     return lines
 
 
-def write_pointer(path: str | os.PathLike, summary: dict) -> None:
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(json.dumps({"format": POINTER_FORMAT, **summary}, indent=2, sort_keys=True))
-
-
-def read_pointer(path: str | os.PathLike, metadata: Optional[dict] = None) -> tuple[str, str]:
-    """``(store uri, checkpoint id)`` a ``Model`` artifact points at: its metadata, else its pointer file."""
-    pointer = metadata if metadata and metadata.get("uri") else json.loads(Path(path).read_text())
-    return str(pointer["uri"]), str(pointer["id"])
-
-
-@contextlib.contextmanager
-def fetched_checkpoint(path: str | os.PathLike, metadata: Optional[dict] = None) -> Iterator[tuple[str, str, Path]]:
-    """``(store uri, checkpoint id, local dir)`` of the checkpoint a ``Model`` artifact points at, fetched
-    (export + model.json, verified) into a scratch directory that lives as long as the ``with`` block."""
-    from components.checkpoint_store import fetch_for_scoring
-
-    uri, ckpt_id = read_pointer(path, metadata)
-    with tempfile.TemporaryDirectory() as scratch:
-        yield uri, ckpt_id, fetch_for_scoring(uri, ckpt_id, Path(scratch) / ckpt_id)
-
-
 def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
                 echo: Callable[[str], None] = echo_now, data_uri: Optional[str] = None) -> dict:
     """Run the PS job of ``config`` on ``data_dir`` (stored at ``data_uri``: the Kubernetes backends need it);
@@ -118,7 +92,7 @@ def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
     ``log_dir`` (the launcher's per-role scratch directories are dropped from it after a successful job).
     """
     cfg = from_dict(config)
-    result = run_job(cfg, Path(data_dir), Path(log_dir), echo=echo, data_uri=data_uri)
+    result = launch_ps_job(cfg, Path(data_dir), Path(log_dir), echo=echo, data_uri=data_uri)
     shutil.rmtree(Path(log_dir) / "work", ignore_errors=True)  # kept on failure, for debugging
     summary = training_summary(result, cfg.checkpoint.uri)
     write_pointer(pointer_path, summary)

@@ -1,0 +1,127 @@
+"""Checkpoint layout, manifest and the portable export of a trained PS model.
+
+A checkpoint directory holds::
+
+    tables/NNN/part-*.gz     the servers' own table files (fleet.save_persistables, mode 0):
+                             what a PS job reloads to resume
+    export/embedding.npz     ids (uint64, sorted) and rows ([n, dim], float32 or float16:
+                             ``checkpoint.export_dtype``) of the sparse table
+    export/dense.npz         every dense parameter by name (float32)
+    model.json               what rebuilds the network: model config, data schema, table config, mode,
+                             Paddle version, server count
+    MANIFEST.json            written last: every file with size and sha256
+
+A directory without ``MANIFEST.json`` is not a checkpoint: it is never loaded. Files are checked against
+the manifest at load, so a truncated or altered file is reported by name. Where checkpoints live (any
+fsspec store) and how they get there is :mod:`components.checkpoint.store`; this module is the format.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from components.config import ExportDtype
+
+MANIFEST = "MANIFEST.json"
+MODEL_META = "model.json"
+TABLES = "tables"
+EXPORT = "export"
+EMBEDDING_FILE = "embedding.npz"
+DENSE_FILE = "dense.npz"
+
+
+# What scoring needs of a checkpoint: the export and what rebuilds the network.
+SCORING_PARTS = (MODEL_META, EXPORT + "/")
+
+
+class CheckpointError(RuntimeError):
+    pass
+
+
+@dataclass
+class Checkpoint:
+    """A committed checkpoint, loaded for evaluation or serving."""
+
+    meta: dict[str, Any]
+    ids: np.ndarray
+    rows: np.ndarray  # as exported: float32, or float16 (checkpoint.export_dtype)
+    dense: dict[str, np.ndarray]
+
+
+def file_digest(path: str | os.PathLike) -> tuple[int, str]:
+    """``(bytes, sha256 hex)`` of a file, read once in blocks: what a manifest records for it."""
+    digest, size = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(8 << 20), b""):
+            digest.update(block)
+            size += len(block)
+    return size, digest.hexdigest()
+
+
+def write_json_atomic(path: Path, payload: Any) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def verify(root: str | os.PathLike, parts: Optional[tuple[str, ...]] = None) -> dict[str, Any]:
+    """The manifest, after checking its files (those starting with one of ``parts``, or all).
+
+    Raises :class:`CheckpointError` naming the file that is missing, truncated or altered.
+    """
+    root = Path(root)
+    manifest_path = root / MANIFEST
+    if not manifest_path.is_file():
+        raise CheckpointError(f"{root} is not a committed checkpoint: {MANIFEST} is missing "
+                              "(the save did not finish); it is never loaded")
+    manifest = json.loads(manifest_path.read_text())
+    for name, expected in manifest["files"].items():
+        if parts is not None and not name.startswith(parts):
+            continue
+        path = root / name
+        if not path.is_file():
+            raise CheckpointError(f"checkpoint file {path} listed in {MANIFEST} is missing")
+        if file_digest(path) != (expected["size"], expected["sha256"]):
+            raise CheckpointError(f"checkpoint file {path} does not match its checksum in {MANIFEST} "
+                                  "(truncated or altered)")
+    return manifest
+
+
+def save_export(root: str | os.PathLike, ids: np.ndarray, rows: np.ndarray, dense: dict[str, np.ndarray],
+                rows_dtype: ExportDtype = ExportDtype.float32) -> None:
+    """Write the export: the embedding rows as ``rows_dtype``, the dense parameters as they are (float32).
+
+    Only scoring and serving read the rows; resume reads the servers' table files and ``dense.npz``, which
+    is why the rows may be narrowed and the dense parameters may not. Raises :class:`CheckpointError` when a
+    finite row value does not fit ``rows_dtype`` (float16 ends at 65504).
+    """
+    with np.errstate(over="ignore"):  # overflow is reported below, naming the values
+        stored = rows.astype(rows_dtype.value)
+    overflow = np.isfinite(rows) & ~np.isfinite(stored)
+    if overflow.any():
+        raise CheckpointError(f"embedding values up to {np.abs(rows[overflow]).max():.6g} do not fit "
+                              f"checkpoint.export_dtype={rows_dtype.value} (largest finite value "
+                              f"{np.finfo(stored.dtype).max:.6g}): export float32 or narrow table.weight_bounds")
+    export = Path(root) / EXPORT
+    export.mkdir(parents=True, exist_ok=True)
+    np.savez(export / EMBEDDING_FILE, ids=ids.astype(np.uint64), rows=stored)
+    np.savez(export / DENSE_FILE, **dense)
+
+
+def load(root: str | os.PathLike) -> Checkpoint:
+    """A verified checkpoint's export, the form evaluation and serving read (the tables need not be here)."""
+    root = Path(root)
+    verify(root, parts=SCORING_PARTS)
+    meta = json.loads((root / MODEL_META).read_text())
+    with np.load(root / EXPORT / EMBEDDING_FILE) as table:
+        ids, rows = table["ids"], table["rows"]
+    with np.load(root / EXPORT / DENSE_FILE) as dense:
+        params = {name: dense[name] for name in dense.files}
+    return Checkpoint(meta=meta, ids=ids, rows=rows, dense=params)

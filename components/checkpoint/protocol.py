@@ -1,0 +1,106 @@
+"""How a running PS job takes a checkpoint, on any fsspec store (restoring one: :mod:`components.checkpoint.restore`).
+
+A checkpoint (id from :func:`make_id`: time, pass, examples trained so far) is taken after a pass by every
+worker together:
+
+1. barrier; worker 0 asks the servers to write their table shards into a staging path on their own disks
+   (``fleet.save_persistables``), and every worker pulls the dense parameters from the servers; each
+   server's uploader puts its shards into the store;
+2. when the servers cannot save the table (:func:`rows_from_workers`), step 1 saves nothing and each
+   worker instead uploads rows for the ids of its shards to ``_worker_rows/`` in the store; worker 0
+   merges them into the export and removes them;
+3. worker 0 writes the export (sparse rows parsed from the shards or merged from the workers, dense
+   parameters) and the training state, uploads everything, and commits: ``MANIFEST.json`` last, then
+   ``LATEST``; then prunes.
+
+Nothing assumes a shared disk: each server's sidecar (:mod:`components.ps.shard_uploader`) uploads the
+shards that server wrote, worker 0 reads them back from the store for the export, and workers' rows travel
+through the store too.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+from components.checkpoint.restore import STATE_FILE
+from components.checkpoint.store import CheckpointStore
+from components.config import CtrConfig, Mode, TableClass
+
+WORKER_ROWS = "worker_rows"  # in a checkpoint: each worker's part of the export's rows
+WORKER_ROWS_SCRATCH = "_worker_rows"  # in the store: the parts until worker 0 merged them
+
+
+def should_save(epoch: int, epochs: int, every_passes: int) -> bool:
+    return epoch == epochs or epoch % every_passes == 0
+
+
+def rows_from_workers(cfg: CtrConfig) -> bool:
+    """True when the export's rows come from the workers because the servers cannot save the table.
+
+    Geo servers keep no saveable table. Paddle 2.6.2's SSDSparseTable::Save locks the table mutex and then
+    calls SaveWithString, which locks it again, so every save of an SSD table hangs (seen in the CPU
+    wheel's machine code): the workers pull its rows from the servers instead.
+    """
+    return cfg.ps.mode is Mode.geo or cfg.table.table_class is TableClass.SSDSparseTable
+
+
+def _worker_part(epoch: int, worker: int) -> str:
+    return f"{WORKER_ROWS_SCRATCH}/e{epoch:04d}/worker-{worker}.npz"
+
+
+def upload_worker_rows(store: CheckpointStore, epoch: int, worker: int, ids: np.ndarray, rows: np.ndarray,
+                       local_root: Path) -> None:
+    local = local_root / f"rows-worker-{worker}.npz"
+    np.savez(local, ids=ids.astype(np.uint64), rows=rows)
+    target = store.fs_path(None, _worker_part(epoch, worker))
+    store.ensure_parent(target)
+    store.fs.put_file(str(local), target)
+
+
+def merged_worker_rows(store: CheckpointStore, epoch: int, workers: int, staging: Path):
+    """One row per id from the workers' parts; an id trained by several workers is averaged.
+
+    Geo copies of a row converge through the delta exchange but differ; rows pulled from the servers at
+    one barrier are equal, so their mean is the row. The parts are kept in the checkpoint
+    (``worker_rows/``) and removed from the scratch area.
+    """
+    parts = []
+    for i in range(workers):
+        path = staging / WORKER_ROWS / f"worker-{i}.npz"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        store.fs.get_file(store.fs_path(None, _worker_part(epoch, i)), str(path))
+        with np.load(path) as part:
+            parts.append((part["ids"], part["rows"]))
+    store.fs.rm(store.fs_path(None, f"{WORKER_ROWS_SCRATCH}/e{epoch:04d}"), recursive=True)
+    ids = np.concatenate([p[0] for p in parts])
+    rows = np.concatenate([p[1] for p in parts]).astype(np.float64)
+    unique, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
+    summed = np.zeros((len(unique), rows.shape[1]))
+    np.add.at(summed, inverse, rows)
+    return unique, (summed / counts[:, None]).astype(np.float32)
+
+
+def fetch_uploaded_table(store: CheckpointStore, ckpt_id: str, table_dir_rel: str, local: Path) -> Path:
+    """The servers' uploaded shards of one table, fetched for the export (the checkpoint is not committed yet)."""
+    if local.exists():
+        shutil.rmtree(local)
+    local.mkdir(parents=True)
+    for rel in store.list_files(ckpt_id, table_dir_rel):
+        store.fs.get_file(store.fs_path(ckpt_id, rel), str(local / Path(rel).name))
+    return local
+
+
+def commit_checkpoint(store: CheckpointStore, ckpt_id: str, local_dir: Path, server_files: dict, meta: dict,
+                      state: dict, keep_last: int) -> dict:
+    """Upload worker 0's part (export, state, workers' rows) beside the servers' shards, then make the checkpoint
+    visible and prune old ones."""
+    (local_dir / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
+    files = {**server_files, **store.upload_dir(local_dir, ckpt_id)}
+    manifest = store.commit(ckpt_id, files, meta)
+    store.prune(keep_last)
+    shutil.rmtree(local_dir, ignore_errors=True)
+    return manifest

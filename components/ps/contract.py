@@ -1,0 +1,199 @@
+"""The contract between one PS process and whoever starts it (a local launcher, a pod, a compose service).
+
+What crosses it, and nothing else:
+
+* **environment**: :func:`role_env` turns a :class:`ClusterLayout` into each process's Paddle variables; every
+  backend computes the endpoints up front and calls it, so a server or worker sees the same variables
+  wherever it runs. Besides those: the job spec (:data:`SPEC_ENV`, or a file path argument), the restart
+  attempt of a whole-job restart (:data:`RESTART_ENV`);
+* **the job spec** (:class:`JobSpec`): the resolved config, where the dataset is, the process's scratch
+  directories and what to restore;
+* **events**: the process prints one JSON event per line (:func:`emit`), tagged :data:`PROGRESS`,
+  :data:`EPOCH`, :data:`CHECKPOINT` or :data:`DONE`; launchers read them with :func:`parse_event`;
+* **readiness**: a server is ready for workers once an endpoint accepts TCP (:func:`ready_probe_command`).
+
+The process side is :mod:`components.ps.role`; it imports nothing of the orchestration layers (kfp,
+kubernetes), and neither does this module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Callable, Optional
+
+from components.checkpoint.restore import RestoreTarget
+
+SPEC_ENV = "PS_JOB_SPEC"  # the job spec as JSON, when no spec file is given (pods, compose services)
+RESTART_ENV = "PS_RESTART_ATTEMPT"  # how many times the whole job was restarted before this attempt
+INDEX_ENV = "PS_ROLE_INDEX"  # the process's index among its role
+ROLE_ENV = "PS_ROLE"  # server | worker
+# Event tags: the first word of an event line, then its JSON payload.
+PROGRESS, EPOCH, CHECKPOINT, DONE = "@progress", "@epoch", "@checkpoint", "@done"
+EVENT_TAGS = (PROGRESS, EPOCH, CHECKPOINT, DONE)
+
+
+class Role(str, Enum):
+    SERVER = "server"
+    WORKER = "worker"
+
+
+@dataclass(frozen=True)
+class ClusterLayout:
+    """Who listens where. ``gloo_endpoint`` is the rendezvous store that server 0 serves."""
+
+    server_endpoints: tuple[str, ...]
+    worker_endpoints: tuple[str, ...]
+    gloo_endpoint: str
+    job_id: str
+
+    @property
+    def servers(self) -> int:
+        return len(self.server_endpoints)
+
+    @property
+    def workers(self) -> int:
+        return len(self.worker_endpoints)
+
+    def endpoint(self, role: Role, index: int) -> str:
+        endpoints = self.server_endpoints if role is Role.SERVER else self.worker_endpoints
+        return endpoints[index]
+
+
+def role_env(layout: ClusterLayout, role: Role, index: int) -> dict[str, str]:
+    """Environment for one process. A server's POD_IP:PADDLE_PORT must equal its entry in the list."""
+    ip, port = layout.endpoint(role, index).rsplit(":", 1)
+    env = {
+        "TRAINING_ROLE": "PSERVER" if role is Role.SERVER else "TRAINER",
+        "PADDLE_PSERVERS_IP_PORT_LIST": ",".join(layout.server_endpoints),
+        "PADDLE_TRAINER_ENDPOINTS": ",".join(layout.worker_endpoints),
+        "PADDLE_TRAINERS_NUM": str(layout.workers),
+        "POD_IP": ip,
+        "PADDLE_PORT": port,
+        # Workers barrier and all-reduce AUC statistics through gloo; server 0 hosts the HTTP store.
+        "PADDLE_WITH_GLOO": "1",
+        "PADDLE_GLOO_RENDEZVOUS": "3",
+        "PADDLE_GLOO_HTTP_ENDPOINT": layout.gloo_endpoint,
+        "SYS_JOB_ID": layout.job_id,
+        ROLE_ENV: role.value,
+        INDEX_ENV: str(index),
+    }
+    if role is Role.WORKER:
+        env["PADDLE_TRAINER_ID"] = str(index)
+        # Paddle's own wait for servers retries every 3 s; the worker polls them itself (role.py).
+        env["FLAGS_LAUNCH_BARRIER"] = "0"
+    return env
+
+
+def host_layout(host: Callable[[Role, int], str], servers: int, workers: int, port: int, gloo_port: int,
+                job_id: str) -> ClusterLayout:
+    """A layout where every process listens on the same port of a host of its own (a pod, a container),
+    named by ``host(role, index)``; server 0 also serves the rendezvous store on ``gloo_port``."""
+    return ClusterLayout(
+        server_endpoints=tuple(f"{host(Role.SERVER, i)}:{port}" for i in range(servers)),
+        worker_endpoints=tuple(f"{host(Role.WORKER, i)}:{port}" for i in range(workers)),
+        gloo_endpoint=f"{host(Role.SERVER, 0)}:{gloo_port}",
+        job_id=job_id,
+    )
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """Everything a role process needs besides its environment.
+
+    ``config``: the resolved config as a dict (:func:`components.config.to_dict`) with ``table.shard_num``
+    resolved, which every role must agree on; ``data_dir``: the prepared dataset, a local path or a remote
+    fsspec URL (pods fetch their shards); ``workdir``: the process's scratch directory; ``staging_dir``: where
+    servers save table shards before their uploader moves them to the store (the same path string on every
+    machine); ``restore``: what the job starts from.
+    """
+
+    config: dict
+    data_dir: str
+    workdir: str
+    staging_dir: str
+    restore: Optional[RestoreTarget] = None
+
+    def to_json(self) -> str:
+        return json.dumps({"config": self.config, "data_dir": self.data_dir, "workdir": self.workdir,
+                           "staging_dir": self.staging_dir,
+                           "restore": self.restore.to_dict() if self.restore else None}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "JobSpec":
+        raw = json.loads(text)
+        restore = raw.get("restore")
+        return cls(config=raw["config"], data_dir=raw["data_dir"], workdir=raw["workdir"],
+                   staging_dir=raw["staging_dir"], restore=RestoreTarget.from_dict(restore) if restore else None)
+
+    @classmethod
+    def load(cls, path: Optional[str]) -> "JobSpec":
+        """The spec a process was started with: the file ``path``, else ``$PS_JOB_SPEC``."""
+        return cls.from_json(Path(path).read_text() if path else os.environ[SPEC_ENV])
+
+
+_EMIT_LOCK = threading.Lock()
+
+
+def emit(tag: str, **payload) -> None:
+    """One event per line, written whole: a progress thread and the main thread both emit, and ``print``
+    writes the text and the newline separately, so unlocked events could share a line."""
+    line = f"{tag} {json.dumps(payload)}\n"
+    with _EMIT_LOCK:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def parse_event(line: str) -> Optional[tuple[str, dict]]:
+    """``(tag, payload)`` of an event line; None for any other line (or an event garbled by native output)."""
+    tag, _, payload = line.strip().partition(" ")
+    if tag not in EVENT_TAGS:
+        return None
+    try:
+        return tag, json.loads(payload)
+    except json.JSONDecodeError:
+        return None
+
+
+def endpoint_accepts(endpoint: str) -> bool:
+    host, port = endpoint.rsplit(":", 1)
+    try:
+        with socket.create_connection((host, int(port)), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+def wait_until_listening(endpoints: list[str], timeout_s: float, poll_s: float = 0.1) -> None:
+    """Block until every endpoint accepts TCP connections; TimeoutError names those that do not."""
+    deadline = time.time() + timeout_s
+    pending = list(endpoints)
+    while pending:
+        pending = [ep for ep in pending if not endpoint_accepts(ep)]
+        if pending and time.time() > deadline:
+            raise TimeoutError(f"PS servers {pending} did not listen within {timeout_s:.0f}s")
+        if pending:
+            time.sleep(poll_s)
+
+
+def ready_probe_command(endpoints: list[str]) -> list[str]:
+    """A container's readiness check: exits 0 once any of ``endpoints`` accepts TCP."""
+    return ["python", "-m", "components.ps.contract", "ready", *endpoints]
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] != ["ready"] or len(argv) < 2:
+        print("usage: python -m components.ps.contract ready ENDPOINT [ENDPOINT...]", file=sys.stderr)
+        return 2
+    return 0 if any(map(endpoint_accepts, argv[1:])) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,57 @@
+"""Where a sparse row lives: shards and servers (Paddle 2.6.2's rule). Pure: no Paddle.
+
+A row lives in shard ``id % shard_num``; server ``s`` owns the ``ceil(shard_num / servers)`` consecutive shards
+from ``s * ceil(shard_num / servers)`` (Paddle's ``sparse_local_shard_num`` and the client's
+``get_sparse_shard``), and writes one file per shard, ``part-<s>-<shard>``, when it saves. The planner sizes
+servers with it before a job starts; worker 0 reports each checkpoint's load per server with it.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+# Local shards per server when table.shard_num is not set: see default_shard_num.
+SHARDS_PER_SERVER = 8
+
+
+def default_shard_num(servers: int) -> int:
+    """``SHARDS_PER_SERVER`` shards per server.
+
+    A multiple of the server count, because each server owns ``ceil(shard_num / servers)`` shards: 16 shards
+    on 3 servers are 6 + 6 + 4, and the first servers hold 1.125x the mean rows; with a multiple, every server
+    owns as many shards and the hashed ids spread evenly. Eight per server because a server pulls, pushes,
+    saves (one file each) and loads its shards in parallel, one task queue per shard; more only adds files
+    to every checkpoint.
+    """
+    return servers * SHARDS_PER_SERVER
+
+
+def shards_per_server(shard_num: int, servers: int) -> list[int]:
+    """Shards each server owns (Paddle: ``ceil(shard_num / servers)`` each, the last ones what is left)."""
+    local = math.ceil(shard_num / servers)
+    return [max(0, min(local, shard_num - local * s)) for s in range(servers)]
+
+
+def server_of(ids: np.ndarray, shard_num: int, servers: int) -> np.ndarray:
+    """The server that holds each id's row."""
+    return (np.asarray(ids, dtype=np.uint64) % np.uint64(shard_num)) // np.uint64(math.ceil(shard_num / servers))
+
+
+def rows_per_server(ids: np.ndarray, shard_num: int, servers: int) -> list[int]:
+    return np.bincount(server_of(ids, shard_num, servers).astype(np.int64), minlength=servers).tolist()
+
+
+_SHARD_FILE = re.compile(r"part-(\d{3})-\d+")
+
+
+def saved_bytes_per_server(files: dict[str, dict], servers: int) -> list[int]:
+    """Bytes of the sparse shard files each server wrote (``part-<server>-<shard>``), from upload entries."""
+    total = [0] * servers
+    for rel, entry in files.items():
+        match = _SHARD_FILE.search(rel.rsplit("/", 1)[-1])
+        if match:
+            total[int(match[1])] += int(entry["size"])
+    return total

@@ -1,0 +1,149 @@
+"""The one place that maps our config onto Paddle's PS strategy, sparse table and optimizers.
+
+Everything here is pure except :func:`build_strategy`, :func:`dense_optimizer` and :func:`install_rpc_gflags`,
+which need Paddle; the row layout of the table is :mod:`components.ps.accessor`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from components.config import CtrConfig, DenseOptimizer, Mode, SparseRule, TableClass, TableConfig
+from components.ps.models import EMBEDDING_TABLE
+
+# Paddle's names for our sparse rules and the sub-message holding their settings.
+_RULES = {
+    SparseRule.naive: ("SparseNaiveSGDRule", "naive"),
+    SparseRule.adagrad: ("SparseAdaGradSGDRule", "adagrad"),
+    SparseRule.std_adagrad: ("StdAdaGradSGDRule", "adagrad"),
+    SparseRule.adam: ("SparseAdamSGDRule", "adam"),
+}
+
+
+def sparse_table_configs(table: TableConfig, table_name: str = EMBEDDING_TABLE) -> dict[str, Any]:
+    """``DistributedStrategy.sparse_table_configs`` for one table, set explicitly.
+
+    The implicit default rule learns far worse than an explicit one, so every value is spelled out.
+    """
+    prefix = f"table_parameters.{table_name}."
+    paddle_rule, settings = _RULES[table.rule]
+    configs: dict[str, Any] = {
+        prefix + "table_class": table.table_class.value,
+        prefix + "shard_num": table.shard_num,
+        prefix + "accessor.accessor_class": table.accessor.value,
+        prefix + "accessor.fea_dim": table.embedding_dim + 2,
+        prefix + "accessor.embedx_dim": table.embedding_dim - 1,
+    }
+    for part in ("embed_sgd_param", "embedx_sgd_param"):
+        key = f"{prefix}accessor.{part}."
+        configs[key + "name"] = paddle_rule
+        configs[key + f"{settings}.learning_rate"] = table.learning_rate
+        configs[key + f"{settings}.initial_range"] = table.initial_range
+        configs[key + f"{settings}.weight_bounds"] = list(table.weight_bounds)
+        if settings == "adagrad":
+            configs[key + "adagrad.initial_g2sum"] = table.initial_g2sum
+    if table.eviction.enabled:
+        key = f"{prefix}accessor.ctr_accessor_param."
+        for name in ("show_click_decay_rate", "delete_threshold", "delete_after_unseen_days", "nonclk_coeff",
+                     "click_coeff"):
+            configs[key + name] = getattr(table.eviction, name)
+    return {table_name: configs}
+
+
+# fleet.save_persistables modes: 0 saves every row; 3 saves every row too, then ages each by one "day"
+# (SparseAccessor::UpdateStatAfterSave), which is what delete_after_unseen_days counts.
+SAVE_ALL, SAVE_ALL_AND_AGE = 0, 3
+
+
+def table_save_mode(table: TableConfig) -> int:
+    return SAVE_ALL_AND_AGE if table.eviction.enabled else SAVE_ALL
+
+
+def strategy_settings(cfg: CtrConfig) -> dict[str, Any]:
+    """What :func:`build_strategy` sets, as plain data (testable without Paddle).
+
+    ``sync`` runs on the asynchronous engine (``a_sync=False`` segfaults in SendBarrierOp on the 2.6.2
+    CPU wheel); its bulk-synchronous rounds come from the trainer's per-round barriers.
+    """
+    geo = cfg.ps.mode is Mode.geo
+    if not geo and cfg.table.shard_num is None:
+        raise ValueError("table.shard_num is resolved when the job is prepared (components.train.job.prepare_job); "
+                         "a role's config always carries it")
+    return {
+        "a_sync": True,
+        "a_sync_configs": {"k_steps": cfg.ps.geo_k_steps if geo else 0},
+        # Geo keeps its own MemorySparseGeoTable; the table settings apply to the PS hash table.
+        "sparse_table_configs": None if geo else sparse_table_configs(cfg.table),
+    }
+
+
+def build_strategy(cfg: CtrConfig):
+    import paddle.distributed.fleet as fleet
+
+    strategy = fleet.DistributedStrategy()
+    for name, value in strategy_settings(cfg).items():
+        if value is not None:
+            setattr(strategy, name, value)
+    return strategy
+
+
+ROCKSDB_PREFIX = "rocksdb"  # an SSD table's stores: <server workdir>/rocksdb_<local shard>
+
+
+def server_flags(cfg: CtrConfig, workdir: Path) -> dict[str, str]:
+    """Paddle flags a server process sets (``paddle.set_flags``) before ``fleet.init_server`` creates its tables.
+
+    An SSDSparseTable opens one RocksDB per local shard at ``FLAGS_rocksdb_path + "_<shard>"``; the default,
+    ``database`` in the working directory, would be shared by servers started in one directory, so each
+    server keeps its stores in its own work directory (which exists: the role creates it first).
+    """
+    if cfg.table.table_class is TableClass.SSDSparseTable:
+        return {"FLAGS_rocksdb_path": str(workdir / ROCKSDB_PREFIX)}
+    return {}
+
+
+def dense_optimizer(cfg: CtrConfig):
+    """The optimizer the servers run on dense parameters."""
+    import paddle
+
+    kind = cfg.model.optimizer
+    if kind is DenseOptimizer.sgd:
+        return paddle.optimizer.SGD(learning_rate=cfg.model.learning_rate)
+    if kind is DenseOptimizer.adagrad:
+        return paddle.optimizer.Adagrad(learning_rate=cfg.model.learning_rate)
+    return paddle.optimizer.Adam(learning_rate=cfg.model.learning_rate)
+
+
+# Paddle's brpc defaults, which apply only while the PS parameter's init_gflags is empty.
+_BRPC_DEFAULTS = ("-max_body_size=314217728", "-bthread_concurrency=40",
+                  "-socket_max_unwritten_bytes=2048000000", "-max_connection_pool_size=1950")
+
+
+def rpc_gflags(cfg: CtrConfig) -> str:
+    """The ``init_gflags`` string every PS client and server parses when it starts."""
+    return " ".join(_BRPC_DEFAULTS + (
+        f"-pserver_timeout_ms={cfg.ps.rpc_timeout_ms}",
+        f"-pserver_connect_timeout_ms={cfg.ps.rpc_connect_timeout_ms}",
+        f"-pserver_table_save_max_retry={cfg.ps.table_save_max_retry}",
+    ))
+
+
+def install_rpc_gflags(flags: str) -> None:
+    """Make Paddle put ``flags`` into the PS parameter it builds.
+
+    Paddle 2.6.2 reads the FLAGS_pserver_* settings only from the PS parameter's ``init_gflags`` field
+    (not from the environment, not from ``paddle.set_flags``), and no strategy option fills that field,
+    so the descriptor builder is wrapped to set it.
+    """
+    from paddle.distributed.ps import the_one_ps
+
+    builder = the_one_ps.PsDescBuilder
+    original = getattr(builder, "_original_init", builder.__init__)
+
+    def init(self, context):
+        original(self, context)
+        self.ps_desc.init_gflags = flags
+
+    builder._original_init = original
+    builder.__init__ = init

@@ -1,0 +1,237 @@
+"""Runs a PS job: the ``local`` backend starts servers and workers as supervised local processes.
+
+Each process gets exactly the environment a Kubernetes pod would (:func:`env.role_env`). The launcher
+streams every process's output into ``logs/<role>-<i>.log``, prints the workers' progress, and owns
+shutdown: when all workers finish it waits for the servers to stop; when any process dies it stops
+the whole job within seconds and raises :class:`PsJobError` naming the role and its last log lines.
+No process of the job outlives :meth:`LocalJob.run`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from components.ps.contract import ClusterLayout, Role, endpoint_accepts, role_env
+from components.train.job import EventLog, JobResult, PreparedJob, PsJobError
+
+TAIL_LINES = 30
+POLL_S = 0.2
+TERM_GRACE_S = 5.0
+# Once the job is ending, every process gets this long to exit before it is reported and killed.
+SERVER_EXIT_S = 30.0
+
+
+@dataclass
+class Process:
+    role: Role
+    index: int
+    popen: subprocess.Popen
+    log_path: Path
+    tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+
+    @property
+    def name(self) -> str:
+        return f"{self.role.value}-{self.index}"
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """Ports the OS reports free right now; held open together so they are distinct."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((host, 0))
+            sockets.append(sock)
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def local_layout(servers: int, workers: int, host: str, job_id: str) -> ClusterLayout:
+    """A layout on one host with fresh ports, so concurrent jobs (sweeps, tests) never collide."""
+    ports = free_ports(servers + workers + 1, host)
+    return ClusterLayout(
+        server_endpoints=tuple(f"{host}:{port}" for port in ports[:servers]),
+        worker_endpoints=tuple(f"{host}:{port}" for port in ports[servers:servers + workers]),
+        gloo_endpoint=f"{host}:{ports[-1]}",
+        job_id=job_id,
+    )
+
+
+class LocalJob:
+    """A prepared job (:func:`components.train.job.prepare_job`) on ``data_dir`` as processes of this machine;
+    checkpoints go to ``checkpoint.uri``."""
+
+    def __init__(self, job: PreparedJob, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = print):
+        self.job, self.cfg, self.echo = job, job.cfg, echo
+        self.job_id = uuid.uuid4().hex[:12]
+        self.log_dir = Path(log_dir)
+        self.work_root = self.log_dir / "work"
+        self.data_dir = str(Path(data_dir).resolve())
+        self.processes: list[Process] = []
+        self.events = EventLog(echo)
+        self.server_memory: dict[int, dict] = {}  # server index -> {"serving_rss", "peak_rss"} in bytes
+
+    @property
+    def progress(self) -> dict[str, dict]:
+        return self.events.progress
+
+    @property
+    def checkpoints(self) -> list[dict]:
+        """Committed so far: readable while the job runs, and after it failed."""
+        return self.events.checkpoints
+
+    def _start(self, layout: ClusterLayout, role: Role, index: int) -> Process:
+        workdir = self.work_root / f"{role.value}-{index}"
+        workdir.mkdir(parents=True, exist_ok=True)
+        spec_path = workdir / "job.json"
+        staging = str((self.work_root / "staging").resolve())
+        spec_path.write_text(self.job.spec(self.data_dir, str(workdir.resolve()), staging).to_json())
+        env = {**os.environ, **role_env(layout, role, index), "PYTHONUNBUFFERED": "1",
+               "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1")}
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "components.ps.role", str(spec_path)],
+            cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, text=True, bufsize=1,
+            start_new_session=True,  # its own process group, so teardown reaches Paddle's children too
+        )
+        process = Process(role, index, popen, self.log_dir / f"{role.value}-{index}.log")
+        threading.Thread(target=self._pump, args=(process,), daemon=True).start()
+        return process
+
+    def _pump(self, process: Process) -> None:
+        """Copy a process's output to its log; surface progress lines."""
+        with open(process.log_path, "w") as log:
+            for line in process.popen.stdout:  # type: ignore[union-attr]
+                log.write(line)
+                log.flush()
+                process.tail.append(line.rstrip("\n"))
+                self.events.feed(process.name, line)
+
+    def _failure(self, process: Process, what: str) -> PsJobError:
+        time.sleep(0.3)  # let the pump catch the last lines
+        tail = "\n".join(f"    {line}" for line in list(process.tail)[-15:])
+        return PsJobError(process.name, f"PS job {self.job_id}: {process.name} {what}. "
+                                        f"Last lines of {process.log_path}:\n{tail}")
+
+    def _stop_all(self) -> None:
+        alive = [p for p in self.processes if p.popen.poll() is None]
+        for p in alive:
+            _signal_group(p.popen, signal.SIGTERM)
+        deadline = time.time() + TERM_GRACE_S
+        for p in alive:
+            try:
+                p.popen.wait(max(0.0, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                _signal_group(p.popen, signal.SIGKILL)
+                p.popen.wait()
+        for p in self.processes:  # Paddle may leave helpers in the group after its leader exits
+            _signal_group(p.popen, signal.SIGKILL)
+
+    def run(self) -> JobResult:
+        cfg = self.cfg
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        layout = local_layout(cfg.ps.servers, cfg.ps.workers, cfg.ps.host, self.job_id)
+        started = time.time()
+        self.echo(f"PS job {self.job_id}: {cfg.ps.servers} server(s) + {cfg.ps.workers} worker(s), "
+                  f"mode {cfg.ps.mode.value}, logs in {self.log_dir}")
+        for line in self.job.lines():
+            self.echo(line)
+        try:
+            self.processes = [self._start(layout, Role.SERVER, i) for i in range(cfg.ps.servers)]
+            self._wait_for_rendezvous(layout)
+            self.processes += [self._start(layout, Role.WORKER, i) for i in range(cfg.ps.workers)]
+            self._supervise()
+        finally:
+            self._stop_all()
+        return JobResult(epochs=self.events.epochs, seconds=time.time() - started,
+                         checkpoints=self.events.checkpoints, restored_from=self.job.restore, plan=self.job.plan,
+                         server_memory=[self.server_memory.get(i) for i in range(cfg.ps.servers)])
+
+    def _wait_for_rendezvous(self, layout: ClusterLayout) -> None:
+        """Start workers once server 0 serves the gloo store: a worker that finds it down sleeps 3 s per retry."""
+        deadline = time.time() + self.cfg.ps.startup_timeout_s
+        while not endpoint_accepts(layout.gloo_endpoint):
+            server_0 = self.processes[0]
+            if server_0.popen.poll() is not None:
+                raise self._failure(server_0, f"exited with code {server_0.popen.returncode} while starting")
+            if time.time() > deadline:
+                raise self._failure(server_0, f"did not serve the rendezvous store {layout.gloo_endpoint} within "
+                                              f"{self.cfg.ps.startup_timeout_s:.0f}s (ps.startup_timeout_s)")
+            time.sleep(POLL_S)
+
+    def _supervise(self) -> None:
+        """Return when every process exited 0; raise on the first failure or a stuck ending.
+
+        Only worker 0 stops the servers, and only after the final barrier, so the ending starts when
+        the first server or the last worker exits cleanly; from then on, everyone has SERVER_EXIT_S to go.
+        """
+        workers = [p for p in self.processes if p.role is Role.WORKER]
+        ending_since: Optional[float] = None
+        while True:
+            self._sample_server_memory()
+            codes = [p.popen.poll() for p in self.processes]
+            for p, code in zip(self.processes, codes):
+                if code not in (None, 0):
+                    raise self._failure(p, f"exited with code {code}{_signal_name(code)}")
+            if all(code == 0 for code in codes):
+                return
+            if ending_since is None and (
+                    any(p.role is Role.SERVER and c == 0 for p, c in zip(self.processes, codes))
+                    or all(p.popen.poll() == 0 for p in workers)):
+                ending_since = time.time()
+            if ending_since is not None and time.time() - ending_since > SERVER_EXIT_S:
+                stuck = next(p for p in self.processes if p.popen.poll() is None)
+                raise self._failure(stuck, f"did not exit within {SERVER_EXIT_S:.0f}s of the job's end")
+            time.sleep(POLL_S)
+
+    def _sample_server_memory(self) -> None:
+        """Each server's RSS from the first sample after it reported serving (its table still empty: workers
+        push only once every server listens) and its peak since: what the memory plan estimates."""
+        for p in self.processes:
+            if p.role is not Role.SERVER or self.progress.get(p.name, {}).get("state") is None:
+                continue
+            rss = _rss_bytes(p.popen.pid)
+            if rss is None:  # exited (or exiting: a zombie has no RSS)
+                continue
+            memory = self.server_memory.setdefault(p.index, {"serving_rss": rss, "peak_rss": rss})
+            memory["peak_rss"] = max(memory["peak_rss"], rss)
+
+
+def _rss_bytes(pid: int) -> Optional[int]:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _signal_group(popen: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_name(code: int) -> str:
+    if code < 0:
+        try:
+            return f" (killed by {signal.Signals(-code).name})"
+        except ValueError:
+            return ""
+    return ""

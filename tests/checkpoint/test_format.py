@@ -1,0 +1,28 @@
+"""A checkpoint's files, its manifest and its export."""
+
+import json
+
+import numpy as np
+import pytest
+
+from components.checkpoint import format as checkpoint
+from tests.conftest import commit_staged_checkpoint
+
+
+def test_commit_verify_detects_missing_and_altered_files(tmp_path):
+    root = tmp_path / "ckpt"
+    checkpoint.save_export(root, np.array([1, 2], np.uint64), np.ones((2, 3), np.float32), {"w": np.zeros(4)})
+    with pytest.raises(checkpoint.CheckpointError, match="MANIFEST.json is missing"):
+        checkpoint.verify(root)
+    root = commit_staged_checkpoint(root, {"paddle_version": "2.6.2"})
+    manifest = checkpoint.verify(root)
+    assert set(manifest["files"]) == {"model.json", "export/embedding.npz", "export/dense.npz"}
+    assert checkpoint.load(root).rows.shape == (2, 3)
+    dense = root / "export" / "dense.npz"
+    dense.write_bytes(dense.read_bytes()[:-10])
+    with pytest.raises(checkpoint.CheckpointError, match="export/dense.npz.*checksum"):
+        checkpoint.load(root)
+    dense.unlink()
+    with pytest.raises(checkpoint.CheckpointError, match="dense.npz.*missing"):
+        checkpoint.verify(root)
+    assert json.loads((root / "model.json").read_text()) == {"paddle_version": "2.6.2"}

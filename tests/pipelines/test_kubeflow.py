@@ -1,0 +1,427 @@
+"""Kubeflow: the compiled pipeline (golden), submission and waiting against a fake KFP API on loopback (runs'
+results in a loopback S3 endpoint), the CLI, sweeps.
+
+The golden file ``tests/golden/kubeflow_pipeline.yaml`` is the compiled pipeline of a fixed prod config,
+normalised for what changes with the kfp SDK release. After an intended change to the pipeline, its
+components or the config schema, regenerate it and review the diff::
+
+    UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/pipelines/test_kubeflow.py -k golden
+"""
+
+import json
+import math
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+import yaml
+from google.protobuf import json_format
+from kfp.kubernetes import kubernetes_executor_config_pb2
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from components.checkpoint.store import make_id
+from components.config import from_dict
+from components.checkpoint.evaluation import record_evaluation
+from components.resolve.step import RUN_PARAMETERS, config_struct, run_parameters
+import pipelines.kubeflow
+from pipelines.ctr import EXIT_SUBMIT_ERROR, run
+from pipelines.kubeflow import RunError, SubmitError
+from pipelines.pipeline import LAUNCHER_POD_FIELDS, TASKS, compile_pipeline, compiled_config
+from tests.conftest import FAKE_KEY_ID, FAKE_SECRET, compose_config
+
+GOLDEN = Path(__file__).parent / "golden" / "kubeflow_pipeline.yaml"
+DIGEST = "sha256:" + "ab" * 32
+PROD = ("+cluster=prod", "checkpoint.uri=s3://ctr-bucket/golden/checkpoints")
+GOLDEN_OVERRIDES = (*PROD, "cluster.submit=false", f"cluster.pipeline_image.digest={DIGEST}",
+                    "cluster.pipeline_root=s3://ctr-bucket/kfp", "ps.epochs=2")
+
+
+def _normalised(documents: list) -> str:
+    """The compiled documents without what changes with the kfp SDK release: its version and kfp pins."""
+    documents[0]["sdkVersion"] = "kfp-<version>"
+    unpinned = re.sub(r"kfp==[0-9][^\s\"'\\]*", "kfp==<version>", json.dumps(documents))
+    return yaml.safe_dump_all(json.loads(unpinned), sort_keys=True)
+
+
+@pytest.fixture
+def fake_credentials(monkeypatch):
+    """Credentials in this process's environment, which must not leak into anything compiled or sent."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", FAKE_KEY_ID)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
+
+
+def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
+    run_dir = tmp_path / "hydra-run-dir"
+    cfg = from_dict(compose_config(run_dir, *GOLDEN_OVERRIDES))
+    text = Path(compile_pipeline(cfg, tmp_path / "pipeline.yaml")).read_text()
+    for leak in ("${", "hydra", str(run_dir), FAKE_SECRET, FAKE_KEY_ID):
+        assert leak not in text, leak
+    documents = list(yaml.safe_load_all(text))
+    assert len(documents) == 2  # the pipeline spec, then the Kubernetes platform spec
+
+    spec = json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
+    parameters = spec.root.input_definitions.parameters
+    assert set(parameters) == set(RUN_PARAMETERS)
+    assert {name: json_format.MessageToDict(p.default_value) for name, p in parameters.items()} == \
+        run_parameters(cfg) == {"data_uri": "", "epochs": 2, "learning_rate": 0.001, "table_learning_rate": 0.05,
+                                "batch_size": 256, "checkpoint_uri": "s3://ctr-bucket/golden/checkpoints",
+                                "resume": "none"}
+    constant = spec.root.dag.tasks["resolve-config"].inputs.parameters["config"].runtime_value.constant
+    assert json_format.MessageToDict(constant) == config_struct(compiled_config(cfg))
+    assert spec.default_pipeline_root == "s3://ctr-bucket/kfp"
+    images = {executor["container"]["image"] for executor in documents[0]["deploymentSpec"]["executors"].values()}
+    assert images == {f"registry.example.com/paddle-ps-pipelines:0.1.0@{DIGEST}"}
+
+    platform = json_format.ParseDict(documents[1], pipeline_spec_pb2.PlatformSpec())
+    executors = json_format.MessageToDict(platform.platforms["kubernetes"].deployment_spec)["executors"]
+    assert set(executors) == {f"exec-{task}" for task in TASKS}
+    for name, raw in executors.items():
+        k8s = json_format.ParseDict(raw, kubernetes_executor_config_pb2.KubernetesExecutorConfig())
+        assert [(s.secret_name, {m.env_var: m.secret_key for m in s.key_to_env}) for s in k8s.secret_as_env] == \
+            [("ctr-storage", {"AWS_ACCESS_KEY_ID": "access_key_id", "AWS_SECRET_ACCESS_KEY": "secret_access_key"})]
+        assert k8s.security_context.run_as_non_root and k8s.security_context.run_as_user == 1000
+        pod_fields = {f.name: f.field_path for f in k8s.field_path_as_env}
+        assert pod_fields == (LAUNCHER_POD_FIELDS if name == "exec-train" else {}), name
+
+    normalised = _normalised(documents)
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        GOLDEN.parent.mkdir(exist_ok=True)
+        GOLDEN.write_text(normalised)
+    assert normalised == GOLDEN.read_text(), "the compiled pipeline changed: see the module docstring"
+
+
+def test_local_runner_compiles_without_kubernetes_settings(tmp_path):
+    text = Path(compile_pipeline(from_dict(compose_config(tmp_path)), tmp_path / "pipeline.yaml")).read_text()
+    assert len(list(yaml.safe_load_all(text))) == 1
+
+
+class FakeKfpApi:
+    """The KFP v2beta1 REST endpoints ``kfp.Client`` calls to submit and poll a run, on 127.0.0.1, recording
+    requests.
+
+    ``fail`` maps ``"POST /apis/v2beta1/runs"``-style keys (``"GET /apis/v2beta1/runs/{run_id}"`` for any run)
+    to the HTTP status the endpoint answers with, or to a list of statuses answered in turn before it works.
+    A created run is PENDING for ``polls_per_state`` polls, then RUNNING as long, then ends in ``outcome``
+    (None: runs forever); when it succeeds, ``execute(run)`` stands for what its steps wrote.
+    """
+
+    def __init__(self, experiments=(), fail=None, outcome="SUCCEEDED", polls_per_state=2, execute=None):
+        self.requests: list[dict] = []
+        self.experiments = {e["experiment_id"]: e for e in experiments}
+        self.runs: dict[str, dict] = {}
+        self.fail = dict(fail or {})
+        self.states = ["PENDING", "RUNNING", *([outcome] if outcome else [])]
+        self.polls_per_state = polls_per_state
+        self.execute = execute
+        api = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                api._handle(self, "GET")
+
+            def do_POST(self):
+                api._handle(self, "POST")
+
+            def log_message(self, *args):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self._thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+    def _handle(self, handler, method):
+        url = urlsplit(handler.path)
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = json.loads(handler.rfile.read(length)) if length else None
+        query = {k: v[0] for k, v in parse_qs(url.query).items()}
+        self.requests.append({"method": method, "path": url.path, "query": query, "body": body})
+        status, answer = self._answer(f"{method} {url.path}", query, body)
+        data = json.dumps(answer).encode()
+        handler.send_response(status)
+        handler.send_header("Content-Type", "application/json")
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+
+    def _answer(self, key, query, body):
+        run_id = None
+        if key.startswith("GET /apis/v2beta1/runs/"):
+            key, run_id = key.rsplit("/", 1)[0] + "/{run_id}", key.rsplit("/", 1)[1]
+        statuses = self.fail.get(key)
+        if isinstance(statuses, list) and statuses:
+            return statuses.pop(0), {"code": 14, "message": "unavailable"}
+        if isinstance(statuses, int):
+            return statuses, {"code": 7, "message": "user is not authorized"}
+        if key == "GET /apis/v2beta1/healthz":
+            return 200, {"multi_user": False}
+        if key == "GET /apis/v2beta1/experiments":
+            name = json.loads(query["filter"])["predicates"][0]["stringValue"]
+            found = [e for e in self.experiments.values()
+                     if e["display_name"] == name and e["namespace"] == query.get("namespace")]
+            return 200, ({"experiments": found, "total_size": len(found)} if found else {})
+        if key == "POST /apis/v2beta1/experiments":
+            experiment = {**body, "experiment_id": str(uuid.uuid4())}
+            self.experiments[experiment["experiment_id"]] = experiment
+            return 200, experiment
+        if key == "POST /apis/v2beta1/runs":
+            created = {**body, "run_id": str(uuid.uuid4()), "state": "PENDING"}
+            self.runs[created["run_id"]] = {**created, "polls": 0}
+            return 200, created
+        if key == "GET /apis/v2beta1/runs/{run_id}" and run_id in self.runs:
+            return 200, self._poll(self.runs[run_id])
+        return 404, {"code": 5, "message": f"no route {key}"}
+
+    def _poll(self, run):
+        run["polls"] += 1
+        state = self.states[min(run["polls"] // self.polls_per_state, len(self.states) - 1)]
+        if state != run["state"]:
+            run["state"] = state
+            if state == "SUCCEEDED" and self.execute:
+                self.execute(run)
+            if state == "FAILED":
+                run["error"] = {"code": 2, "message": "task 'train' failed: worker 0 exited with 1"}
+        return {k: v for k, v in run.items() if k != "polls"}
+
+    def posts(self, path):
+        return [r["body"] for r in self.requests if r["method"] == "POST" and r["path"] == path]
+
+
+@pytest.mark.parametrize("existing", [False, True], ids=["experiment-created", "experiment-reused"])
+def test_submit_creates_one_run_in_the_experiment(tmp_path, capsys, fake_credentials, existing):
+    known = [{"experiment_id": "exp-1", "display_name": "ctr-ps", "namespace": "kubeflow"}] if existing else []
+    run_dir = tmp_path / "run"
+    with FakeKfpApi(experiments=known) as api:
+        cfg = compose_config(run_dir, *PROD, f"cluster.host={api.url}", "ps.epochs=3")
+        objective = run(cfg)
+    assert math.isnan(objective)  # submitted, not waited for
+
+    created = api.posts("/apis/v2beta1/experiments")
+    assert created == ([] if existing else [{"display_name": "ctr-ps", "namespace": "kubeflow"}])
+    [experiment_id] = api.experiments
+    [submitted] = api.posts("/apis/v2beta1/runs")
+    typed = from_dict(cfg)
+    assert submitted["experiment_id"] == experiment_id
+    assert submitted["service_account"] == "ctr-ps-launcher"
+    assert submitted["runtime_config"]["parameters"] == run_parameters(typed)
+    assert submitted["runtime_config"]["parameters"]["epochs"] == 3
+    # The run carries the compiled pipeline of the run directory, platform spec (secret references) included.
+    compiled = list(yaml.safe_load_all((run_dir / "pipeline.yaml").read_text()))
+    assert submitted["pipeline_spec"] == {"pipeline_spec": compiled[0], "platform_spec": compiled[1]}
+    sent = json.dumps(api.requests)
+    assert FAKE_SECRET not in sent and FAKE_KEY_ID not in sent
+
+    [run_id] = api.runs
+    record = json.loads((run_dir / "kubeflow_run.json").read_text())
+    assert record["run_id"] == run_id and record["experiment_id"] == experiment_id
+    assert record["url"] == f"{api.url}/#/runs/details/{run_id}"
+    assert record["parameters"] == run_parameters(typed)
+    out = capsys.readouterr().out
+    assert run_id in out and record["url"] in out
+
+
+def test_an_http_error_names_the_stage_and_the_compiled_pipeline(tmp_path, fake_credentials):
+    run_dir = tmp_path / "run"
+    with FakeKfpApi(fail={"POST /apis/v2beta1/runs": 403}) as api:
+        with pytest.raises(SubmitError) as err:
+            run(compose_config(run_dir, *PROD, f"cluster.host={api.url}"))
+    message = str(err.value)
+    assert "\n" not in message
+    assert f"at {api.url} failed while creating the run: HTTP 403 Forbidden (user is not authorized)" in message
+    assert str(run_dir / "pipeline.yaml") in message and (run_dir / "pipeline.yaml").is_file()
+    assert len(api.posts("/apis/v2beta1/runs")) == 1  # refused once, never resent
+    assert not (run_dir / "kubeflow_run.json").exists()
+
+
+def _cli(tmp_path, *overrides):
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "pipelines.ctr", *overrides, f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "AWS_SECRET_ACCESS_KEY": FAKE_SECRET})
+    return proc, time.monotonic() - started
+
+
+def test_cli_compiles_without_submitting(tmp_path):
+    proc, _ = _cli(tmp_path, "+cluster=prod", "cluster.submit=false", "checkpoint.uri=s3://bucket/x")
+    assert proc.returncode == 0, proc.stderr
+    run_dir = tmp_path / "run"
+    for name in ("pipeline.yaml", "config.yaml", "k8s/rbac.yaml"):
+        assert (run_dir / name).is_file(), name
+        assert FAKE_SECRET not in (run_dir / name).read_text()
+    assert str(run_dir / "pipeline.yaml") in proc.stdout and "Upload pipeline" in proc.stdout
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["cluster"]["runner"] == "kubeflow" and config["checkpoint"]["uri"] == "s3://bucket/x"
+    kinds = {doc["kind"] for doc in yaml.safe_load_all((run_dir / "k8s/rbac.yaml").read_text())}
+    assert {"Role", "RoleBinding"} <= kinds
+    # Nothing ran here: no PS process, no kfp.local artifacts, no submission record.
+    assert not any((run_dir / name).exists() for name in ("logs", "kfp", "checkpoint", "kubeflow_run.json"))
+    assert "PS job" not in proc.stdout
+
+
+def test_cli_reports_an_unreachable_host_in_one_line(tmp_path):
+    with socket.socket() as probe:  # a loopback port that nothing listens on once closed
+        probe.bind(("127.0.0.1", 0))
+        host = f"http://127.0.0.1:{probe.getsockname()[1]}"
+    proc, seconds = _cli(tmp_path, *PROD, f"cluster.host={host}")
+    assert proc.returncode == EXIT_SUBMIT_ERROR, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: submitting to Kubeflow Pipelines at {host} failed while connecting: ")
+    assert proc.stdout.strip() == ""  # no retry warnings either
+    assert "failed while connecting: Failed to establish a new connection: [Errno 111] Connection refused." in line
+    assert f"The compiled pipeline is {tmp_path / 'run' / 'pipeline.yaml'}" in line
+    assert (tmp_path / "run" / "pipeline.yaml").is_file()
+    assert seconds < 30  # no retry loop (the stock client alone would wait 5 x 5 s for its health check)
+
+
+# -- cluster.wait and sweeps: runs polled to their end, their objective read from the checkpoint store -------
+
+WAIT = ("+cluster=prod", "cluster.wait=true", "cluster.poll_s=0.05")
+
+
+def _auc(epochs: int) -> float:
+    return 0.7 + 0.01 * epochs
+
+
+def _evaluate(run):
+    """What a run's evaluate step leaves at the root of its checkpoint store: the metrics of a new checkpoint."""
+    parameters = run["runtime_config"]["parameters"]
+    epochs = parameters["epochs"]
+    record_evaluation(parameters["checkpoint_uri"], make_id(epochs, 100 * epochs),
+                      {"auc": _auc(epochs), "logloss": 0.45})
+
+
+def _polls(api, run_id):
+    return [r for r in api.requests if r["method"] == "GET" and r["path"] == f"/apis/v2beta1/runs/{run_id}"]
+
+
+def _state_lines(out: str, run_id: str) -> list[str]:
+    return [line for line in out.splitlines() if line.startswith(f"Kubeflow run {run_id}: ")]
+
+
+def test_waiting_returns_the_objective_of_the_run(tmp_path, capsys, s3_endpoint):
+    run_dir = tmp_path / "run"
+    with FakeKfpApi(execute=_evaluate) as api:
+        objective = run(compose_config(run_dir, *WAIT, f"cluster.host={api.url}", f"checkpoint.uri={s3_endpoint}",
+                                 "ps.epochs=3"))
+    assert objective == pytest.approx(_auc(3))
+    assert json.loads((run_dir / "metrics.json").read_text()) == {"auc": pytest.approx(_auc(3)), "logloss": 0.45}
+    [run_id] = api.runs
+    assert json.loads((run_dir / "kubeflow_run.json").read_text())["run_id"] == run_id
+    # Each state held for 2 polls, and is printed once.
+    assert len(_polls(api, run_id)) == 4
+    lines = _state_lines(capsys.readouterr().out, run_id)
+    assert [line.split(": ")[1].split(" (")[0] for line in lines] == ["PENDING", "RUNNING", "SUCCEEDED"]
+
+
+@pytest.mark.parametrize("outcome", ["FAILED", "CANCELED"])
+def test_a_run_that_does_not_succeed_raises_naming_it(tmp_path, s3_endpoint, outcome):
+    run_dir = tmp_path / "run"
+    with FakeKfpApi(outcome=outcome, execute=_evaluate) as api:
+        with pytest.raises(RunError) as err:
+            run(compose_config(run_dir, *WAIT, f"cluster.host={api.url}", f"checkpoint.uri={s3_endpoint}"))
+    [run_id] = api.runs
+    reason = ": task 'train' failed: worker 0 exited with 1" if outcome == "FAILED" else ""
+    assert str(err.value) == f"Kubeflow run {run_id} ended {outcome}{reason} ({api.url}/#/runs/details/{run_id})"
+    assert isinstance(err.value, SubmitError)  # the CLI's one-line error, exit status 3
+    assert not (run_dir / "metrics.json").exists()
+
+
+def test_waiting_stops_at_the_timeout(tmp_path, s3_endpoint):
+    with FakeKfpApi(outcome=None) as api:
+        started = time.monotonic()
+        with pytest.raises(RunError, match=r"is still RUNNING after 0\.3 s \(cluster\.wait_timeout_s\)"):
+            run(compose_config(tmp_path / "run", *WAIT, "cluster.wait_timeout_s=0.3", f"cluster.host={api.url}",
+                         f"checkpoint.uri={s3_endpoint}"))
+    assert time.monotonic() - started < 10
+
+
+def test_failed_polls_are_retried_then_given_up(tmp_path, capsys, monkeypatch, s3_endpoint):
+    monkeypatch.setattr(pipelines.kubeflow, "POLL_FAILURES_TOLERATED", 3)
+    overrides = (*WAIT, f"checkpoint.uri={s3_endpoint}")
+    with FakeKfpApi(fail={"GET /apis/v2beta1/runs/{run_id}": [503, 503]}, execute=_evaluate) as api:
+        assert run(compose_config(tmp_path / "flaky", *overrides, f"cluster.host={api.url}")) == pytest.approx(_auc(1))
+    [run_id] = api.runs
+    assert f"Kubeflow run {run_id}: poll failed (2 in a row): HTTP 503" in capsys.readouterr().out
+
+    with FakeKfpApi(fail={"GET /apis/v2beta1/runs/{run_id}": [503] * 3}, execute=_evaluate) as api:
+        with pytest.raises(RunError, match=r"could not be polled 3 times in a row \(HTTP 503 Service Unavailable"):
+            run(compose_config(tmp_path / "down", *overrides, f"cluster.host={api.url}"))
+
+
+@pytest.mark.parametrize("left_before", [True, False], ids=["stale", "missing"])
+def test_a_run_without_an_evaluation_of_its_own_is_refused(tmp_path, s3_endpoint, left_before):
+    earlier = "20200101T000000000000Z-e0002-s0000000200"  # what an earlier run at the same URI evaluated
+    if left_before:
+        record_evaluation(s3_endpoint, earlier, {"auc": 0.99})
+    with FakeKfpApi(execute=None) as api:  # succeeds without evaluating anything
+        with pytest.raises(RunError) as err:
+            run(compose_config(tmp_path / "run", *WAIT, f"cluster.host={api.url}", f"checkpoint.uri={s3_endpoint}"))
+    [run_id] = api.runs
+    message = str(err.value)
+    where = f"{s3_endpoint}/EVALUATION.json"
+    if left_before:
+        assert message.startswith(f"{where} is stale: it evaluates checkpoint {earlier}, made before Kubeflow "
+                                  f"run {run_id} was submitted")
+    else:
+        assert message.startswith(f"Kubeflow run {run_id} succeeded, but there is no {where}")
+    assert f"{api.url}/#/runs/details/{run_id}" in message
+    assert not (tmp_path / "run" / "metrics.json").exists()
+
+
+def _sweep(tmp_path, *overrides):
+    """``python -m pipelines.ctr -m +cluster=prod ...`` with this process's environment (the S3 endpoint's)."""
+    return subprocess.run([sys.executable, "-m", "pipelines.ctr", "-m", "+cluster=prod", *overrides,
+                           f"hydra.sweep.dir={tmp_path / 'sweep'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=dict(os.environ))
+
+
+def test_a_sweep_waits_for_each_run_and_records_its_objective(tmp_path, s3_endpoint):
+    with FakeKfpApi(execute=_evaluate) as api:
+        proc = _sweep(tmp_path, f"cluster.host={api.url}", "cluster.wait=true", "cluster.poll_s=0.05",
+                      "ps.epochs=1,2", f"checkpoint.uri={s3_endpoint}")
+    assert proc.returncode == 0, proc.stderr
+    [experiment_id] = api.experiments
+    submitted = api.posts("/apis/v2beta1/runs")
+    assert [body["runtime_config"]["parameters"]["epochs"] for body in submitted] == [1, 2]
+    assert {body["experiment_id"] for body in submitted} == {experiment_id}
+    # Each job's run has a store of its own under checkpoint.uri, so no job reads another's evaluation.
+    stores = [body["runtime_config"]["parameters"]["checkpoint_uri"] for body in submitted]
+    assert len(set(stores)) == 2 and all(uri.startswith(f"{s3_endpoint}/") for uri in stores)
+    for job, epochs in enumerate((1, 2)):
+        job_dir = tmp_path / "sweep" / str(job)
+        record = json.loads((job_dir / "kubeflow_run.json").read_text())
+        assert record["run_id"] in api.runs and record["parameters"]["epochs"] == epochs
+        assert json.loads((job_dir / "metrics.json").read_text())["auc"] == pytest.approx(_auc(epochs))
+        assert f"{_auc(epochs):.4f}" in proc.stdout
+        assert [line.split(": ")[1].split(" (")[0] for line in _state_lines(proc.stdout, record["run_id"])] == \
+            ["PENDING", "RUNNING", "SUCCEEDED"]
+
+
+def test_a_dry_run_sweep_compiles_every_job_and_contacts_no_server(tmp_path):
+    with FakeKfpApi() as api:
+        proc = _sweep(tmp_path, "cluster.submit=false", "cluster.wait=true", f"cluster.host={api.url}",
+                      "ps.epochs=1,2", "checkpoint.uri=s3://bucket/x")
+    assert proc.returncode == 0, proc.stderr
+    assert api.requests == []
+    for job, epochs in enumerate((1, 2)):
+        job_dir = tmp_path / "sweep" / str(job)
+        spec = next(yaml.safe_load_all((job_dir / "pipeline.yaml").read_text()))
+        assert spec["root"]["inputDefinitions"]["parameters"]["epochs"]["defaultValue"] == epochs
+        assert not any((job_dir / name).exists() for name in ("kubeflow_run.json", "metrics.json"))
+    assert proc.stdout.count("cluster.submit=false: not submitted") == 2

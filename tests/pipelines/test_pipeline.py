@@ -1,0 +1,223 @@
+"""The KFP pipeline: compiled IR, thin component wrappers, the Hydra entry point, one local end-to-end run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from google.protobuf import json_format, struct_pb2
+from kfp.pipeline_spec import pipeline_spec_pb2
+
+from components.checkpoint.format import load as load_checkpoint
+from components.config import ConfigError, DataSource, from_dict
+from components.data_prep.component import prepare_data
+from components.evaluate.component import evaluate_model
+from components.evaluate.scoring import Scorer, read_test_split
+from components.export.component import export_model
+from components.resolve.component import resolve_config
+from components.resolve.step import (RUN_PARAMETERS, apply_run_parameters, config_struct, effective_config,
+                                     run_parameters)
+from components.train.component import train
+from components.checkpoint.pointer import fetch_for_scoring, read_pointer
+from components.checkpoint.store import CheckpointStore
+from pipelines.ctr import run
+from pipelines.local import PipelineRunError, step_error
+from pipelines.pipeline import DEPENDENCIES, TASKS, compile_pipeline
+from tests.conftest import CRITEO, compose_config, needs_criteo, score_serving_model
+
+
+
+def _spec(tmp_path, *overrides) -> pipeline_spec_pb2.PipelineSpec:
+    path = compile_pipeline(from_dict(compose_config(tmp_path, *overrides)), tmp_path / "pipeline.yaml")
+    documents = list(yaml.safe_load_all(Path(path).read_text()))
+    assert len(documents) == 1  # a local-runner pipeline carries no Kubernetes platform spec
+    return json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
+
+
+def test_pipeline_compiles_to_five_tasks_in_order(tmp_path):
+    spec = _spec(tmp_path)
+    tasks = spec.root.dag.tasks
+    assert TASKS == ("resolve-config", "prepare-data", "train", "evaluate-model", "export-model")
+    assert set(tasks) == set(TASKS) == set(DEPENDENCIES)
+    # resolve-config feeds every step; prepare-data -> train -> evaluate-model, and export-model beside
+    # evaluation: it needs only the checkpoint.
+    assert {name: set(tasks[name].dependent_tasks) for name in TASKS} == \
+        {"resolve-config": set(), "prepare-data": {"resolve-config"}, "train": {"resolve-config", "prepare-data"},
+         "evaluate-model": {"resolve-config", "prepare-data", "train"}, "export-model": {"resolve-config", "train"}}
+    for i, name in enumerate(TASKS):  # TASKS is a topological order
+        assert set(DEPENDENCIES[name]) == set(tasks[name].dependent_tasks) <= set(TASKS[:i]), name
+    for name in TASKS[1:]:
+        config = tasks[name].inputs.parameters["config"].task_output_parameter
+        assert (config.producer_task, config.output_parameter_key) == ("resolve-config", "Output"), name
+    assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report", "serving_model"}
+
+
+def test_run_parameters_default_to_the_composed_config(tmp_path):
+    overrides = ("ps.epochs=3", "ps.batch_size=128", "model.learning_rate=0.002", "table.learning_rate=0.1",
+                 "data=criteo", "data.uri=/some/files", "checkpoint.uri=/ckpt", "checkpoint.resume=latest")
+    parameters = _spec(tmp_path, *overrides).root.input_definitions.parameters
+    assert set(parameters) == set(RUN_PARAMETERS)
+    assert {name: json_format.MessageToDict(p.default_value) for name, p in parameters.items()} == \
+        {"epochs": 3, "batch_size": 128, "learning_rate": 0.002, "table_learning_rate": 0.1,
+         "data_uri": "/some/files", "checkpoint_uri": "/ckpt", "resume": "latest"}
+    types = pipeline_spec_pb2.ParameterType
+    assert parameters["epochs"].parameter_type == types.NUMBER_INTEGER
+    assert parameters["learning_rate"].parameter_type == types.NUMBER_DOUBLE
+    assert parameters["data_uri"].parameter_type == types.STRING
+
+
+def test_components_run_without_installing_anything(tmp_path):
+    for component in (resolve_config, prepare_data, train, evaluate_model, export_model):
+        container = component.component_spec.implementation.container
+        command = " ".join([*container.command, *(container.args or [])])
+        assert "pip install" not in command and "kfp.dsl.executor_main" in command, component.name
+    executors = _spec(tmp_path).deployment_spec["executors"]
+    images = {executor["container"]["image"] for executor in executors.values()}
+    assert len(images) == 1
+    for executor in executors.values():
+        assert "pip install" not in " ".join(executor["container"]["command"])
+        assert {"name": "PYTHONUNBUFFERED", "value": "1"} in executor["container"]["env"]
+
+
+def test_config_survives_the_struct_parameter(tmp_path):
+    """A dict parameter travels as a protobuf Struct: ints become doubles, nulls are not allowed."""
+    cfg = from_dict(compose_config(tmp_path, "data=criteo", "data.uri=/some/files"))
+    struct = struct_pb2.Struct()
+    struct.update(config_struct(cfg))
+    assert from_dict(json_format.MessageToDict(struct)) == cfg
+
+
+def test_run_parameters_override_the_compiled_config(tmp_path, capsys):
+    compiled = from_dict(compose_config(tmp_path))
+    assert compiled.data.source is DataSource.synthetic
+    data = tmp_path / "day_0.tsv"
+    data.write_text("")
+    parameters = {**run_parameters(compiled), "data_uri": str(data), "epochs": 4, "learning_rate": 0.01,
+                  "table_learning_rate": 0.2, "batch_size": 64, "checkpoint_uri": str(tmp_path / "ckpt")}
+    resolved = from_dict(effective_config(config_struct(compiled), **parameters))
+    assert (resolved.data.source, resolved.data.uri) == (DataSource.files, str(data))
+    assert (resolved.ps.epochs, resolved.ps.batch_size, resolved.model.learning_rate, resolved.table.learning_rate) \
+        == (4, 64, 0.01, 0.2)
+    assert resolved.checkpoint.uri == str(tmp_path / "ckpt")
+    assert apply_run_parameters(resolved, **run_parameters(compiled)) == compiled  # nothing else changed
+    assert "effective config:" in capsys.readouterr().out
+    # An empty data_uri means synthetic data, whatever the compiled config read.
+    back = from_dict(effective_config(config_struct(resolved), **{**parameters, "data_uri": ""}))
+    assert (back.data.source, back.data.uri) == (DataSource.synthetic, None)
+
+
+@pytest.mark.parametrize("parameter, value, key", [
+    ("epochs", 0, "ps.epochs"),
+    ("learning_rate", -0.1, "model.learning_rate"),
+    ("data_uri", "/no/such/files_*.tsv", "data.uri"),
+    ("resume", "20261129T000000000000Z-e0001-s0000000001", "checkpoint.resume"),
+])
+def test_resolve_step_rejects_a_bad_run_parameter(tmp_path, parameter, value, key):
+    compiled = from_dict(compose_config(tmp_path))
+    with pytest.raises(ConfigError) as err:
+        effective_config(config_struct(compiled), **{**run_parameters(compiled), parameter: value})
+    assert err.value.key == key
+
+
+def test_checkpoint_pointer_from_metadata_or_file(tmp_path):
+    (tmp_path / "pointer").write_text(json.dumps({"uri": "/ckpt/a", "id": "x1"}))
+    assert read_pointer(tmp_path / "pointer") == ("/ckpt/a", "x1")
+    assert read_pointer(tmp_path / "missing", {"uri": "s3://b/ckpt", "id": "x2"}) == ("s3://b/ckpt", "x2")
+
+
+def test_step_error_keeps_the_role_and_log_tail():
+    out = [
+        "    [KFP Executor 12:00:00 INFO]: Got executor_input:",
+        "    PS job abc: 1 server(s) + 1 worker(s), mode async",
+        "    Traceback (most recent call last):",
+        '      File "/x/launcher.py", line 178, in _supervise',
+        "        raise self._failure(p, ...)",
+        "    components.train.backends.local.PsJobError: PS job abc: worker-0 exited with code 1. Last lines of w.log:",
+        "        Traceback (most recent call last):",
+        "        ValueError: bad shard",
+        "    ",
+        "",
+        "12:00:01.000 - ERROR - Task 'train' finished with status FAILURE",
+        "-" * 80,
+    ]
+    assert step_error(out) == ("components.train.backends.local.PsJobError: PS job abc: worker-0 exited with code 1. "
+                               "Last lines of w.log:\n    Traceback (most recent call last):\n"
+                               "    ValueError: bad shard")
+    err = PipelineRunError("Pipeline 'x' finished with status FAILURE. Inner task failed: 'train'.", step_error(out))
+    assert err.step == "train" and "worker-0" in str(err)
+
+
+@pytest.mark.parametrize("overrides, key", [
+    (["ps.workers=0"], "ps.workers"),
+    (["data=criteo"], "data.uri"),
+    (["checkpoint.resume=20261129T000000000000Z-e0001-s0000000001"], "checkpoint.resume"),
+    (["table=ssd", "checkpoint.resume=latest"], "checkpoint.resume"),
+])
+def test_bad_config_fails_before_anything_starts(tmp_path, overrides, key):
+    run_dir = tmp_path / "run"
+    with pytest.raises(ConfigError) as err:
+        run(compose_config(run_dir, *overrides))
+    assert err.value.key == key
+    assert not run_dir.exists()  # no data, no logs, no kfp root
+
+
+def test_unknown_enum_value_fails_atcompose_config(tmp_path):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="ps.mode=bogus"):
+        compose_config(tmp_path, "ps.mode=bogus")
+
+
+def test_cli_reports_a_config_error_in_one_line(tmp_path):
+    """From a directory outside the project: the config path resolves from the installed package."""
+    proc = subprocess.run([sys.executable, "-m", "pipelines.ctr", "ps.workers=0", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": ""})
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == "error: config key 'ps.workers' has value 0; allowed: a number > 0"
+    assert not (tmp_path / "run" / "logs").exists()
+
+
+def test_local_pipeline_end_to_end(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    objective = run(compose_config(run_dir, "experiment=tiny"))
+    out = capsys.readouterr().out
+    for name in ("metrics.json", "report.md", "report.html", "roc.png", "config.yaml",
+                 "logs/worker-0.log", "logs/server-0.log", "checkpoint/LATEST", "serving_model/serving.json",
+                 "serving_model/model.pdmodel", "serving_model/model.pdiparams", "serving_model/ids.npy"):
+        assert (run_dir / name).is_file(), name
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert objective == metrics["auc"]
+    assert metrics["auc"] > 0.6, metrics
+    # The PS job's progress came through kfp.local to this process's stdout, then the summary table.
+    assert "== epoch 2 done" in out and "== CTR pipeline done" in out and "test AUC" in out
+    assert "Got executor_input" not in out and '"outputFile"' not in out  # kfp's plumbing dump is filtered
+    assert "confidenceMetrics" not in out and "outputs:" not in out  # so are the tasks' artifact listings
+    assert yaml.safe_load((run_dir / "config.yaml").read_text())["checkpoint"]["uri"] == str(run_dir / "checkpoint")
+    assert "Training" in (run_dir / "report.md").read_text()  # the train step's summary reached the report
+    # The exported serving model scores the test split as the evaluated checkpoint does.
+    data_dir = next((run_dir / "kfp").rglob("stats.json")).parent
+    served = score_serving_model(run_dir / "serving_model", data_dir)
+    assert served["metrics"]["auc"] == pytest.approx(metrics["auc"], abs=1e-9)
+    source = json.loads((run_dir / "serving_model" / "serving.json").read_text())["source_checkpoint"]
+    assert source["uri"] == str(run_dir / "checkpoint")
+    assert source["id"] == CheckpointStore(source["uri"]).latest()
+    checkpoint = fetch_for_scoring(source["uri"], source["id"], tmp_path / "fetched")
+    _, dense, sparse = read_test_split(data_dir)
+    assert np.max(np.abs(served["preds"] - Scorer(load_checkpoint(checkpoint)).predict(dense, sparse))) < 1e-6
+
+
+@needs_criteo
+def test_local_pipeline_on_real_criteo_format(tmp_path):
+    """Raw Criteo TSV from a glob: parsed, hashed, trained on the PS and scored from the checkpoint."""
+    run_dir = tmp_path / "run"
+    objective = run(compose_config(run_dir, "experiment=tiny", "data=criteo", f"data.uri={CRITEO}/raw_*.tsv",
+                             "data.test_fraction=0.3"))
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    stats = json.loads(next((run_dir / "kfp").rglob("stats.json")).read_text())
+    assert stats["format"] == "raw" and stats["rows"]["train"] + stats["rows"]["test"] == 100
+    assert metrics["count"] == stats["rows"]["test"] and objective == metrics["auc"]

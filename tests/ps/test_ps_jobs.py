@@ -1,0 +1,345 @@
+"""Real Paddle parameter-server jobs on this machine: servers and workers as local processes."""
+
+import os
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from components.checkpoint import format as ckpt_io
+from components.checkpoint.pointer import fetch_for_scoring
+from components.checkpoint.restore import RestoreTarget
+from components.checkpoint.store import CheckpointStore, parse_id
+from components.config import EvalConfig, from_dict
+from components.data_prep.multislot import Schema, read_shards
+from components.data_prep.prepare import prepare_synthetic
+from components.evaluate.evaluate import evaluate
+from components.ps.accessor import read_sparse_table
+from components.train.backends.local import LocalJob
+from components.train.job import PsJobError, prepare_job
+from components.train.step import launch_ps_job
+from tests.conftest import FAKE_SECRET, commit_staged_checkpoint
+
+ROWS = 60_000
+
+
+def _config(tmp_path, checkpoint=None, model=None, table=None, **ps):
+    return from_dict({
+        # Small data needs more, smaller steps than the defaults tuned for 400k rows.
+        "ps": {"servers": 1, "workers": 1, "epochs": 2, "batch_size": 64, **ps},
+        "model": {"hidden": [64, 32], **(model or {})},
+        "table": {"learning_rate": 0.1, **(table or {})},
+        "checkpoint": {"uri": str(tmp_path / "ckpt"), **(checkpoint or {})},
+        "run_dir": str(tmp_path),
+    })
+
+
+def _score(uri, ckpt_id, data_dir, out_dir):
+    """Test metrics of a committed checkpoint, fetched from its store as the evaluate step does."""
+    local = fetch_for_scoring(uri, ckpt_id, out_dir / "fetched")
+    return evaluate(local, data_dir, out_dir, EvalConfig())
+
+
+@pytest.fixture(scope="module")
+def datasets(tmp_path_factory):
+    """One synthetic dataset per worker count (the shard count must equal workers * shards_per_worker)."""
+    root = tmp_path_factory.mktemp("data")
+    return {w: (root / f"w{w}", prepare_synthetic(root / f"w{w}", rows=ROWS, test_fraction=0.2, num_shards=w,
+                                                 vocab_size=1 << 20, seed=3)) for w in (1, 2)}
+
+
+def _job_processes_alive(marker: str) -> list[str]:
+    out = subprocess.run(["pgrep", "-af", marker], capture_output=True, text=True).stdout
+    return [line for line in out.splitlines() if "components.ps.role" in line]
+
+
+def _train_and_score(tmp_path, datasets, **ps):
+    cfg = _config(tmp_path, **ps)
+    data_dir, stats = datasets[cfg.ps.workers]
+    lines = []
+    result = launch_ps_job(cfg, data_dir, tmp_path / "logs", echo=lines.append)
+    metrics = _score(cfg.checkpoint.uri, result.checkpoints[-1]["id"], data_dir, tmp_path / "eval")
+    assert not _job_processes_alive(str(tmp_path))
+    return result, metrics, stats, lines
+
+
+def test_one_server_one_worker_learns(tmp_path, datasets, monkeypatch):
+    monkeypatch.setenv("GLOG_vmodule", "service=3,fleet=3")  # Paddle logs the gflags its PS parses
+    monkeypatch.setenv("GLOG_minloglevel", "0")
+    result, metrics, stats, lines = _train_and_score(tmp_path, datasets, rpc_timeout_ms=123456)
+    assert [e["epoch"] for e in result.epochs] == [1, 2]
+    assert result.epochs[-1]["examples"] == stats["rows"]["train"]
+    assert any("global train AUC" in line for line in lines)
+    # every_passes=1: one committed checkpoint per pass, LATEST on the last one
+    assert [parse_id(c["id"])[0] for c in result.checkpoints] == [1, 2]
+    assert CheckpointStore(str(tmp_path / "ckpt")).latest() == result.checkpoints[-1]["id"]
+    # Learned: well above chance on held-out rows, and on the way to the generator's ceiling.
+    assert metrics["auc"] > 0.7, metrics
+    assert metrics["auc"] / stats["bayes"]["auc"] > 0.85
+    # The RPC settings reached both the server's and the worker's PS runtime.
+    for role in ("server-0", "worker-0"):
+        log = (tmp_path / "logs" / f"{role}.log").read_text()
+        assert "Init With Gflags:" in log and "-pserver_timeout_ms=123456" in log, role
+
+
+@pytest.mark.parametrize("mode", ["async", "geo", "sync"])
+def test_two_servers_two_workers_learn(tmp_path, datasets, mode):
+    # Geo adds every worker's dense delta on the servers: at this data size Adam's 1e-3 sometimes drove the
+    # net to a constant prediction (test AUC 0.50 in 2 of 5 runs, 0.70-0.71 otherwise); 3e-4 gave 0.745-0.749.
+    model = {"hidden": [64, 32], "learning_rate": 3e-4} if mode == "geo" else None
+    result, metrics, stats, _ = _train_and_score(tmp_path, datasets, servers=2, workers=2, mode=mode,
+                                                 sync_batches=4, model=model)
+    # Both workers' examples are counted in the global AUC statistics.
+    assert result.epochs[-1]["examples"] == stats["rows"]["train"]
+    assert metrics["auc"] > 0.7, (mode, metrics)
+
+
+def test_ssd_table_learns_with_a_rocksdb_per_server_workdir(tmp_path, datasets):
+    """table=ssd: Paddle's SSDSparseTable serves and learns. Each server opens its RocksDB stores in its own
+    work directory, and the checkpoint's rows are pulled by the workers, since a save of the table hangs."""
+    result, metrics, stats, _ = _train_and_score(tmp_path, datasets, servers=2,
+                                                 table={"table_class": "SSDSparseTable", "shard_num": 16})
+    assert result.epochs[-1]["examples"] == stats["rows"]["train"]
+    assert metrics["auc"] > 0.7, metrics
+    work = tmp_path / "logs" / "work"
+    for server in ("server-0", "server-1"):
+        # 16 shards on 2 servers: one RocksDB per local shard, opened (CURRENT written) in the server's workdir
+        stores = sorted((work / server).glob("rocksdb_*"))
+        assert sorted(p.name for p in stores) == sorted(f"rocksdb_{k}" for k in range(8)), server
+        assert all((p / "CURRENT").is_file() for p in stores)
+    assert not list(work.rglob("database*"))  # Paddle's default path, which servers in one directory share
+    last = tmp_path / "ckpt" / result.checkpoints[-1]["id"]
+    assert not (last / "tables").exists() and (last / "worker_rows" / "worker-0.npz").is_file()
+
+
+def test_endpoints_may_be_host_names(tmp_path, datasets):
+    """On Kubernetes every endpoint is a pod's DNS name (manifests.kubernetes_layout), POD_IP included."""
+    result, _, stats, _ = _train_and_score(tmp_path, datasets, servers=2, workers=2, host="localhost", epochs=1)
+    assert result.epochs[-1]["examples"] == stats["rows"]["train"]
+
+
+@pytest.mark.parametrize("victim_name", ["worker-1", "server-0"])
+def test_killed_process_stops_the_whole_job(tmp_path, datasets, victim_name):
+    cfg = _config(tmp_path, servers=2, workers=2, epochs=200, progress_period_s=1)
+    data_dir, _ = datasets[2]
+    job = LocalJob(prepare_job(cfg, None), data_dir, tmp_path / "logs", echo=lambda line: None)
+    outcome = {}
+
+    def run():
+        try:
+            job.run()
+        except PsJobError as err:
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.time() + 120
+    while "worker-1" not in job.progress and time.time() < deadline:  # training has started
+        time.sleep(0.2)
+    assert "worker-1" in job.progress, "worker 1 never reported progress"
+    victim = next(p for p in job.processes if p.name == victim_name)
+    killed_at = time.time()
+    os.kill(victim.popen.pid, signal.SIGKILL)
+    thread.join(60)
+    assert not thread.is_alive()
+    assert time.time() - killed_at < 30
+    error = outcome["error"]
+    assert error.role == victim_name
+    assert "SIGKILL" in str(error) and f"{victim_name}.log" in str(error)
+    assert not _job_processes_alive(str(tmp_path))
+    assert CheckpointStore(cfg.checkpoint.uri).committed() == []
+
+
+def test_resume_restores_the_model_exactly_and_continues(tmp_path, datasets):
+    """Pass 1 is committed; a rerun with resume=latest trains pass 2 only, from the restored model.
+
+    A third run resumes from pass 2 on a different server count with learning rates so small that
+    training cannot move the model: its checkpoint must score exactly like the one it started from. A
+    fourth run warm-starts from pass 2 into its own store, on one server, and must score the same too.
+    """
+    data_dir, _ = datasets[2]
+    first = launch_ps_job(_config(tmp_path, servers=2, workers=2, epochs=1), data_dir, tmp_path / "l1",
+                          echo=lambda line: None)
+    (pass1,) = [c["id"] for c in first.checkpoints]
+    second = launch_ps_job(_config(tmp_path, servers=2, workers=2, epochs=2, checkpoint={"resume": "latest"}),
+                           data_dir, tmp_path / "l2", echo=lambda line: None)
+    assert second.restored_from == RestoreTarget(str(tmp_path / "ckpt"), pass1, resume=True, shard_num=16)
+    assert [e["epoch"] for e in second.epochs] == [2]  # pass 1 is not trained twice
+    (pass2,) = [c["id"] for c in second.checkpoints]
+    uri = str(tmp_path / "ckpt")
+    resumed = _score(uri, pass2, data_dir, tmp_path / "e2")
+    assert resumed["auc"] > _score(uri, pass1, data_dir, tmp_path / "e1")["auc"]
+
+    frozen = _config(tmp_path, servers=3, workers=2, epochs=3, checkpoint={"resume": pass2},
+                     model={"learning_rate": 1e-12}, table={"learning_rate": 1e-12})
+    third = launch_ps_job(frozen, data_dir, tmp_path / "l3", echo=lambda line: None)
+    assert third.restored_from.id == pass2 and [e["epoch"] for e in third.epochs] == [3]
+    assert third.plan.shard_num == 16  # as saved on 2 servers, not 3 x 8: Paddle loads a table into no other count
+    restored = _score(uri, third.checkpoints[-1]["id"], data_dir, tmp_path / "e3")
+    assert restored["auc"] == pytest.approx(resumed["auc"], abs=1e-6)
+    assert restored["logloss"] == pytest.approx(resumed["logloss"], abs=1e-6)
+
+    # Warm start: another run, its own store, starts from pass 2's weights and trains from pass 1.
+    warm = _config(tmp_path / "warm", servers=1, workers=2, epochs=1,
+                   checkpoint={"warm_start": f"{uri}#{pass2}"},
+                   model={"learning_rate": 1e-12}, table={"learning_rate": 1e-12})
+    fourth = launch_ps_job(warm, data_dir, tmp_path / "l4", echo=lambda line: None)
+    assert fourth.restored_from == RestoreTarget(uri, pass2, resume=False, shard_num=16)
+    assert [e["epoch"] for e in fourth.epochs] == [1]
+    warm_metrics = _score(warm.checkpoint.uri, fourth.checkpoints[-1]["id"], data_dir, tmp_path / "e4")
+    assert warm_metrics["auc"] == pytest.approx(resumed["auc"], abs=1e-6)
+
+
+@pytest.mark.parametrize("victim_name", ["worker-1", "server-1"])
+def test_kill_mid_training_keeps_the_last_checkpoint_and_resume_finishes(tmp_path, datasets, victim_name):
+    """kill -9 during pass 2 of 3: the job fails naming the role, pass 1's checkpoint stays committed and
+    loadable, and resume=latest trains passes 2 and 3 only (at most one pass of work is lost)."""
+    data_dir, _ = datasets[2]
+    cfg = _config(tmp_path, servers=2, workers=2, epochs=3, progress_period_s=1)
+    job = LocalJob(prepare_job(cfg, None), data_dir, tmp_path / "l1", echo=lambda line: None)
+    outcome = {}
+    thread = threading.Thread(target=lambda: outcome.setdefault("error", _run_expecting_failure(job)))
+    thread.start()
+    deadline = time.time() + 120
+    while not job.checkpoints and time.time() < deadline:
+        time.sleep(0.1)
+    assert job.checkpoints, "no checkpoint was committed"
+    time.sleep(0.5)  # into pass 2
+    killed_at = time.time()
+    os.kill(next(p for p in job.processes if p.name == victim_name).popen.pid, signal.SIGKILL)
+    thread.join(60)
+    assert time.time() - killed_at < 30
+    assert outcome["error"].role == victim_name
+    assert not _job_processes_alive(str(tmp_path))
+    store = CheckpointStore(cfg.checkpoint.uri)
+    (kept,) = [c["id"] for c in job.checkpoints]
+    assert store.committed() == [kept] and parse_id(kept)[0] == 1
+    assert _score(cfg.checkpoint.uri, kept, data_dir, tmp_path / "e1")["auc"] > 0.6  # intact and loadable
+
+    rerun = launch_ps_job(_config(tmp_path, servers=2, workers=2, epochs=3, checkpoint={"resume": "latest"}),
+                          data_dir, tmp_path / "l2", echo=lambda line: None)
+    assert rerun.restored_from.id == kept
+    assert [e["epoch"] for e in rerun.epochs] == [2, 3]
+
+
+def _run_expecting_failure(job):
+    try:
+        job.run()
+    except PsJobError as err:
+        return err
+    raise AssertionError("the job did not fail")
+
+
+def test_checkpoints_to_s3_and_resume_matches_an_uninterrupted_run(tmp_path, datasets, s3_endpoint):
+    """A run checkpoints to a real S3 endpoint (moto on loopback); a second run resumes from it.
+
+    1 server / 1 worker / 1 thread makes training repeatable, so the resumed run's test metrics match the
+    uninterrupted run's closely; what differs is the dense optimizer's moments, which a resume restarts.
+    """
+    data_dir, _ = datasets[1]
+    s3 = dict(checkpoint={"uri": s3_endpoint})
+    straight = launch_ps_job(_config(tmp_path / "a", epochs=2, **s3), data_dir, tmp_path / "la",
+                             echo=lambda line: None)
+    straight_metrics = _score(s3_endpoint, straight.checkpoints[-1]["id"], data_dir, tmp_path / "ea")
+
+    uri = s3_endpoint + "-resumed"
+    launch_ps_job(_config(tmp_path / "b", epochs=1, checkpoint={"uri": uri}), data_dir, tmp_path / "lb",
+                  echo=lambda line: None)
+    resumed = launch_ps_job(_config(tmp_path / "b", epochs=2, checkpoint={"uri": uri, "resume": "latest"}),
+                            data_dir, tmp_path / "lc", echo=lambda line: None)
+    assert resumed.restored_from.resume and [e["epoch"] for e in resumed.epochs] == [2]
+    resumed_metrics = _score(uri, resumed.checkpoints[-1]["id"], data_dir, tmp_path / "eb")
+    # Measured: uninterrupted runs differ from each other by up to 0.0016 AUC; resumed vs uninterrupted
+    # differed by 0.0002 to 0.0052 over the runs seen, so 0.005 was too tight (a CI run showed 0.0052).
+    assert resumed_metrics["auc"] == pytest.approx(straight_metrics["auc"], abs=0.01)
+    assert len(CheckpointStore(uri).committed()) == 2
+    # Credentials come from the environment only: they reach no log, no job spec, no checkpoint file.
+    for path in tmp_path.rglob("*"):
+        if path.is_file() and path.stat().st_size < 50 << 20:
+            assert FAKE_SECRET.encode() not in path.read_bytes(), path
+
+
+def test_timed_checkpoints_inside_a_pass_and_resume_there(tmp_path, datasets):
+    """every_minutes: checkpoints fall between chunks of a pass; resuming from one trains only the rest."""
+    data_dir, stats = datasets[2]
+    timed = {"every_minutes": 1e-6, "chunk_batches": 60, "keep_last": 10}  # due after every chunk
+    result = launch_ps_job(_config(tmp_path, servers=1, workers=2, epochs=1, checkpoint=timed), data_dir,
+                           tmp_path / "l1", echo=lambda line: None)
+    # 24k rows per worker in chunks of 60 x 64 rows: 6 chunks, a timed checkpoint between each, one at the end.
+    assert [c["chunk"] for c in result.checkpoints] == [1, 2, 3, 4, 5, 0]
+    mid = result.checkpoints[2]["id"]
+    done = parse_id(mid)[1]
+    assert 0 < done < stats["rows"]["train"]
+    rerun = launch_ps_job(_config(tmp_path, servers=1, workers=2, epochs=1,
+                                  checkpoint={**timed, "every_minutes": 0, "resume": mid}),
+                          data_dir, tmp_path / "l2", echo=lambda line: None)
+    assert rerun.restored_from.id == mid
+    # Only the chunks after the checkpoint were trained: nothing twice, nothing skipped.
+    assert rerun.epochs[0]["epoch"] == 1 and rerun.epochs[0]["examples"] + done == stats["rows"]["train"]
+
+
+def test_float16_export_scores_like_float32_and_resume_reads_the_float32_tables(tmp_path, datasets):
+    """checkpoint.export_dtype=float16 narrows only the export's rows: they are the servers' float32 rows
+    rounded, score within 0.002 AUC of them, and a resume from that checkpoint starts from the float32 tables."""
+    data_dir, _ = datasets[1]
+    cfg = _config(tmp_path, epochs=1, checkpoint={"export_dtype": "float16"})
+    (ckpt_id,) = [c["id"] for c in launch_ps_job(cfg, data_dir, tmp_path / "l1", echo=lambda line: None).checkpoints]
+    half_dir = CheckpointStore(cfg.checkpoint.uri).download(ckpt_id, tmp_path / "half")
+    half = ckpt_io.load(half_dir)
+    # Table 000 is the sparse table (001 holds the dense parameters): the servers' own float32 rows.
+    ids, rows = read_sparse_table(half_dir / ckpt_io.TABLES / "000", cfg.table.rule, cfg.table.embedding_dim)
+    assert half.rows.dtype == np.float16 and np.array_equal(half.ids, ids)
+    assert np.array_equal(half.rows, rows.astype(np.float16))
+    # The same checkpoint as export_dtype=float32 exports it, scored both ways.
+    full_dir = tmp_path / "full"
+    ckpt_io.save_export(full_dir, ids, rows, half.dense)
+    full_dir = commit_staged_checkpoint(full_dir, half.meta)
+    embedding = f"{ckpt_io.EXPORT}/{ckpt_io.EMBEDDING_FILE}"
+    assert (full_dir / embedding).stat().st_size - (half_dir / embedding).stat().st_size == rows.nbytes // 2
+    half_metrics = evaluate(half_dir, data_dir, tmp_path / "e16", EvalConfig())
+    full_metrics = evaluate(full_dir, data_dir, tmp_path / "e32", EvalConfig())
+    assert full_metrics["auc"] > 0.7
+    assert half_metrics["auc"] == pytest.approx(full_metrics["auc"], abs=0.002)
+
+    # Resume with learning rates too small to move a weight: the servers load the float32 tables, so the
+    # resumed job's (float32) export holds the float32 rows, not their float16 rounding.
+    frozen = _config(tmp_path, epochs=2, checkpoint={"resume": ckpt_id},
+                     model={"learning_rate": 1e-12}, table={"learning_rate": 1e-12})
+    resumed_id = launch_ps_job(frozen, data_dir, tmp_path / "l2", echo=lambda line: None).checkpoints[-1]["id"]
+    resumed = ckpt_io.load(fetch_for_scoring(cfg.checkpoint.uri, resumed_id, tmp_path / "resumed"))
+    assert resumed.rows.dtype == np.float32 and np.array_equal(resumed.ids, ids)
+    # (measured: a learning rate of 1e-12 moved 183 of 543k weights, all tiny, by up to 1e-12; float16
+    # rounding moved weights by up to 6e-5)
+    assert np.abs(resumed.rows - rows).max() < 1e-9
+    assert np.abs(half.rows.astype(np.float32) - rows).max() > 1e-6
+
+
+def test_eviction_removes_the_rows_not_trained_since_the_last_checkpoint(tmp_path, datasets):
+    """table.eviction with delete_after_unseen_days=0: each save ages every row, training resets it, and the
+    shrink before the next save evicts the rest, so a checkpoint holds exactly the ids its chunk trained."""
+    data_dir, stats = datasets[1]
+    timed = {"every_minutes": 1e-6, "chunk_batches": 250, "keep_last": 10}  # a checkpoint after every chunk
+    cfg = _config(tmp_path, epochs=1, checkpoint=timed,
+                  table={"eviction": {"enabled": True, "delete_after_unseen_days": 0}})
+    lines = []
+    result = launch_ps_job(cfg, data_dir, tmp_path / "logs", echo=lines.append)
+    assert len(result.checkpoints) == 3  # 48k rows in chunks of 250 x 64
+    schema = Schema.from_dict(stats["schema"])
+    chunk_files = sorted((tmp_path / "logs" / "work" / "worker-0" / "chunks-epoch1").glob("chunk-*.txt"))
+    store = CheckpointStore(cfg.checkpoint.uri)
+    saved = []
+    for n, event in enumerate(result.checkpoints):
+        local = store.download(event["id"], tmp_path / f"c{n}")
+        saved.append(read_sparse_table(local / ckpt_io.TABLES / "000", cfg.table.rule,
+                                               cfg.table.embedding_dim)[0])
+    for n in (1, 2):
+        _, _, sparse = read_shards([chunk_files[n]], schema)
+        trained = np.unique(np.concatenate([slot.values for slot in sparse]))
+        assert np.array_equal(np.sort(saved[n]), trained), n
+        evicted = np.setdiff1d(saved[n - 1], saved[n])
+        assert evicted.size > 0 and result.checkpoints[n]["evicted"] == evicted.size
+        assert any(f"({evicted.size:,} rows evicted since the last checkpoint)" in line for line in lines)
+    assert result.checkpoints[0].get("evicted") is None  # nothing to compare the first with

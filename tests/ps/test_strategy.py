@@ -1,0 +1,57 @@
+"""Our config as Paddle's PS strategy, sparse table and server flags."""
+
+import pytest
+
+from components.config import CtrConfig, SparseRule, from_dict
+from components.ps.strategy import server_flags, sparse_table_configs, strategy_settings
+
+
+def test_sparse_table_configs_spell_out_the_rule():
+    table = CtrConfig().table
+    table.rule, table.learning_rate, table.embedding_dim, table.shard_num = SparseRule.adam, 0.01, 9, 24
+    (name, configs), = sparse_table_configs(table).items()
+    prefix = f"table_parameters.{name}.accessor."
+    assert configs[prefix + "embed_sgd_param.name"] == "SparseAdamSGDRule"
+    assert configs[prefix + "embedx_sgd_param.adam.learning_rate"] == 0.01
+    # Paddle checks fea_dim = dim + 2 and embedx_dim = dim - 1 for SparseAccessor.
+    assert configs[prefix + "fea_dim"] == 11 and configs[prefix + "embedx_dim"] == 8
+    assert configs[f"table_parameters.{name}.shard_num"] == 24
+    assert not any("ctr_accessor_param" in key for key in configs)  # eviction off: Paddle's defaults
+    table.eviction.enabled, table.eviction.delete_after_unseen_days = True, 3
+    (_, configs), = sparse_table_configs(table).items()
+    assert configs[prefix + "ctr_accessor_param.delete_after_unseen_days"] == 3
+
+
+@pytest.mark.parametrize("mode,k_steps,has_table", [("async", 0, True), ("sync", 0, True), ("geo", 7, False)])
+def test_strategy_per_mode(mode, k_steps, has_table):
+    cfg = from_dict({"ps": {"mode": mode, "geo_k_steps": 7}, "table": {"shard_num": 16}, "run_dir": "."})
+    settings = strategy_settings(cfg)
+    assert settings["a_sync"] is True
+    assert settings["a_sync_configs"] == {"k_steps": k_steps}
+    assert (settings["sparse_table_configs"] is not None) == has_table
+
+
+def test_strategy_builds_in_paddle():
+    from components.ps.strategy import build_strategy
+
+    cfg = from_dict({"table": {"rule": "adagrad", "learning_rate": 0.3, "shard_num": 16}, "run_dir": "."})
+    strategy = build_strategy(cfg)
+    (table,) = strategy.sparse_table_configs
+    assert table.accessor.embed_sgd_param.name == "SparseAdaGradSGDRule"
+    assert table.accessor.embedx_sgd_param.adagrad.learning_rate == pytest.approx(0.3)
+    assert list(table.accessor.embedx_sgd_param.adagrad.weight_bounds) == [-10.0, 10.0]
+
+
+def test_each_ssd_server_keeps_its_rocksdb_in_its_own_workdir(tmp_path):
+    ssd = from_dict({"table": {"table_class": "SSDSparseTable"}, "run_dir": "."})
+    flags = {i: server_flags(ssd, tmp_path / f"server-{i}") for i in (0, 1)}
+    assert flags[0] == {"FLAGS_rocksdb_path": str(tmp_path / "server-0" / "rocksdb")}
+    assert flags[0] != flags[1]
+    assert server_flags(from_dict({"run_dir": "."}), tmp_path) == {}  # a memory table opens no RocksDB
+
+
+def test_a_role_never_resolves_the_shard_count_itself():
+    """The job is prepared once (components.train.job.prepare_job): a config without its shard count is a bug."""
+    with pytest.raises(ValueError, match="table.shard_num is resolved when the job is prepared"):
+        strategy_settings(from_dict({"run_dir": "."}))
+    assert strategy_settings(from_dict({"ps": {"mode": "geo"}, "run_dir": "."}))["sparse_table_configs"] is None
