@@ -62,6 +62,10 @@ class DataConfig:
     shards_per_worker: int = 1
     max_malformed_fraction: float = 0.01
     seed: int = 0
+    # Data prep fans out over this many convert tasks (pods on Kubeflow), each a pool of prep_processes
+    # processes (null: every core the task may use). The dataset is the same whatever both are.
+    prep_parallelism: int = 1
+    prep_processes: Optional[int] = None
 
 
 @dataclass
@@ -296,11 +300,12 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     """
     for key in ("ps.servers", "ps.workers", "ps.threads", "ps.batch_size", "ps.epochs",
                 "table.embedding_dim", "table.vocab_size", "table.learning_rate",
-                "model.learning_rate", "data.shards_per_worker", "ps.rpc_timeout_ms",
+                "model.learning_rate", "data.shards_per_worker", "data.prep_parallelism", "ps.rpc_timeout_ms",
                 "ps.rpc_connect_timeout_ms", "ps.table_save_max_retry"):
         group, name = key.split(".")
         _positive(key, getattr(getattr(cfg, group), name))
-    for key, value in (("table.shard_num", cfg.table.shard_num), ("ps.memory_budget_gb", cfg.ps.memory_budget_gb)):
+    for key, value in (("table.shard_num", cfg.table.shard_num), ("ps.memory_budget_gb", cfg.ps.memory_budget_gb),
+                       ("data.prep_processes", cfg.data.prep_processes)):
         if value is not None:  # null: chosen by the planner / no budget
             _positive(key, value)
     if cfg.ps.mode is Mode.geo:

@@ -65,6 +65,7 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from components.checkpoint import format as ckpt_io
+from components.data_prep.hashing import HASH_FUNCTION, check_hash_function
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components.evaluate.scoring import Scorer, predict_batches
 from components.ps.models import EMBEDDING_TABLE
@@ -129,6 +130,8 @@ def export_inference_model(checkpoint_dir: str | os.PathLike, out_dir: str | os.
             "embedding_dim": program.table_shape[1],
             "embedding_dtype": program.table_dtype,
             "vocab_size": meta.get("table", {}).get("vocab_size"),
+            # Checkpoints made before the name was recorded used the same (and only) function.
+            "hash_function": meta.get("hash_function") or HASH_FUNCTION,
             "source_checkpoint": {"manifest_sha256": ckpt_io.file_digest(local / ckpt_io.MANIFEST)[1],
                                   "mode": meta.get("mode"),
                                   "rows": meta.get("rows"), "paddle_version": meta.get("paddle_version"),
@@ -207,6 +210,10 @@ class InferenceModel:
         meta = json.loads((root / SERVING_META).read_text())
         if meta.get("format") != FORMAT:
             raise ServingModelError(f"{root / SERVING_META}: format {meta.get('format')!r}, this code reads {FORMAT}")
+        try:
+            check_hash_function(meta.get("hash_function"), str(root / SERVING_META))
+        except ValueError as err:
+            raise ServingModelError(str(err)) from None
         ids = np.load(root / IDS_FILE)
         paddle.enable_static()
         scope = paddle.static.Scope()

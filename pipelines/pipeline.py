@@ -1,4 +1,5 @@
-"""The CTR pipeline: resolve the config -> prepare data -> PS training -> evaluation, and beside it the export.
+"""The CTR pipeline: resolve the config -> prepare data (plan, convert in parallel, merge) -> PS training ->
+evaluation, and beside it the export.
 
 :func:`ctr_pipeline` builds the pipeline for one composed config. What is structural (server and worker
 counts, images, resources, model, mode, ...) is compiled in as a constant; the knobs worth changing per
@@ -18,7 +19,7 @@ from kfp import compiler, dsl
 from kfp.dsl import HTML, Artifact, Metrics, Model
 
 from components.config import ClusterConfig, CtrConfig, PipelineRunner
-from components.data_prep.component import prepare_data
+from components.data_prep.component import convert_data, merge_data, plan_data
 from components.evaluate.component import evaluate_model
 from components.export.component import export_model
 from components.resolve.component import resolve_config
@@ -26,10 +27,15 @@ from components.resolve.step import config_struct, run_parameters
 from components.train.component import train
 
 PIPELINE_NAME = "ctr-ps-training"
-TASKS = ("resolve-config", "prepare-data", "train", "evaluate-model", "export-model")  # a topological order
-# What each task waits for: evaluation and export both start once training is done.
-DEPENDENCIES = {"resolve-config": (), "prepare-data": ("resolve-config",), "train": ("resolve-config", "prepare-data"),
-                "evaluate-model": ("resolve-config", "prepare-data", "train"),
+# Every task, in a topological order. convert-data runs inside the data-prep fan-out: a ParallelFor over the plan's
+# groups, the root DAG's PREP_LOOP.
+TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", "train", "evaluate-model", "export-model")
+PREP_LOOP = "for-loop-1"
+# What each task of the root DAG waits for, in a topological order: evaluation and export both start once
+# training is done.
+DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOOP: ("plan-data",),
+                "merge-data": ("plan-data", PREP_LOOP), "train": ("resolve-config", "merge-data"),
+                "evaluate-model": ("resolve-config", "merge-data", "train"),
                 "export-model": ("resolve-config", "train")}
 # The train step's launcher makes its own pod the owner of the PS job it creates (downward API).
 LAUNCHER_POD_FIELDS = {"POD_NAME": "metadata.name", "POD_UID": "metadata.uid", "POD_NAMESPACE": "metadata.namespace"}
@@ -63,14 +69,22 @@ def ctr_pipeline(cfg: CtrConfig):
                                   checkpoint_uri=checkpoint_uri, resume=resume)
         # It checks the resume target against the checkpoint store, whose content changes between runs.
         resolved.set_caching_options(False)
-        prep = prepare_data(config=resolved.output)
+        planned = plan_data(config=resolved.output)
+        # It lists the input files, which change between runs; the steps after it are cached on its plan, whose
+        # fingerprint covers the files (their ETags or mtimes and sizes) and the settings.
+        planned.set_caching_options(False)
+        # A convert task takes nothing but its loop item (kfp.local 2.17 passes the loop item for every other
+        # task output a task inside a ParallelFor takes).
+        with dsl.ParallelFor(planned.output, parallelism=cfg.data.prep_parallelism) as group:
+            converted = convert_data(group=group)
+        prep = merge_data(groups=planned.output, parts=dsl.Collected(converted.outputs["parts"]))
         fit = train(config=resolved.output, dataset=prep.outputs["dataset"])
         # The checkpoint lives outside the artifact store (checkpoint.uri): a cached step would only point at it.
         fit.set_caching_options(False)
         scored = evaluate_model(config=resolved.output, dataset=prep.outputs["dataset"],
                                 checkpoint=fit.outputs["checkpoint"])
         served = export_model(config=resolved.output, checkpoint=fit.outputs["checkpoint"])
-        tasks = (resolved, prep, fit, scored, served)
+        tasks = (resolved, planned, converted, prep, fit, scored, served)
         for task in tasks:
             task.set_env_variable("PYTHONUNBUFFERED", "1")  # progress lines reach the logs as they happen
             task.set_container_image(image)

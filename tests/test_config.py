@@ -56,6 +56,8 @@ def test_closed_vocabularies_fail_at_composition(config, override, allowed):
     (["table.embedding_dim=1"], "table.embedding_dim", 1),
     (["ps.batch_size=0"], "ps.batch_size", 0),
     (["data.test_fraction=1.5"], "data.test_fraction", 1.5),
+    (["data.prep_parallelism=0"], "data.prep_parallelism", 0),
+    (["data.prep_processes=0"], "data.prep_processes", 0),
     (["model.hidden=[64,0]"], "model.hidden", [64, 0]),
     (["table.weight_bounds=[1.0,-1.0]"], "table.weight_bounds", [1.0, -1.0]),
     (["ps=geo", "table.vocab_size=1000000000"], "table.vocab_size", 1_000_000_000),

@@ -1,15 +1,33 @@
-"""KFP v2 component for data prep; the code it runs is :mod:`components.data_prep.step`."""
+"""KFP v2 components for data prep; the code they run is :mod:`components.data_prep.step`."""
 
 # No `from __future__ import annotations`: KFP reads the component signatures' annotations as types.
+from typing import List
+
 from kfp import dsl
-from kfp.dsl import Dataset, Output
+from kfp.dsl import Artifact, Dataset, Input, Output
 
 from components.config import DEFAULT_IMAGE
 
 
 @dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
-def prepare_data(config: dict, dataset: Output[Dataset]):
-    """Synthetic or file data -> sharded MultiSlot train/test splits + stats.json."""
-    from components.data_prep.step import dataset_metadata, prepare_dataset
+def plan_data(config: dict) -> List[dict]:
+    """List the input and cut it into units; one item per convert-data task: the plan and its units."""
+    from components.data_prep.step import plan_dataset
 
-    dataset.metadata.update(dataset_metadata(prepare_dataset(config, dataset.path)))
+    return plan_dataset(config)
+
+
+@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
+def convert_data(group: dict, parts: Output[Artifact]):
+    """One group of units -> their MultiSlot parts, counts and distinct-id counters."""
+    from components.data_prep.step import convert_units
+
+    convert_units(group, parts.path)
+
+
+@dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
+def merge_data(groups: List[dict], parts: Input[List[Artifact]], dataset: Output[Dataset]):
+    """Every group's parts -> sharded MultiSlot train/test splits + stats.json."""
+    from components.data_prep.step import merge_parts
+
+    dataset.metadata.update(merge_parts(groups, [part.path for part in parts], dataset.path))

@@ -15,13 +15,19 @@ per-process salted builtin ``hash()``):
    power-of-two modulus without this avalanche step;
 4. id = h mod vocab_size.
 
-:func:`hash64_many` / :func:`feature_ids` are numpy-vectorised versions that give
-bit-identical results to the scalar functions.
+:func:`hash64_many` / :func:`feature_ids` (Python strings) and :func:`hash_arrow_values` (an Arrow
+string or binary array, as data prep reads its input) are numpy-vectorised versions that give bit-identical
+results to the scalar functions.
+
+The function is named by :data:`HASH_FUNCTION` in a dataset's ``stats.json``, a checkpoint's ``model.json``
+and a serving model's ``serving.json``; code that maps raw values to ids refuses any other name
+(:func:`check_hash_function`), so ids never silently change meaning between training and serving.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import Optional
 
 import numpy as np
 
@@ -31,6 +37,11 @@ _FMIX_C1 = 0xFF51AFD7ED558CCD
 _FMIX_C2 = 0xC4CEB9FE1A85EC53
 _MASK64 = (1 << 64) - 1
 _KEY_SEPARATOR = "\x1f"
+
+# The name of the id function above (key, hash, finaliser, modulo). A new function gets a new name.
+HASH_FUNCTION = "fnv1a64+fmix64(slot\\x1fvalue) mod vocab_size"
+# The datasets and checkpoints made before the name was recorded used this same function.
+IMPLEMENTED_HASH_FUNCTIONS = (HASH_FUNCTION,)
 
 # Shards store ids as decimal text that readers may parse through float64, which is
 # exact up to 2**53 -- far above any embedding table a PS can hold.
@@ -48,10 +59,7 @@ def _fmix64(h: int) -> int:
 
 def hash64(key: bytes) -> int:
     """64-bit FNV-1a of ``key`` followed by the ``fmix64`` finaliser."""
-    h = _FNV_OFFSET
-    for byte in key:
-        h = ((h ^ byte) * _FNV_PRIME) & _MASK64
-    return _fmix64(h)
+    return _fmix64(_fnv_prefix(key))
 
 
 def hash64_many(keys: Sequence[bytes]) -> np.ndarray:
@@ -62,17 +70,70 @@ def hash64_many(keys: Sequence[bytes]) -> np.ndarray:
     width = max(int(lengths.max()), 1)
     # Fixed-width byte matrix; the NUL padding is masked out by `lengths`.
     matrix = np.array(keys, dtype=f"S{width}").view(np.uint8).reshape(len(keys), width)
-    hashes = np.full(len(keys), _FNV_OFFSET, dtype=np.uint64)
+    starts = np.arange(len(keys), dtype=np.int64) * width
+    return mix64(_fnv1a(np.full(len(keys), _FNV_OFFSET, dtype=np.uint64), matrix.ravel(), starts, lengths))
+
+
+def _fnv1a(hashes: np.ndarray, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """FNV-1a of ``data[starts[i]:starts[i] + lengths[i]]`` continued from ``hashes[i]``, for every i."""
     prime = np.uint64(_FNV_PRIME)
-    for position in range(width):
-        stepped = (hashes ^ matrix[:, position].astype(np.uint64)) * prime
-        hashes = np.where(position < lengths, stepped, hashes)
-    hashes ^= hashes >> np.uint64(33)
-    hashes *= np.uint64(_FMIX_C1)
-    hashes ^= hashes >> np.uint64(33)
-    hashes *= np.uint64(_FMIX_C2)
-    hashes ^= hashes >> np.uint64(33)
+    last = max(len(data) - 1, 0)
+    for position in range(int(lengths.max()) if len(lengths) else 0):
+        byte = data[np.minimum(starts + position, last)].astype(np.uint64)
+        hashes = np.where(position < lengths, (hashes ^ byte) * prime, hashes)
     return hashes
+
+
+def mix64(values: np.ndarray) -> np.ndarray:
+    """MurmurHash3's ``fmix64`` of every uint64 (a bijection that spreads every input bit over all 64)."""
+    h = np.array(values, dtype=np.uint64)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(_FMIX_C1)
+    h ^= h >> np.uint64(33)
+    h *= np.uint64(_FMIX_C2)
+    h ^= h >> np.uint64(33)
+    return h
+
+
+def hash_arrow_values(prefix: bytes, values) -> np.ndarray:
+    """:func:`hash64` of ``prefix + value`` for every value of an Arrow string/binary array (no nulls)."""
+    import pyarrow as pa
+
+    if pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type):
+        offset_type = np.int64
+    else:
+        offset_type = np.int32
+    count = len(values)
+    if count == 0:
+        return np.zeros(0, dtype=np.uint64)
+    offsets = np.frombuffer(values.buffers()[1], offset_type)[values.offset: values.offset + count + 1]
+    data = values.buffers()[2]
+    data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
+    start = np.full(count, _fnv_prefix(prefix), dtype=np.uint64)
+    lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
+    return mix64(_fnv1a(start, data, offsets[:-1].astype(np.int64), lengths))
+
+
+def _fnv_prefix(prefix: bytes) -> int:
+    """FNV-1a's state after ``prefix`` (the slot name and separator every key of a slot starts with)."""
+    h = _FNV_OFFSET
+    for byte in prefix:
+        h = ((h ^ byte) * _FNV_PRIME) & _MASK64
+    return h
+
+
+def slot_prefix(slot_name: str) -> bytes:
+    """What every key of ``slot_name`` starts with: :func:`feature_key` without the value."""
+    return f"{slot_name}{_KEY_SEPARATOR}".encode()
+
+
+def check_hash_function(name: Optional[str], where: str) -> None:
+    """Refuse ids made by a hash function this code does not implement (``None``: made before names were recorded,
+    by :data:`HASH_FUNCTION`)."""
+    if name is not None and name not in IMPLEMENTED_HASH_FUNCTIONS:
+        raise ValueError(f"{where} maps raw values to ids with {name!r}, which this code does not implement "
+                         f"(it implements {', '.join(map(repr, IMPLEMENTED_HASH_FUNCTIONS))}): prepare the data "
+                         "and train again with this version, or use the version that made it")
 
 
 def _check_vocab_size(vocab_size: int) -> None:

@@ -99,6 +99,18 @@ def format_line(
     return " ".join(tokens)
 
 
+def text_bytes(values, start: int = 0, end: int | None = None) -> memoryview:
+    """The bytes of lines ``start:end`` of an Arrow string array without nulls (lines built with their
+    newline), without copying them: what a shard file receives."""
+    import pyarrow as pa
+
+    end = len(values) if end is None else end
+    wide = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
+    offsets = np.frombuffer(values.buffers()[1], np.int64 if wide else np.int32)
+    first, last = offsets[values.offset + start], offsets[values.offset + end]
+    return memoryview(values.buffers()[2])[first:last]
+
+
 def format_float(value: float) -> str:
     """Compact float text used for dense values."""
     return f"{value:.6g}"

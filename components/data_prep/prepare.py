@@ -1,167 +1,153 @@
-"""Data-prep entry points: build a sharded MultiSlot dataset plus ``stats.json``.
+"""Data prep: plan, convert in parallel, merge into a sharded MultiSlot dataset plus ``stats.json``.
 
-Output layout (written into a temporary sibling directory and renamed into place at
-the end, so a failure never leaves a half-written dataset)::
+Output layout (written into a temporary sibling directory and renamed into place at the end, so a failure never
+leaves a half-written dataset)::
 
     out_dir/train/part-00000.txt ... part-<num_shards - 1>.txt
     out_dir/test/part-00000.txt  ... part-<num_shards - 1>.txt
     out_dir/stats.json
 
-Rows go round-robin over the shards of their split. Every sparse id is
-``hashing.feature_id(slot, raw_value, vocab_size)``, so all ids lie in
-``[0, vocab_size)``.
+Three stages, each a plain function, so that one machine (:func:`prepare_files`) and a Kubeflow fan-out (one pod
+per group of units, then one merge: :mod:`components.data_prep.step`) run the same code:
 
-* :func:`prepare_synthetic` -- the :mod:`synthetic` generator; the last
-  ``round(rows * test_fraction)`` rows are the test split (rows are i.i.d.), and
-  ``stats["bayes"]`` holds the Bayes-optimal AUC/logloss on it.
-* :func:`prepare_files` -- real files in a :mod:`readers` format, streamed in chunks.
-  A line is a test row when a hash of ``(seed, file basename, line number)`` falls below
-  ``test_fraction``: deterministic, independent of chunking and of where the files live.
+1. :func:`plan_files` lists the input (:mod:`components.data_prep.sources`), cuts it into units and fixes the schema
+   (``feasign`` without ``data.slots``: the slots seen in the input, discovered in a parallel pass);
+2. :func:`convert` turns units into *parts* (a directory per unit: its rows per split and shard, its counts, its
+   distinct-id counters), a pool of processes over the units;
+3. :func:`merge` checks the parts add up to the plan, concatenates them per shard in unit order and writes
+   ``stats.json``.
+
+Where a row goes, decided row by row, never by which process converts it, so the dataset is byte for byte the same
+whatever the number of processes or pods: a row is a test row when a hash of ``(seed, file basename, byte offset of
+its line)`` falls below ``test_fraction``; within a unit the rows of a split are dealt round-robin over the shards,
+starting at shard ``unit index % num_shards``. Every sparse id is ``hashing.feature_id(slot, raw_value,
+vocab_size)``, so all ids lie in ``[0, vocab_size)``.
+
+:func:`prepare_synthetic` writes the :mod:`synthetic` generator's rows the same way (one unit; the last
+``round(rows * test_fraction)`` rows are the test split, and ``stats["bayes"]`` holds the Bayes-optimal AUC/logloss
+on it).
 """
 
 from __future__ import annotations
 
-import itertools
+import hashlib
 import json
 import os
 import posixpath
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from multiprocessing import get_context
 from pathlib import Path
+from typing import Any, Optional
 
 import numpy as np
+import pyarrow as pa
 
-from components.data_prep.hashing import MAX_VOCAB_SIZE, feature_ids, hash64_many
-from components.data_prep.multislot import Schema, format_float
-from components.data_prep.readers import DataPrepError, Malformed, Record, open_reader
-from components.data_prep.synthetic import (
-    SyntheticRows,
-    SyntheticSpec,
-    bayes_metrics,
-    category_id_tables,
-    format_lines,
-    generate,
-)
+from components.config import ints_from_struct
+from components.data_prep.distinct import RELATIVE_ERROR, DistinctCounter
+from components.data_prep.formats import BlockParser, discover_feasign_slots, schema_for
+from components.data_prep.hashing import HASH_FUNCTION, MAX_VOCAB_SIZE, hash64, mix64
+from components.data_prep.multislot import Schema, text_bytes
+from components.data_prep.sources import UNIT_BYTES, DataPrepError, Unit, list_inputs, plan_units, read_blocks
+from components.data_prep.synthetic import (SyntheticRows, SyntheticSpec, bayes_metrics, category_id_tables,
+                                            format_lines, generate)
 
 __all__ = ["DataPrepError", "prepare_files", "prepare_synthetic"]
 
 SPLITS = ("train", "test")
 STATS_FILE = "stats.json"
+RESULT_FILE = "result.json"  # in a part: what its unit held
+DISTINCT_FILE = "distinct.npz"  # in a part: the distinct-id counter of each slot (train rows)
 MALFORMED_EXAMPLES = 10
-_CHUNK_RECORDS = 8192
-# Distinct-id sets merge their pending ids once this many have piled up.
-_DISTINCT_MERGE_THRESHOLD = 1 << 20
+SYNTHETIC = "synthetic"
+# Rows of synthetic data generated and written at a time (the hidden model is drawn once for all of them).
+_SYNTHETIC_BLOCK = 1 << 16
 
 
-def prepare_synthetic(
-    out_dir: str | os.PathLike,
-    *,
-    rows: int,
-    test_fraction: float,
-    num_shards: int,
-    vocab_size: int,
-    seed: int,
-    spec: SyntheticSpec | None = None,
-) -> dict:
-    """Generate ``rows`` synthetic rows into ``out_dir``; returns the stats dict."""
+def default_processes() -> int:
+    """The cores this process may run on (a pod's CPU limit shows as its affinity where the runtime sets it)."""
+    return len(os.sched_getaffinity(0))
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """What data prep will do, decided before any row is converted. JSON-safe (and Struct-safe: no nulls, ints
+    that may come back as floats): it travels to every pod as a pipeline parameter."""
+
+    fmt: str  # raw | slot | feasign | synthetic
+    schema: dict
+    units: list[dict]  # sources.Unit, as dicts (synthetic: one unit without a file)
+    vocab_size: int
+    seed: int
+    test_fraction: float
+    num_shards: int
+    fingerprint: str  # of the input files and these settings: it changes when the dataset would
+    source: Optional[str] = None  # the input URI (None for synthetic data)
+    max_malformed_fraction: Optional[float] = None
+    synthetic: Optional[dict] = None  # {"rows", "spec"}
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+    @classmethod
+    def from_dict(cls, raw: Mapping) -> "DataPlan":
+        raw = ints_from_struct(dict(raw))
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+
+    def unit(self, index: int) -> Unit:
+        """The unit numbered ``index`` (a convert task's plan holds only its own units)."""
+        return next(Unit.from_dict(unit) for unit in self.units if int(unit["index"]) == index)
+
+
+def _fingerprint(settings: Mapping, inputs: Iterable[str]) -> str:
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode())
+    for entry in inputs:
+        digest.update(entry.encode() + b"\0")
+    return digest.hexdigest()[:32]
+
+
+def plan_files(*, uri: str, fmt: str, test_fraction: float, num_shards: int, vocab_size: int, seed: int,
+               max_malformed_fraction: float, slots: Optional[Sequence[str]] = None,
+               storage_options: Optional[Mapping] = None, unit_bytes: int = UNIT_BYTES,
+               processes: Optional[int] = None) -> DataPlan:
+    """List the input, cut it into units and fix the schema; raises DataPrepError for input that cannot work."""
+    _check_settings(test_fraction, num_shards, vocab_size)
+    if not 0.0 <= max_malformed_fraction <= 1.0:
+        raise DataPrepError(f"max_malformed_fraction must be in [0, 1], got {max_malformed_fraction}")
+    schema_for(fmt, slots, ["2"])  # an unknown format or slot fails before the input is listed
+    files = list_inputs(uri, storage_options)
+    units = plan_units(files, unit_bytes)
+    discovered = None
+    if fmt == "feasign" and slots is None:
+        found = _map(_discover_unit, [(u.to_dict(), dict(storage_options or {})) for u in units], processes)
+        discovered = sorted(set().union(*found), key=int)
+        if not discovered:
+            raise DataPrepError(f"{uri!r} holds no well-formed feasign line with a sparse slot: expected "
+                                "'<feasign>:<slot>' tokens with the label as '<0|1>:1'")
+    schema = schema_for(fmt, slots, discovered)
+    settings = dict(fmt=fmt, schema=schema.to_dict(), vocab_size=vocab_size, seed=seed, test_fraction=test_fraction,
+                    num_shards=num_shards, max_malformed_fraction=max_malformed_fraction, hash=HASH_FUNCTION)
+    return DataPlan(source=uri, units=[u.to_dict() for u in units],
+                    fingerprint=_fingerprint(settings, (f"{f.url} {f.fingerprint}" for f in files)), **{
+                        k: v for k, v in settings.items() if k != "hash"})
+
+
+def plan_synthetic(*, rows: int, test_fraction: float, num_shards: int, vocab_size: int, seed: int,
+                   spec: Optional[SyntheticSpec] = None) -> DataPlan:
     _check_settings(test_fraction, num_shards, vocab_size)
     spec = spec or SyntheticSpec()
     test_rows = round(rows * test_fraction)
-    train_rows = rows - test_rows
-    _check_split_sizes({"train": train_rows, "test": test_rows}, num_shards)
-    data = generate(rows, seed, spec)
-    id_tables = category_id_tables(spec, vocab_size)
-    distinct = {
-        slot: len(np.unique(table[data.categories[:train_rows, field]]))
-        for field, (slot, table) in enumerate(zip(spec.sparse_slots, id_tables))
-    }
-    with _atomic_directory(Path(out_dir)) as staging, ExitStack() as files:
-        writers = {split: _ShardWriter(staging, split, num_shards, files) for split in SPLITS}
-        # Text is formatted a block at a time: it takes ~3x the memory of the arrays.
-        for start in range(0, rows, _CHUNK_RECORDS * 8):
-            block = SyntheticRows(*(array[start : start + _CHUNK_RECORDS * 8] for array in data))
-            lines = format_lines(block, spec, id_tables)
-            for row, (label, line) in enumerate(zip(block.labels.tolist(), lines), start=start):
-                writers["train" if row < train_rows else "test"].write(line, label)
-        files.close()
-        stats = _stats(
-            fmt="synthetic",
-            source=None,
-            schema=spec.schema,
-            writers=writers,
-            distinct_ids=distinct,
-            malformed=_MalformedLog(),
-            vocab_size=vocab_size,
-            seed=seed,
-            test_fraction=test_fraction,
-            max_malformed_fraction=None,
-            bayes=bayes_metrics(data.labels[train_rows:], data.probabilities[train_rows:]),
-            generator=spec.to_dict(),
-        )
-        _write_stats(staging, stats)
-    return stats
-
-
-def prepare_files(
-    out_dir: str | os.PathLike,
-    *,
-    uri: str,
-    fmt: str,
-    test_fraction: float,
-    num_shards: int,
-    vocab_size: int,
-    seed: int,
-    max_malformed_fraction: float,
-    slots: Sequence[str] | None = None,
-    storage_options: Mapping | None = None,
-) -> dict:
-    """Convert the files at ``uri`` (format ``fmt``) into ``out_dir``; returns the stats dict.
-
-    ``slots`` selects/orders sparse slots (see ``readers.open_reader``);
-    ``storage_options`` go to fsspec (e.g. ``{"client_kwargs": {"endpoint_url": ...}}``).
-    Malformed lines are skipped and counted; more than ``max_malformed_fraction`` of
-    all non-blank lines is an error.
-    """
-    _check_settings(test_fraction, num_shards, vocab_size)
-    if not 0.0 <= max_malformed_fraction <= 1.0:
-        raise DataPrepError(
-            f"max_malformed_fraction must be in [0, 1], got {max_malformed_fraction}"
-        )
-    schema, stream = open_reader(fmt, uri, slots, storage_options)
-    malformed = _MalformedLog()
-    distinct = _DistinctIds(schema.sparse_slots)
-    with _atomic_directory(Path(out_dir)) as staging, ExitStack() as files:
-        writers = {split: _ShardWriter(staging, split, num_shards, files) for split in SPLITS}
-        for chunk in _records_in_chunks(stream, malformed):
-            _write_chunk(chunk, schema, writers, distinct, test_fraction, vocab_size, seed)
-        files.close()
-        records = writers["train"].rows + writers["test"].rows
-        malformed.check(uri, max_malformed_fraction, records)
-        if records == 0:
-            raise DataPrepError(
-                f"no data rows in {uri!r}: the matched files hold no valid, non-blank lines "
-                f"({malformed.count} malformed); check the URI and the format {fmt!r}"
-            )
-        split_rows = {split: writer.rows for split, writer in writers.items()}
-        _check_split_sizes(split_rows, num_shards, uri)
-        stats = _stats(
-            fmt=fmt,
-            source=uri,
-            schema=schema,
-            writers=writers,
-            distinct_ids=distinct.counts(),
-            malformed=malformed,
-            vocab_size=vocab_size,
-            seed=seed,
-            test_fraction=test_fraction,
-            max_malformed_fraction=max_malformed_fraction,
-            bayes=None,
-            generator=None,
-        )
-        _write_stats(staging, stats)
-    return stats
+    _check_split_sizes({"train": rows - test_rows, "test": test_rows}, num_shards)
+    settings = dict(fmt=SYNTHETIC, schema=spec.schema.to_dict(), vocab_size=vocab_size, seed=seed,
+                    test_fraction=test_fraction, num_shards=num_shards, max_malformed_fraction=None,
+                    synthetic={"rows": rows, "spec": spec.to_dict()})
+    unit = Unit(0, SYNTHETIC, 0, rows, compressed=False)
+    return DataPlan(source=None, units=[unit.to_dict()], fingerprint=_fingerprint({**settings, "hash": HASH_FUNCTION},
+                                                                                  ()), **settings)
 
 
 def _check_settings(test_fraction: float, num_shards: int, vocab_size: int) -> None:
@@ -173,7 +159,7 @@ def _check_settings(test_fraction: float, num_shards: int, vocab_size: int) -> N
         raise DataPrepError(f"vocab_size must be in [1, 2**53], got {vocab_size}")
 
 
-def _check_split_sizes(rows: Mapping[str, int], num_shards: int, uri: str | None = None) -> None:
+def _check_split_sizes(rows: Mapping[str, int], num_shards: int, uri: Optional[str] = None) -> None:
     """Every shard must get a row: an empty split (or shard) is an error, never a dataset."""
     where = f" from {uri!r}" if uri else ""
     for split, count in rows.items():
@@ -181,194 +167,249 @@ def _check_split_sizes(rows: Mapping[str, int], num_shards: int, uri: str | None
             raise DataPrepError(
                 f"the {split} split{where} has {count} rows but num_shards={num_shards} needs at "
                 f"least one row per shard (rows per split: {dict(rows)}); provide more input, "
-                "lower num_shards, or change test_fraction"
-            )
+                "lower num_shards, or change test_fraction")
 
 
-class _MalformedLog:
-    """Counts malformed lines and keeps the first few for error messages and stats."""
-
-    def __init__(self) -> None:
-        self.count = 0
-        self.examples: list[dict] = []
-
-    def add(self, bad: Malformed) -> None:
-        self.count += 1
-        if len(self.examples) < MALFORMED_EXAMPLES:
-            example = {"file": bad.source, "line": bad.line_number, "reason": bad.reason}
-            self.examples.append(example)
-
-    def fraction(self, records: int) -> float:
-        total = records + self.count
-        return self.count / total if total else 0.0
-
-    def check(self, uri: str, limit: float, records: int) -> None:
-        fraction = self.fraction(records)
-        if fraction > limit:
-            shown = "\n".join(
-                f"  {example['file']}:{example['line']}: {example['reason']}"
-                for example in self.examples
-            )
-            raise DataPrepError(
-                f"{self.count} of {records + self.count} lines in {uri!r} are malformed "
-                f"(fraction {fraction:.4f} > max_malformed_fraction {limit}); fix the input "
-                f"or the format setting, or raise max_malformed_fraction. First bad lines:\n"
-                f"{shown}"
-            )
+# -- stage 2: convert -----------------------------------------------------------------------------------------------
+def _map(fn: Callable, items: Sequence, processes: Optional[int]) -> list:
+    """``fn`` over ``items`` in a pool of ``processes`` (default: every core); in this process when one will do."""
+    processes = min(processes or default_processes(), len(items))
+    if processes <= 1:
+        return [fn(*item) for item in items]
+    # fork costs nothing but is safe only while this process has one thread (a lock another thread held at the
+    # fork stays held in the child); else spawn, which starts each worker afresh (a second of imports).
+    single_threaded = len(os.listdir("/proc/self/task")) == 1 if os.path.isdir("/proc/self/task") else False
+    with ProcessPoolExecutor(processes, mp_context=get_context("fork" if single_threaded else "spawn")) as pool:
+        return list(pool.map(fn, *zip(*items)))
 
 
-class _ShardWriter:
-    """Round-robin writer over ``num_shards`` files of one split; tracks rows and clicks."""
-
-    def __init__(self, root: Path, split: str, num_shards: int, files: ExitStack) -> None:
-        (root / split).mkdir()
-        self.relative_paths = [f"{split}/part-{index:05d}.txt" for index in range(num_shards)]
-        self._handles = [
-            files.enter_context(open(root / path, "w", encoding="ascii", newline="\n"))
-            for path in self.relative_paths
-        ]
-        self.shard_rows = [0] * num_shards
-        self.rows = 0
-        self.clicks = 0
-
-    def write(self, line: str, label: int) -> None:
-        shard = self.rows % len(self._handles)
-        self._handles[shard].write(line + "\n")
-        self.shard_rows[shard] += 1
-        self.rows += 1
-        self.clicks += label
+def _discover_unit(unit: dict, storage_options: dict) -> set[str]:
+    slots: set[str] = set()
+    for _, block in read_blocks(Unit.from_dict(unit), storage_options):
+        slots |= discover_feasign_slots(block)
+    return slots
 
 
-class _DistinctIds:
-    """Exact distinct-id count per slot, memory bounded by the distinct ids themselves."""
-
-    def __init__(self, slots: Sequence[str]) -> None:
-        self._slots = list(slots)
-        self._known = [np.zeros(0, np.int64) for _ in slots]
-        self._pending: list[list[np.ndarray]] = [[] for _ in slots]
-        self._pending_size = [0] * len(slots)
-
-    def add(self, slot_index: int, ids: np.ndarray) -> None:
-        self._pending[slot_index].append(ids)
-        self._pending_size[slot_index] += len(ids)
-        if self._pending_size[slot_index] >= _DISTINCT_MERGE_THRESHOLD:
-            self._merge(slot_index)
-
-    def _merge(self, slot_index: int) -> None:
-        pending = [self._known[slot_index], *self._pending[slot_index]]
-        self._known[slot_index] = np.unique(np.concatenate(pending))
-        self._pending[slot_index] = []
-        self._pending_size[slot_index] = 0
-
-    def counts(self) -> dict[str, int]:
-        for slot_index in range(len(self._slots)):
-            self._merge(slot_index)
-        return {slot: len(known) for slot, known in zip(self._slots, self._known)}
+def convert(plan: DataPlan, unit_indices: Sequence[int], parts_dir: str | os.PathLike,
+            processes: Optional[int] = None, storage_options: Optional[Mapping] = None) -> None:
+    """Convert the plan's units ``unit_indices`` into parts under ``parts_dir`` (one directory per unit)."""
+    Path(parts_dir).mkdir(parents=True, exist_ok=True)
+    work = _convert_synthetic if plan.fmt == SYNTHETIC else _convert_unit
+    _map(work, [(plan.to_dict(), i, str(parts_dir), dict(storage_options or {})) for i in unit_indices], processes)
 
 
-def _records_in_chunks(
-    stream: Iterable[Record | Malformed], malformed: _MalformedLog
-) -> Iterator[list[Record]]:
-    chunk: list[Record] = []
-    for item in stream:
-        if isinstance(item, Malformed):
-            malformed.add(item)
-            continue
-        chunk.append(item)
-        if len(chunk) == _CHUNK_RECORDS:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+class _PartWriter:
+    """A unit's rows, dealt to shards: one file per split (``<split>.txt``), its shards one after another."""
+
+    def __init__(self, root: Path, unit: int, num_shards: int):
+        self.root, self.unit, self.num_shards = root, unit, num_shards
+        root.mkdir(parents=True)
+        # While the unit is converted each shard has a file of its own; close() joins them.
+        self.files = {split: [open(root / f"{split}-{s:05d}.tmp", "wb") for s in range(num_shards)]
+                      for split in SPLITS}
+        self.rows = {split: 0 for split in SPLITS}
+        self.clicks = {split: 0 for split in SPLITS}
+        self.shard_rows = {split: [0] * num_shards for split in SPLITS}
+        self.shard_bytes = {split: [0] * num_shards for split in SPLITS}
+
+    def write(self, text: pa.Array, labels: np.ndarray, test: np.ndarray) -> None:
+        for split, mine in (("train", ~test), ("test", test)):
+            rows = np.flatnonzero(mine)
+            shard = (self.rows[split] + np.arange(len(rows)) + self.unit) % self.num_shards
+            order = np.argsort(shard, kind="stable")
+            taken = text.take(pa.array(rows[order]))
+            ends = np.cumsum(np.bincount(shard, minlength=self.num_shards))
+            for s, (start, end) in enumerate(zip(np.concatenate([[0], ends[:-1]]), ends)):
+                if end > start:
+                    data = text_bytes(taken, int(start), int(end))
+                    self.files[split][s].write(data)
+                    self.shard_rows[split][s] += int(end - start)
+                    self.shard_bytes[split][s] += len(data)
+            self.rows[split] += len(rows)
+            self.clicks[split] += int(labels[rows].sum())
+
+    def close(self) -> None:
+        for split, handles in self.files.items():
+            for handle in handles:
+                handle.close()
+            with open(self.root / f"{split}.txt", "wb", buffering=0) as joined:
+                for s in range(self.num_shards):
+                    shard = self.root / f"{split}-{s:05d}.tmp"
+                    with open(shard, "rb", buffering=0) as part:
+                        _copy(part, joined, self.shard_bytes[split][s])
+                    shard.unlink()
 
 
-def _test_mask(records: Sequence[Record], test_fraction: float, seed: int) -> np.ndarray:
-    keys = [
-        f"{seed}\x1f{posixpath.basename(record.source)}\x1f{record.line_number}".encode()
-        for record in records
-    ]
-    # Top 53 bits of the hash as a uniform float in [0, 1).
-    uniform = (hash64_many(keys) >> np.uint64(11)).astype(np.float64) * 2.0**-53
-    return uniform < test_fraction
+def _row_test_mask(plan: DataPlan, unit: Unit, offsets: np.ndarray) -> np.ndarray:
+    """A row is a test row when a hash of (seed, file basename, byte offset of its line) is below test_fraction."""
+    file_key = np.uint64(hash64(f"{plan.seed}\x1f{posixpath.basename(unit.url)}".encode()))
+    keys = mix64(mix64(offsets.astype(np.uint64)) ^ file_key)
+    return (keys >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < plan.test_fraction  # top 53 bits: uniform
 
 
-def _write_chunk(
-    records: Sequence[Record],
-    schema: Schema,
-    writers: Mapping[str, _ShardWriter],
-    distinct: _DistinctIds,
-    test_fraction: float,
-    vocab_size: int,
-    seed: int,
-) -> None:
-    is_test = _test_mask(records, test_fraction, seed)
-    columns: list[list[str]] = [["1 1" if record.label else "1 0" for record in records]]
-    if schema.dense_dim:
-        prefix = f"{schema.dense_dim} "
-        columns.append([prefix + " ".join(map(format_float, record.dense)) for record in records])
-    for slot_index, slot in enumerate(schema.sparse_slots):
-        values_per_record = [record.sparse[slot_index] for record in records]
-        counts = np.fromiter(map(len, values_per_record), np.int64, len(records))
-        ids = feature_ids(slot, itertools.chain.from_iterable(values_per_record), vocab_size)
-        distinct.add(slot_index, ids[np.repeat(~is_test, counts)])
-        id_texts = list(map(str, ids.tolist()))
-        if (counts == 1).all():
-            columns.append(["1 " + text for text in id_texts])
-        else:
-            ends = np.cumsum(counts).tolist()
-            starts = [0, *ends[:-1]]
-            columns.append(
-                [
-                    f"{end - start} " + " ".join(id_texts[start:end])
-                    for start, end in zip(starts, ends)
-                ]
-            )
-    for record, test, tokens in zip(records, is_test.tolist(), zip(*columns)):
-        writers["test" if test else "train"].write(" ".join(tokens), record.label)
+def _convert_unit(plan_dict: dict, index: int, parts_dir: str, storage_options: dict) -> None:
+    plan = DataPlan.from_dict(plan_dict)
+    unit = plan.unit(index)
+    schema = Schema.from_dict(plan.schema)
+    parser = BlockParser(plan.fmt, schema, plan.vocab_size)
+    root = Path(parts_dir) / f"unit-{index:05d}"
+    writer = _PartWriter(root, index, plan.num_shards)
+    counters = [DistinctCounter() for _ in schema.sparse_slots]
+    lines, malformed, examples = 0, 0, []
+    try:
+        for offset, block in read_blocks(unit, storage_options):
+            parsed = parser.parse(block)
+            test = _row_test_mask(plan, unit, offset + parsed.line_starts[parsed.row_lines])
+            writer.write(parsed.text, parsed.labels, test)
+            for counter, ids in zip(counters, parsed.slot_ids):
+                counter.add(ids.of_rows(~test))
+            malformed += len(parsed.malformed)
+            examples += [{"line": lines + line + 1, "reason": reason}
+                         for line, reason in parsed.malformed[:MALFORMED_EXAMPLES - len(examples)]]
+            lines += len(parsed.line_starts)
+    finally:
+        writer.close()
+    _write_result(root, writer, counters, lines=lines, malformed=malformed, examples=examples)
 
 
-def _stats(
-    *,
-    fmt: str,
-    source: str | None,
-    schema: Schema,
-    writers: Mapping[str, _ShardWriter],
-    distinct_ids: Mapping[str, int],
-    malformed: _MalformedLog,
-    vocab_size: int,
-    seed: int,
-    test_fraction: float,
-    max_malformed_fraction: float | None,
-    bayes: Mapping[str, float] | None,
-    generator: Mapping | None,
-) -> dict:
-    rows = {split: writer.rows for split, writer in writers.items()}
-    return {
-        "format": fmt,
-        "source": source,
-        "schema": schema.to_dict(),
-        "slot_names": schema.slot_names(),
-        "vocab_size": vocab_size,
-        "seed": seed,
-        "test_fraction": test_fraction,
-        "rows": rows,
-        "ctr": {split: writer.clicks / writer.rows for split, writer in writers.items()},
-        "distinct_ids": dict(distinct_ids),
-        "malformed": {
-            "count": malformed.count,
-            "fraction": malformed.fraction(sum(rows.values())),
-            "limit": max_malformed_fraction,
-            "examples": malformed.examples,
-        },
-        "shards": {split: writer.relative_paths for split, writer in writers.items()},
-        "shard_rows": {split: writer.shard_rows for split, writer in writers.items()},
-        "bayes": dict(bayes) if bayes is not None else None,
-        "generator": dict(generator) if generator is not None else None,
-    }
+def _write_result(root: Path, writer: _PartWriter, counters: list[DistinctCounter], **facts: Any) -> None:
+    np.savez(root / DISTINCT_FILE, *[np.frombuffer(c.to_bytes(), np.uint8) for c in counters])
+    result = {"rows": writer.rows, "clicks": writer.clicks, "shard_rows": writer.shard_rows,
+              "shard_bytes": writer.shard_bytes, **facts}
+    (root / RESULT_FILE).write_text(json.dumps(result))
 
 
-def _write_stats(root: Path, stats: Mapping) -> None:
-    (root / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+def _convert_synthetic(plan_dict: dict, index: int, parts_dir: str, storage_options: dict) -> None:
+    plan = DataPlan.from_dict(plan_dict)
+    spec = SyntheticSpec(**{**plan.synthetic["spec"], "cardinalities": tuple(plan.synthetic["spec"]["cardinalities"])})
+    rows = plan.synthetic["rows"]
+    train_rows = rows - round(rows * plan.test_fraction)
+    data = generate(rows, plan.seed, spec)
+    id_tables = category_id_tables(spec, plan.vocab_size)
+    root = Path(parts_dir) / f"unit-{index:05d}"
+    writer = _PartWriter(root, index, plan.num_shards)
+    try:
+        for start in range(0, rows, _SYNTHETIC_BLOCK):
+            block = SyntheticRows(*(array[start:start + _SYNTHETIC_BLOCK] for array in data))
+            test = np.arange(start, start + len(block.labels)) >= train_rows
+            writer.write(format_lines(block, spec, id_tables), block.labels, test)
+    finally:
+        writer.close()
+    counters = []
+    for field, table in enumerate(id_tables):
+        counter = DistinctCounter()
+        counter.add(np.unique(table[data.categories[:train_rows, field]]).astype(np.uint64))
+        counters.append(counter)
+    _write_result(root, writer, counters, lines=rows, malformed=0, examples=[],
+                  bayes=bayes_metrics(data.labels[train_rows:], data.probabilities[train_rows:]))
+
+
+# -- stage 3: merge -------------------------------------------------------------------------------------------------
+def find_parts(parts_dirs: Iterable[str | os.PathLike]) -> dict[int, Path]:
+    """Unit index -> its part directory, across the directories the convert stages wrote."""
+    found: dict[int, Path] = {}
+    for directory in parts_dirs:
+        for result in sorted(Path(directory).glob(f"unit-*/{RESULT_FILE}")):
+            index = int(result.parent.name.split("-")[1])
+            if index in found:
+                raise DataPrepError(f"unit {index} was converted twice: {found[index]} and {result.parent}")
+            found[index] = result.parent
+    return found
+
+
+def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike) -> dict:
+    """Check the parts, concatenate them per shard in unit order into ``out_dir`` and write ``stats.json``."""
+    parts = find_parts(parts_dirs)
+    missing = sorted(set(range(len(plan.units))) - set(parts))
+    if missing:
+        raise DataPrepError(f"units {missing[:10]} of {len(plan.units)} were not converted: a convert step failed "
+                            "or did not run")
+    results = [json.loads((parts[i] / RESULT_FILE).read_text()) for i in range(len(plan.units))]
+    schema = Schema.from_dict(plan.schema)
+    rows = {split: sum(r["rows"][split] for r in results) for split in SPLITS}
+    examples = _malformed_examples(plan, results)
+    malformed = {"count": sum(r["malformed"] for r in results), "limit": plan.max_malformed_fraction,
+                 "examples": examples}
+    records = sum(rows.values())
+    malformed["fraction"] = malformed["count"] / (records + malformed["count"]) if records + malformed["count"] else 0.0
+    if plan.max_malformed_fraction is not None and malformed["fraction"] > plan.max_malformed_fraction:
+        shown = "\n".join(f"  {e['file']}:{e['line']}: {e['reason']}" for e in examples)
+        raise DataPrepError(
+            f"{malformed['count']} of {records + malformed['count']} lines in {plan.source!r} are malformed "
+            f"(fraction {malformed['fraction']:.4f} > max_malformed_fraction {plan.max_malformed_fraction}); fix "
+            f"the input or the format setting, or raise max_malformed_fraction. First bad lines:\n{shown}")
+    if records == 0:
+        raise DataPrepError(f"no data rows in {plan.source!r}: the matched files hold no valid, non-blank lines "
+                            f"({malformed['count']} malformed); check the URI and the format {plan.fmt!r}")
+    shard_rows = {split: [sum(r["shard_rows"][split][s] for r in results) for s in range(plan.num_shards)]
+                  for split in SPLITS}
+    for split in SPLITS:  # every shard of every split gets a row (the pods each read one)
+        if min(shard_rows[split]) == 0:
+            _check_split_sizes({s: rows[s] for s in SPLITS}, plan.num_shards, plan.source)
+            raise DataPrepError(f"a shard of the {split} split from {plan.source!r} got no row (rows per shard: "
+                                f"{shard_rows[split]}); provide more input or lower num_shards")
+    counters = [DistinctCounter() for _ in schema.sparse_slots]
+    for i in range(len(plan.units)):
+        with np.load(parts[i] / DISTINCT_FILE) as saved:
+            for s, counter in enumerate(counters):
+                counter.merge(DistinctCounter.from_bytes(saved[f"arr_{s}"].tobytes()))
+    with _atomic_directory(Path(out_dir)) as staging:
+        shards = {}
+        for split in SPLITS:
+            (staging / split).mkdir()
+            shards[split] = [f"{split}/part-{s:05d}.txt" for s in range(plan.num_shards)]
+            targets = [open(staging / rel, "wb", buffering=0) for rel in shards[split]]
+            try:  # each unit's file holds its shards one after another: one pass over it
+                for i, result in enumerate(results):
+                    with open(parts[i] / f"{split}.txt", "rb", buffering=0) as source:
+                        for target, size in zip(targets, result["shard_bytes"][split]):
+                            _copy(source, target, size)
+            finally:
+                for target in targets:
+                    target.close()
+        stats = {
+            "format": plan.fmt,
+            "source": plan.source,
+            "schema": schema.to_dict(),
+            "slot_names": schema.slot_names(),
+            "vocab_size": plan.vocab_size,
+            "hash_function": HASH_FUNCTION,
+            "seed": plan.seed,
+            "test_fraction": plan.test_fraction,
+            "rows": rows,
+            "ctr": {split: sum(r["clicks"][split] for r in results) / rows[split] for split in SPLITS},
+            "distinct_ids": {slot: c.count() for slot, c in zip(schema.sparse_slots, counters)},
+            "distinct_ids_exact": {slot: c.is_exact for slot, c in zip(schema.sparse_slots, counters)},
+            "distinct_ids_relative_error": RELATIVE_ERROR,
+            "malformed": malformed,
+            "shards": shards,
+            "shard_rows": shard_rows,
+            "bayes": results[0].get("bayes"),
+            "generator": (plan.synthetic or {}).get("spec"),
+            "prep": {"units": len(plan.units), "fingerprint": plan.fingerprint},
+        }
+        (staging / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    return stats
+
+
+def _copy(source, target, size: int) -> None:
+    """``size`` bytes from ``source``'s position to ``target``'s (unbuffered files), in the kernel."""
+    while size:
+        copied = os.copy_file_range(source.fileno(), target.fileno(), size)
+        if not copied:
+            raise DataPrepError(f"{source.name} ends {size} bytes early: the part is truncated")
+        size -= copied
+
+
+def _malformed_examples(plan: DataPlan, results: list[dict]) -> list[dict]:
+    """The first malformed lines, by file and line number (a unit counts its lines from its own start)."""
+    examples, lines_before = [], {}
+    for i, result in enumerate(results):
+        url = plan.units[i]["url"]  # the merge's plan holds every unit, in order
+        examples += [{"file": url, "line": lines_before.get(url, 0) + e["line"], "reason": e["reason"]}
+                     for e in result["examples"]]
+        lines_before[url] = lines_before.get(url, 0) + result["lines"]
+    return examples[:MALFORMED_EXAMPLES]
 
 
 @contextmanager
@@ -381,8 +422,7 @@ def _atomic_directory(out_dir: Path) -> Iterator[Path]:
     if out_dir.exists() and any(out_dir.iterdir()) and not (out_dir / STATS_FILE).exists():
         raise DataPrepError(
             f"{out_dir} exists and is not a dataset (no {STATS_FILE}); refusing to overwrite it. "
-            "Choose an empty or new out_dir."
-        )
+            "Choose an empty or new out_dir.")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.staging-", dir=out_dir.parent))
     try:
@@ -397,3 +437,38 @@ def _atomic_directory(out_dir: Path) -> Iterator[Path]:
             os.replace(staging, out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+# -- one machine: all three stages ----------------------------------------------------------------------------------
+def prepare(plan: DataPlan, out_dir: str | os.PathLike, processes: Optional[int] = None,
+            storage_options: Optional[Mapping] = None) -> dict:
+    """Convert every unit of ``plan`` (a pool of ``processes``) and merge them into ``out_dir``."""
+    out = Path(out_dir)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=f".{out.name}.parts-", dir=out.parent) as parts:
+        convert(plan, range(len(plan.units)), parts, processes, storage_options)
+        return merge(plan, [parts], out)
+
+
+def prepare_files(out_dir: str | os.PathLike, *, uri: str, fmt: str, test_fraction: float, num_shards: int,
+                  vocab_size: int, seed: int, max_malformed_fraction: float, slots: Optional[Sequence[str]] = None,
+                  storage_options: Optional[Mapping] = None, processes: Optional[int] = None,
+                  unit_bytes: int = UNIT_BYTES) -> dict:
+    """Convert the files at ``uri`` (format ``fmt``) into ``out_dir``; returns the stats dict.
+
+    ``slots`` selects/orders sparse slots (see ``formats.schema_for``); ``storage_options`` go to fsspec (e.g.
+    ``{"client_kwargs": {"endpoint_url": ...}}``). Malformed lines are skipped and counted; more than
+    ``max_malformed_fraction`` of all non-blank lines is an error.
+    """
+    plan = plan_files(uri=uri, fmt=fmt, test_fraction=test_fraction, num_shards=num_shards, vocab_size=vocab_size,
+                      seed=seed, max_malformed_fraction=max_malformed_fraction, slots=slots,
+                      storage_options=storage_options, unit_bytes=unit_bytes, processes=processes)
+    return prepare(plan, out_dir, processes, storage_options)
+
+
+def prepare_synthetic(out_dir: str | os.PathLike, *, rows: int, test_fraction: float, num_shards: int,
+                      vocab_size: int, seed: int, spec: Optional[SyntheticSpec] = None) -> dict:
+    """Generate ``rows`` synthetic rows into ``out_dir``; returns the stats dict."""
+    plan = plan_synthetic(rows=rows, test_fraction=test_fraction, num_shards=num_shards, vocab_size=vocab_size,
+                          seed=seed, spec=spec)
+    return prepare(plan, out_dir, processes=1)

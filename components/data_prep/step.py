@@ -1,25 +1,67 @@
-"""What the data-prep step runs: plain functions over :mod:`components.data_prep.prepare` (no KFP needed)."""
+"""What the data-prep steps run: plain functions over :mod:`components.data_prep.prepare` (no KFP needed).
 
-from typing import Any
+On a pipeline, data prep is three steps: ``plan-data`` lists the input and groups its units (one group per pod,
+``data.prep_parallelism`` of them), ``convert-data`` runs once per group (a ``dsl.ParallelFor``, each a pool of
+``data.prep_processes`` processes), ``merge-data`` joins the groups' parts into the dataset. :func:`prepare_dataset`
+does all three on one machine (the compose file's ``prep`` service).
+"""
 
-from components.config import DataSource, from_dict
-from components.data_prep.prepare import prepare_files, prepare_synthetic
+from typing import Any, Optional
+
+from components.config import CtrConfig, DataSource, from_dict, ints_from_struct
+from components.data_prep.prepare import DataPlan, convert, merge, plan_files, plan_synthetic, prepare
+from components.data_prep.sources import Unit, group_units
 
 
-def prepare_dataset(config: Any, out_dir: str) -> dict:
-    """Build the dataset ``cfg.data`` describes into ``out_dir``; returns the stats dict.
-
-    Shards: one per worker reader (``ps.workers * data.shards_per_worker``), as the launcher expects.
-    """
-    cfg = from_dict(config)
+def _plan(cfg: CtrConfig) -> DataPlan:
+    """Shards: one per worker reader (``ps.workers * data.shards_per_worker``), as the launcher expects."""
     data = cfg.data
     common = dict(test_fraction=data.test_fraction, num_shards=cfg.ps.workers * data.shards_per_worker,
                   vocab_size=cfg.table.vocab_size, seed=data.seed)
     if data.source is DataSource.synthetic:
-        return prepare_synthetic(out_dir, rows=data.rows, **common)
-    return prepare_files(out_dir, uri=data.uri, fmt=data.format.value,
-                         max_malformed_fraction=data.max_malformed_fraction,
-                         slots=list(data.slots) if data.slots else None, **common)
+        return plan_synthetic(rows=data.rows, **common)
+    return plan_files(uri=data.uri, fmt=data.format.value, max_malformed_fraction=data.max_malformed_fraction,
+                      slots=list(data.slots) if data.slots else None, processes=data.prep_processes, **common)
+
+
+def plan_dataset(config: Any) -> list[dict]:
+    """One item per convert task: ``{"plan": the plan without its units, "units": the units it converts,
+    "processes": data.prep_processes (absent: every core)}``: all a convert task takes.
+
+    The plan's units travel once, split over the items (a large input has thousands); :func:`merge_parts` joins
+    them back.
+    """
+    cfg = from_dict(config)
+    plan = _plan(cfg)
+    groups = group_units([Unit.from_dict(unit) for unit in plan.units], cfg.data.prep_parallelism)
+    print(f"data plan: {len(plan.units)} unit(s) of {plan.source or 'synthetic data'} in {len(groups)} group(s); "
+          f"fingerprint {plan.fingerprint}", flush=True)
+    core = {**plan.to_dict(), "units": []}
+    processes = {"processes": cfg.data.prep_processes} if cfg.data.prep_processes else {}
+    return [{"plan": core, "units": [plan.units[i] for i in group], **processes} for group in groups]
+
+
+def _joined(groups: list[dict]) -> DataPlan:
+    units = sorted((unit for group in groups for unit in group["units"]), key=lambda unit: int(unit["index"]))
+    return DataPlan.from_dict({**groups[0]["plan"], "units": units})
+
+
+def convert_units(group: dict, parts_dir: str) -> None:
+    """Convert one group of the plan's units into parts under ``parts_dir``."""
+    group = ints_from_struct(group)
+    plan = DataPlan.from_dict({**group["plan"], "units": group["units"]})
+    convert(plan, [int(unit["index"]) for unit in plan.units], parts_dir, group.get("processes"))
+
+
+def merge_parts(groups: list[dict], parts_dirs: list[str], out_dir: str) -> dict:
+    """The dataset from every group's parts; returns the Dataset artifact's metadata."""
+    return dataset_metadata(merge(_joined(groups), parts_dirs, out_dir))
+
+
+def prepare_dataset(config: Any, out_dir: str, processes: Optional[int] = None) -> dict:
+    """Build the dataset ``cfg.data`` describes into ``out_dir`` on this machine; returns the stats dict."""
+    cfg = from_dict(config)
+    return prepare(_plan(cfg), out_dir, processes or cfg.data.prep_processes)
 
 
 def dataset_metadata(stats: dict) -> dict:
@@ -28,5 +70,3 @@ def dataset_metadata(stats: dict) -> dict:
     if stats.get("bayes"):
         meta["bayes"] = stats["bayes"]
     return meta
-
-

@@ -27,6 +27,10 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = ckpt_io.load(checkpoint_dir)
     stats = json.loads((Path(data_dir) / "stats.json").read_text())
+    if None not in (stats.get("hash_function"), checkpoint.meta.get("hash_function")) and \
+            stats["hash_function"] != checkpoint.meta["hash_function"]:
+        raise ckpt_io.CheckpointError(f"checkpoint {checkpoint_dir} was trained on ids of {checkpoint.meta['hash_function']!r}, "
+                                      f"the data in {data_dir} has ids of {stats['hash_function']!r}")
     labels, dense, sparse = read_test_split(data_dir, Schema.from_dict(checkpoint.meta["schema"]))
     preds = Scorer(checkpoint).predict(dense, sparse)
     measured = metric_fns.binary_metrics(labels, preds)

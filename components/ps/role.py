@@ -374,7 +374,8 @@ class Worker:
         full = self.job.config  # the resolved config as a dict: what rebuilds the network
         return {
             "model": full["model"], "table": full["table"], "mode": self.cfg.ps.mode.value,
-            "schema": self.stats["schema"], "servers": self.cfg.ps.servers, "workers": self.cfg.ps.workers,
+            "schema": self.stats["schema"], "hash_function": self.stats.get("hash_function"),
+            "servers": self.cfg.ps.servers, "workers": self.cfg.ps.workers,
             "paddle_version": self.paddle.__version__, "training": {"epochs": history}, "rows": self.export_rows,
         }
 

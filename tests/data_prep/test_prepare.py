@@ -1,4 +1,4 @@
-"""Tests of the data-prep core: MultiSlot format, hashing, synthetic data, readers, prepare."""
+"""Tests of the data-prep core: MultiSlot format, hashing, synthetic data, input formats, prepare."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import pytest
 from components.data_prep.hashing import feature_id, feature_ids
 from components.data_prep.multislot import Schema, format_line, parse_line, read_shards
 from components.data_prep.prepare import DataPrepError, prepare_files, prepare_synthetic
-from components.data_prep.readers import CRITEO_SLOTS, MISSING_VALUE, open_reader
+from components.data_prep.formats import CRITEO_SLOTS, MISSING_VALUE, BlockParser, schema_for
 from components.data_prep.synthetic import (
     SyntheticSpec,
     bayes_metrics,
@@ -269,17 +269,20 @@ def test_raw_sample_ids_are_hashes_of_the_raw_values(tmp_path):
 
 
 @needs_samples
-def test_feasign_sample_keeps_multivalued_slots_and_fills_missing_ones():
-    schema, stream = open_reader("feasign", str(FEASIGN_SAMPLE))
-    records = list(stream)
-    assert len(records) == 10 and schema.dense_dim == 0
-    assert "1" not in schema.sparse_slots and schema.sparse_slots[0] == "2"
+def test_feasign_sample_keeps_multivalued_slots_and_fills_missing_ones(tmp_path):
+    stats = prepare_files(tmp_path / "out", uri=str(FEASIGN_SAMPLE), fmt="feasign", test_fraction=0.2, num_shards=1,
+                          vocab_size=1 << 20, seed=1, max_malformed_fraction=0.0)
+    schema = Schema.from_dict(stats["schema"])
+    assert schema.dense_dim == 0 and "1" not in schema.sparse_slots and schema.sparse_slots[0] == "2"
     slot_ids = [int(slot) for slot in schema.sparse_slots]
     assert slot_ids == sorted(slot_ids)
-    first_tokens = FEASIGN_SAMPLE.read_text().splitlines()[0].split()
-    assert records[0].label == int(first_tokens[0].split(":")[0])
-    assert max(len(values) for values in records[0].sparse) > 1
-    assert any(values == (MISSING_VALUE,) for record in records for values in record.sparse)
+    first_line = FEASIGN_SAMPLE.read_text().splitlines()[0]
+    parsed = BlockParser("feasign", schema, 1 << 20).parse((first_line + "\n").encode())
+    label, _, sparse = parse_line(parsed.text.to_pylist()[0], schema)
+    assert label == int(first_line.split()[0].split(":")[0])
+    assert max(len(ids) for ids in sparse) > 1
+    missing = [feature_id(slot, MISSING_VALUE, 1 << 20) for slot in schema.sparse_slots]
+    assert any(ids == [m] for ids, m in zip(sparse, missing))
 
 
 @needs_samples
@@ -340,27 +343,31 @@ def test_too_many_malformed_lines_fail_with_count_fraction_limit_and_lines(tmp_p
     assert not [path for path in tmp_path.iterdir() if path.name.startswith(".out")]
 
 
-def test_malformed_slot_and_feasign_lines_are_reported(tmp_path):
-    slot_file = tmp_path / "slots.txt"
+def test_malformed_slot_and_feasign_lines_are_reported():
     dense = " ".join(["dense_feature:0.5"] * 13)
-    slot_file.write_text(
-        f"click:1 {dense} 1:5 2:7\nclick:1 dense_feature:0.5 1:5\nclick:x {dense} 1:5\n"
-        f"click:0 {dense} 1:5 99:3\n"
-    )
-    schema, stream = open_reader("slot", str(slot_file))
-    items = list(stream)
-    assert items[0].sparse[0] == ("5",) and items[0].sparse[2] == (MISSING_VALUE,)
-    assert [(item.line_number, item.reason.split()[0]) for item in items[1:]] == [
+    slot_lines = (f"click:1 {dense} 1:5 2:7 2:8\nclick:1 dense_feature:0.5 1:5\nclick:x {dense} 1:5\n"
+                  f"click:0 {dense} 1:5 99:3\n")
+    schema = schema_for("slot", None)
+    parsed = BlockParser("slot", schema, 1 << 20).parse(slot_lines.encode())
+    label, values, sparse = parse_line(parsed.text.to_pylist()[0], schema)
+    assert label == 1 and values == [0.5] * 13
+    assert sparse[0] == [feature_id("C1", "5", 1 << 20)]
+    assert sparse[1] == [feature_id("C2", "7", 1 << 20), feature_id("C2", "8", 1 << 20)]  # several, in line order
+    assert sparse[2] == [feature_id("C3", MISSING_VALUE, 1 << 20)]
+    assert [(line + 1, reason.split()[0]) for line, reason in parsed.malformed] == [
         (2, "expected"), (3, "label"), (4, "unknown")
     ]  # fmt: skip
 
-    feasign_file = tmp_path / "feasign.txt"
-    feasign_file.write_text("1:1 5:2 6:2 7:3\n5:2\n1:1 x:2\n3:1 4:2\n")
-    schema, stream = open_reader("feasign", str(feasign_file))
-    assert schema.sparse_slots == ["2", "3"]
-    good, *bad = list(stream)
-    assert good.label == 1 and good.sparse == (("5", "6"), ("7",))
-    assert [item.line_number for item in bad] == [2, 3, 4]
+    feasign_lines = "1:1 5:2 6:2 7:3\n5:2\n1:1 x:2\n3:1 4:2\n1:1 99999999999999999999:2\n"
+    schema = schema_for("feasign", ["2", "3"])
+    parsed = BlockParser("feasign", schema, 1 << 20).parse(feasign_lines.encode())
+    assert parse_line(parsed.text.to_pylist()[0], schema) == (
+        1, [], [[feature_id("2", "5", 1 << 20), feature_id("2", "6", 1 << 20)], [feature_id("3", "7", 1 << 20)]])
+    assert [(line + 1, reason) for line, reason in parsed.malformed] == [
+        (2, "expected exactly one <0|1>:1 token, found 0"), (3, "token 'x:2' is not <uint64 feasign>:<slot id>"),
+        (4, "label (slot 1) must be 0 or 1, got '3'"), (5, "feasign 99999999999999999999 does not fit in uint64")]
+    with pytest.raises(DataPrepError, match="integer slot ids other than the label slot"):
+        schema_for("feasign", ["1"])
 
 
 @pytest.mark.parametrize("content", ["", "\n\n  \n"])

@@ -14,6 +14,7 @@ import pytest
 
 from components.checkpoint import format as ckpt_io
 from components.config import ExportDtype, from_dict, to_dict
+from components.data_prep.hashing import HASH_FUNCTION
 from components.data_prep.multislot import RaggedIds, Schema, format_line, read_shards
 from components.data_prep.prepare import prepare_synthetic
 from components.evaluate.evaluate import evaluate
@@ -278,6 +279,17 @@ def test_cli_end_to_end_in_a_fresh_process(data_dir, tmp_path):
     _, dense, sparse = read_shards([new], schema)
     expected = Scorer(ckpt_io.load(ckpt)).predict(dense, sparse)
     assert np.max(np.abs(np.asarray(lines, np.float32) - expected)) < 1e-6
+
+
+def test_serving_names_the_id_function_and_refuses_one_it_does_not_implement(exported, tmp_path):
+    _, serving = exported
+    meta = json.loads((serving / SERVING_META).read_text())
+    assert meta["hash_function"] == HASH_FUNCTION  # what maps raw values to the ids it looks up
+    other = tmp_path / "other"
+    shutil.copytree(serving, other)
+    (other / SERVING_META).write_text(json.dumps({**meta, "hash_function": "murmur3_32(value) mod vocab_size"}))
+    with pytest.raises(ServingModelError, match="'murmur3_32.*which this code does not implement"):
+        InferenceModel.load(other)
 
 
 def test_export_of_a_directory_without_manifest_fails(exported, tmp_path, capsys):

@@ -14,7 +14,8 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from components.checkpoint.format import load as load_checkpoint
 from components.config import ConfigError, DataSource, from_dict
-from components.data_prep.component import prepare_data
+from components.data_prep.component import convert_data, merge_data, plan_data
+from components.data_prep.step import prepare_dataset
 from components.evaluate.component import evaluate_model
 from components.evaluate.scoring import Scorer, read_test_split
 from components.export.component import export_model
@@ -26,7 +27,7 @@ from components.checkpoint.pointer import fetch_for_scoring, read_pointer
 from components.checkpoint.store import CheckpointStore
 from pipelines.ctr import run
 from pipelines.local import PipelineRunError, step_error
-from pipelines.pipeline import DEPENDENCIES, TASKS, compile_pipeline
+from pipelines.pipeline import DEPENDENCIES, PREP_LOOP, TASKS, compile_pipeline
 from tests.conftest import CRITEO, compose_config, needs_criteo, score_serving_model
 
 
@@ -38,21 +39,25 @@ def _spec(tmp_path, *overrides) -> pipeline_spec_pb2.PipelineSpec:
     return json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
 
 
-def test_pipeline_compiles_to_five_tasks_in_order(tmp_path):
-    spec = _spec(tmp_path)
+def test_pipeline_compiles_with_data_prep_fanned_out(tmp_path):
+    spec = _spec(tmp_path, "data.prep_parallelism=4")
     tasks = spec.root.dag.tasks
-    assert TASKS == ("resolve-config", "prepare-data", "train", "evaluate-model", "export-model")
-    assert set(tasks) == set(TASKS) == set(DEPENDENCIES)
-    # resolve-config feeds every step; prepare-data -> train -> evaluate-model, and export-model beside
-    # evaluation: it needs only the checkpoint.
-    assert {name: set(tasks[name].dependent_tasks) for name in TASKS} == \
-        {"resolve-config": set(), "prepare-data": {"resolve-config"}, "train": {"resolve-config", "prepare-data"},
-         "evaluate-model": {"resolve-config", "prepare-data", "train"}, "export-model": {"resolve-config", "train"}}
-    for i, name in enumerate(TASKS):  # TASKS is a topological order
-        assert set(DEPENDENCIES[name]) == set(tasks[name].dependent_tasks) <= set(TASKS[:i]), name
-    for name in TASKS[1:]:
+    assert set(tasks) == set(DEPENDENCIES) == set(TASKS) - {"convert-data"} | {PREP_LOOP}
+    # resolve-config feeds every step but the fan-out; plan-data -> (convert-data per group) -> merge-data ->
+    # train -> evaluate-model, and export-model beside evaluation: it needs only the checkpoint.
+    for i, name in enumerate(DEPENDENCIES):  # DEPENDENCIES is a topological order
+        assert set(DEPENDENCIES[name]) == set(tasks[name].dependent_tasks) <= set(list(DEPENDENCIES)[:i]), name
+    for name in ("plan-data", "train", "evaluate-model", "export-model"):
         config = tasks[name].inputs.parameters["config"].task_output_parameter
         assert (config.producer_task, config.output_parameter_key) == ("resolve-config", "Output"), name
+    loop = tasks[PREP_LOOP]
+    assert loop.iterator_policy.parallelism_limit == 4
+    assert loop.parameter_iterator.items.input_parameter == "pipelinechannel--plan-data-Output"
+    inner = spec.components[loop.component_ref.name].dag.tasks
+    assert set(inner) == {"convert-data"} and set(inner["convert-data"].inputs.parameters) == {"group"}
+    parts = tasks["merge-data"].inputs.artifacts["parts"].task_output_artifact
+    assert (parts.producer_task, parts.output_artifact_key) == (PREP_LOOP, "pipelinechannel--convert-data-parts")
+    assert not tasks["plan-data"].caching_options.enable_cache  # it lists the input, which changes between runs
     assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report", "serving_model"}
 
 
@@ -71,7 +76,7 @@ def test_run_parameters_default_to_the_composed_config(tmp_path):
 
 
 def test_components_run_without_installing_anything(tmp_path):
-    for component in (resolve_config, prepare_data, train, evaluate_model, export_model):
+    for component in (resolve_config, plan_data, convert_data, merge_data, train, evaluate_model, export_model):
         container = component.component_spec.implementation.container
         command = " ".join([*container.command, *(container.args or [])])
         assert "pip install" not in command and "kfp.dsl.executor_main" in command, component.name
@@ -165,7 +170,7 @@ def test_bad_config_fails_before_anything_starts(tmp_path, overrides, key):
     assert not run_dir.exists()  # no data, no logs, no kfp root
 
 
-def test_unknown_enum_value_fails_atcompose_config(tmp_path):
+def test_unknown_enum_value_fails_at_composition(tmp_path):
     from hydra.errors import ConfigCompositionException
 
     with pytest.raises(ConfigCompositionException, match="ps.mode=bogus"):
@@ -213,11 +218,24 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
 
 @needs_criteo
 def test_local_pipeline_on_real_criteo_format(tmp_path):
-    """Raw Criteo TSV from a glob: parsed, hashed, trained on the PS and scored from the checkpoint."""
+    """Raw Criteo TSV from a glob of two files: prepared by two convert tasks of the ParallelFor (the same dataset
+    as one machine makes), trained on the PS and scored from the checkpoint."""
+    lines = (CRITEO / "raw_criteo_sample.tsv").read_text().splitlines(keepends=True)
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    (inputs / "day_0.tsv").write_text("".join(lines[:50]))
+    (inputs / "day_1.tsv").write_text("".join(lines[50:]))
     run_dir = tmp_path / "run"
-    objective = run(compose_config(run_dir, "experiment=tiny", "data=criteo", f"data.uri={CRITEO}/raw_*.tsv",
-                             "data.test_fraction=0.3"))
+    overrides = ("experiment=tiny", "data=criteo", f"data.uri={inputs}/day_*.tsv", "data.test_fraction=0.3",
+                 "data.prep_parallelism=2")
+    objective = run(compose_config(run_dir, *overrides))
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    stats = json.loads(next((run_dir / "kfp").rglob("stats.json")).read_text())
+    dataset = next((run_dir / "kfp").rglob("stats.json")).parent
+    stats = json.loads((dataset / "stats.json").read_text())
     assert stats["format"] == "raw" and stats["rows"]["train"] + stats["rows"]["test"] == 100
     assert metrics["count"] == stats["rows"]["test"] and objective == metrics["auc"]
+    parts = {p.parent.parent for p in (run_dir / "kfp").rglob("unit-*/result.json")}
+    assert len(parts) == 2  # each convert task of the fan-out converted one file
+    prepare_dataset(config_struct(from_dict(compose_config(tmp_path / "one", *overrides))), str(tmp_path / "one"))
+    for rel in [*stats["shards"]["train"], *stats["shards"]["test"]]:
+        assert (tmp_path / "one" / rel).read_bytes() == (dataset / rel).read_bytes(), rel
