@@ -33,7 +33,7 @@ Mode = _vocabulary("Mode", ["async", "sync", "geo"],
 DataSource = _vocabulary("DataSource", ["synthetic", "files"], "Where training data comes from.")
 FileFormat = _vocabulary("FileFormat", ["raw", "slot", "feasign"],
                          "Criteo Kaggle TSV, PaddleRec CTR-DNN slot text, PaddleRec feasign:slot text.")
-ModelName = _vocabulary("ModelName", ["dnn", "wide_deep", "deepfm"], "The CTR model families.")
+ModelName = _vocabulary("ModelName", ["dnn", "wide_deep", "deepfm", "dcn"], "The CTR model families.")
 DenseOptimizer = _vocabulary("DenseOptimizer", ["sgd", "adagrad", "adam"],
                              "The optimizer the servers apply to dense parameters.")
 TableClass = _vocabulary("TableClass", ["MemorySparseTable", "SSDSparseTable"],
@@ -42,6 +42,8 @@ TableClass = _vocabulary("TableClass", ["MemorySparseTable", "SSDSparseTable"],
 Accessor = _vocabulary("Accessor", ["SparseAccessor"], "Row layouts of the sparse table.")
 SparseRule = _vocabulary("SparseRule", ["naive", "adagrad", "std_adagrad", "adam"],
                          "The optimizer rule the servers apply to embedding rows.")
+Calibration = _vocabulary("Calibration", ["none", "platt"],
+                          "Post-hoc calibration fitted on the validation split (README: calibration).")
 ExportDtype = _vocabulary("ExportDtype", ["float32", "float16"],
                           "How a checkpoint's export stores the embedding rows (README: float16 exports).")
 PipelineRunner = _vocabulary("PipelineRunner", ["local", "kubeflow"],
@@ -59,6 +61,9 @@ class DataConfig:
     format: FileFormat = FileFormat.raw
     slots: Optional[list[str]] = None  # feasign only: the sparse slots to keep (None = all seen)
     test_fraction: float = 0.2
+    # The validation split the train step scores after every checkpoint: it keeps the best checkpoint, stops early
+    # and fits the calibration on it (0: none, the last checkpoint is delivered).
+    valid_fraction: float = 0.1
     shards_per_worker: int = 1
     max_malformed_fraction: float = 0.01
     seed: int = 0
@@ -74,6 +79,9 @@ class ModelConfig:
     hidden: list[int] = field(default_factory=lambda: [256, 128])
     optimizer: DenseOptimizer = DenseOptimizer.adam
     learning_rate: float = 0.001
+    dropout: float = 0.0  # on every hidden layer's output, while training
+    embedding_l2: float = 0.0  # L2 penalty on the embedding rows a batch looks up (their gradient reaches the servers)
+    cross_layers: int = 3  # dcn: cross layers beside the deep tower
 
 
 @dataclass
@@ -119,7 +127,9 @@ class PsConfig:
     workers: int = 2
     threads: int = 1  # reader/trainer threads per worker
     batch_size: int = 256
-    epochs: int = 1
+    epochs: int = 1  # at most: with a validation split the job stops earlier once it stops improving
+    # Checkpoints in a row whose validation objective is not the best so far before the job stops (early stopping).
+    patience: int = 2
     geo_k_steps: int = 100  # geo: local steps between delta pushes
     sync_batches: int = 16  # sync: batches per worker between global barriers
     host: str = "127.0.0.1"  # local backend: the address every role binds and dials
@@ -144,6 +154,8 @@ class CheckpointConfig:
     # trained in chunks of chunk_batches batches per worker, and a checkpoint falls between two chunks.
     every_minutes: float = 0.0
     chunk_batches: int = 256
+    # Also commit (and validate) a checkpoint every N batches per worker inside a pass (0 = off).
+    every_batches: int = 0
     keep_last: int = 3  # committed checkpoints kept in the store (older ones are pruned)
     resume: str = "none"  # none | latest | <checkpoint id>: where training continues from
     # Start from another run's weights when this store has nothing to resume: "<store uri>" (its latest
@@ -158,6 +170,9 @@ class CheckpointConfig:
 class EvalConfig:
     roc_points: int = 200
     calibration_bins: int = 10
+    calibration: Calibration = Calibration.platt  # fitted on the validation split, applied in evaluation and serving
+    baseline: bool = True  # also train and score a hashed logistic regression on the same shards
+    baseline_rows: int = 1_000_000  # the baseline's train rows at most (the first ones): ~20 s on one core
 
 
 # The image every pipeline step and PS pod runs unless the cluster config names another (containers/Dockerfile).
@@ -300,7 +315,8 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     """
     for key in ("ps.servers", "ps.workers", "ps.threads", "ps.batch_size", "ps.epochs",
                 "table.embedding_dim", "table.vocab_size", "table.learning_rate",
-                "model.learning_rate", "data.shards_per_worker", "data.prep_parallelism", "ps.rpc_timeout_ms",
+                "model.learning_rate", "data.shards_per_worker", "data.prep_parallelism", "ps.patience",
+                "model.cross_layers", "eval.baseline_rows", "ps.rpc_timeout_ms",
                 "ps.rpc_connect_timeout_ms", "ps.table_save_max_retry"):
         group, name = key.split(".")
         _positive(key, getattr(getattr(cfg, group), name))
@@ -321,8 +337,15 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
                           "each geo worker holds a dense local copy of the whole table; use ps.mode=async")
     if any(h <= 0 for h in cfg.model.hidden):
         raise ConfigError("model.hidden", list(cfg.model.hidden), "a list of layer widths > 0")
+    if not 0 <= cfg.model.dropout < 1:
+        raise ConfigError("model.dropout", cfg.model.dropout, "a rate in [0, 1)")
+    if cfg.model.embedding_l2 < 0:
+        raise ConfigError("model.embedding_l2", cfg.model.embedding_l2, "a penalty >= 0")
     if not 0 < cfg.data.test_fraction < 1:
         raise ConfigError("data.test_fraction", cfg.data.test_fraction, "a fraction in (0, 1)")
+    if not 0 <= cfg.data.valid_fraction < 1 - cfg.data.test_fraction:
+        raise ConfigError("data.valid_fraction", cfg.data.valid_fraction,
+                          f"a fraction in [0, 1 - data.test_fraction = {1 - cfg.data.test_fraction:g})")
     if not 0 <= cfg.data.max_malformed_fraction <= 1:
         raise ConfigError("data.max_malformed_fraction", cfg.data.max_malformed_fraction, "a fraction in [0, 1]")
     if cfg.data.source is DataSource.synthetic:
@@ -339,6 +362,11 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     _positive("checkpoint.chunk_batches", cfg.checkpoint.chunk_batches)
     if cfg.checkpoint.every_minutes < 0:
         raise ConfigError("checkpoint.every_minutes", cfg.checkpoint.every_minutes, "minutes >= 0 (0 = off)")
+    if cfg.checkpoint.every_batches < 0:
+        raise ConfigError("checkpoint.every_batches", cfg.checkpoint.every_batches, "batches >= 0 (0 = off)")
+    if cfg.checkpoint.every_batches and cfg.ps.mode is Mode.sync:
+        raise ConfigError("checkpoint.every_batches", cfg.checkpoint.every_batches, "0 with ps.mode=sync",
+                          "sync passes are cut into rounds of ps.sync_batches already; checkpoint every pass")
     ssd = cfg.table.table_class is TableClass.SSDSparseTable
     eviction = cfg.table.eviction
     if eviction.enabled:

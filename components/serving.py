@@ -13,8 +13,8 @@ A serving model directory (written by :func:`export_inference_model`)::
                       checkpoint (its path, or store URI and id; MANIFEST.json sha256), Paddle version,
                       table shape and dtype, vocab_size
 
-The program is the one :class:`components.evaluate.scoring.Scorer` runs
-(:func:`components.evaluate.scoring.build_program`), so the served model scores exactly like the evaluation.
+The program is the one :class:`components.ps.scoring.Scorer` runs
+(:func:`components.ps.scoring.build_program`), so the served model scores exactly like the evaluation.
 The directory is staged next to ``out`` and renamed into place: it is complete or absent.
 
 How to run it on new data
@@ -67,7 +67,7 @@ import numpy as np
 from components.checkpoint import format as ckpt_io
 from components.data_prep.hashing import HASH_FUNCTION, check_hash_function
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
-from components.evaluate.scoring import Scorer, predict_batches
+from components.ps.scoring import Scorer, predict_batches
 from components.ps.models import EMBEDDING_TABLE
 
 FORMAT = 1
@@ -101,7 +101,7 @@ def export_inference_model(checkpoint_dir: str | os.PathLike, out_dir: str | os.
     if out.exists() and not _replaceable(out):
         raise FileExistsError(f"{out} exists and is not a serving model: refusing to replace it")
     out.parent.mkdir(parents=True, exist_ok=True)
-    scorer = Scorer(checkpoint)
+    scorer = Scorer(checkpoint, calibrated=True)  # what the servers deliver: calibrated probabilities
     program = scorer.program
     feeds = program.input_vars()
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
@@ -132,6 +132,8 @@ def export_inference_model(checkpoint_dir: str | os.PathLike, out_dir: str | os.
             "vocab_size": meta.get("table", {}).get("vocab_size"),
             # Checkpoints made before the name was recorded used the same (and only) function.
             "hash_function": meta.get("hash_function") or HASH_FUNCTION,
+            # Applied in the program: model.pdmodel outputs calibrated probabilities.
+            "calibration": meta.get("calibration"),
             "source_checkpoint": {"manifest_sha256": ckpt_io.file_digest(local / ckpt_io.MANIFEST)[1],
                                   "mode": meta.get("mode"),
                                   "rows": meta.get("rows"), "paddle_version": meta.get("paddle_version"),

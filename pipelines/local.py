@@ -31,7 +31,7 @@ from typing import Any, Optional
 from components.config import CtrConfig, is_remote_uri
 
 # What the run directory gets from the evaluation directory (the Metrics artifact's path).
-EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png")
+EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png", "calibration.png")
 TAP_LINES = 400
 _KFP_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - [A-Z]+ - ")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -56,7 +56,7 @@ def score_serving_model(serving_dir, data_dir) -> dict:
     """The test split of ``data_dir`` scored by an exported serving model: ``{"labels", "preds", "metrics"}``,
     what a check that the served model is the evaluated one needs."""
     from components.evaluate.metrics import binary_metrics
-    from components.evaluate.scoring import read_test_split
+    from components.ps.scoring import read_test_split
     from components.serving import InferenceModel
 
     model = InferenceModel.load(serving_dir)

@@ -18,7 +18,7 @@ def test_defaults(config, tmp_path):
 
 
 @pytest.mark.parametrize("group,option", [
-    ("model", "dnn"), ("model", "wide_deep"), ("model", "deepfm"),
+    ("model", "dnn"), ("model", "wide_deep"), ("model", "deepfm"), ("model", "dcn"),
     ("ps", "async"), ("ps", "sync"), ("ps", "geo"), ("table", "memory"), ("table", "ssd"),
 ])
 def test_every_group_option_composes(config, group, option):
@@ -36,7 +36,7 @@ def test_cluster_is_added_explicitly(config):
 
 @pytest.mark.parametrize("override,allowed", [
     ("ps.mode=bogus", "[async, sync, geo]"),
-    ("model.name=transformer", "[dnn, wide_deep, deepfm]"),
+    ("model.name=transformer", "[dnn, wide_deep, deepfm, dcn]"),
     ("table.rule=rmsprop", "[naive, adagrad, std_adagrad, adam]"),
     ("table.table_class=HashTable", "[MemorySparseTable, SSDSparseTable]"),
     ("checkpoint.export_dtype=bfloat16", "[float32, float16]"),
@@ -58,6 +58,11 @@ def test_closed_vocabularies_fail_at_composition(config, override, allowed):
     (["data.test_fraction=1.5"], "data.test_fraction", 1.5),
     (["data.prep_parallelism=0"], "data.prep_parallelism", 0),
     (["data.prep_processes=0"], "data.prep_processes", 0),
+    (["data.valid_fraction=0.85"], "data.valid_fraction", 0.85),
+    (["ps.patience=0"], "ps.patience", 0),
+    (["model.dropout=1.0"], "model.dropout", 1.0),
+    (["model.embedding_l2=-0.1"], "model.embedding_l2", -0.1),
+    (["ps=sync", "checkpoint.every_batches=100"], "checkpoint.every_batches", 100),
     (["model.hidden=[64,0]"], "model.hidden", [64, 0]),
     (["table.weight_bounds=[1.0,-1.0]"], "table.weight_bounds", [1.0, -1.0]),
     (["ps=geo", "table.vocab_size=1000000000"], "table.vocab_size", 1_000_000_000),

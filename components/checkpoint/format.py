@@ -95,12 +95,12 @@ def verify(root: str | os.PathLike, parts: Optional[tuple[str, ...]] = None) -> 
 
 
 def save_export(root: str | os.PathLike, ids: np.ndarray, rows: np.ndarray, dense: dict[str, np.ndarray],
-                rows_dtype: ExportDtype = ExportDtype.float32) -> None:
+                rows_dtype: ExportDtype = ExportDtype.float32) -> np.ndarray:
     """Write the export: the embedding rows as ``rows_dtype``, the dense parameters as they are (float32).
 
     Only scoring and serving read the rows; resume reads the servers' table files and ``dense.npz``, which
     is why the rows may be narrowed and the dense parameters may not. Raises :class:`CheckpointError` when a
-    finite row value does not fit ``rows_dtype`` (float16 ends at 65504).
+    finite row value does not fit ``rows_dtype`` (float16 ends at 65504). Returns the rows as stored.
     """
     with np.errstate(over="ignore"):  # overflow is reported below, naming the values
         stored = rows.astype(rows_dtype.value)
@@ -113,6 +113,7 @@ def save_export(root: str | os.PathLike, ids: np.ndarray, rows: np.ndarray, dens
     export.mkdir(parents=True, exist_ok=True)
     np.savez(export / EMBEDDING_FILE, ids=ids.astype(np.uint64), rows=stored)
     np.savez(export / DENSE_FILE, **dense)
+    return stored
 
 
 def load(root: str | os.PathLike) -> Checkpoint:

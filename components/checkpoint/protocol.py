@@ -11,7 +11,8 @@ worker together:
    merges them into the export and removes them;
 3. worker 0 writes the export (sparse rows parsed from the shards or merged from the workers, dense
    parameters) and the training state, uploads everything, and commits: ``MANIFEST.json`` last, then
-   ``LATEST``; then prunes.
+   ``LATEST`` (and ``BEST`` when the validation split says it is the best so far: :mod:`components.ps.validation`);
+   then prunes.
 
 Nothing assumes a shared disk: each server's sidecar (:mod:`components.ps.shard_uploader`) uploads the
 shards that server wrote, worker 0 reads them back from the store for the export, and workers' rows travel
@@ -95,12 +96,14 @@ def fetch_uploaded_table(store: CheckpointStore, ckpt_id: str, table_dir_rel: st
 
 
 def commit_checkpoint(store: CheckpointStore, ckpt_id: str, local_dir: Path, server_files: dict, meta: dict,
-                      state: dict, keep_last: int) -> dict:
+                      state: dict, keep_last: int, best: bool = False) -> dict:
     """Upload worker 0's part (export, state, workers' rows) beside the servers' shards, then make the checkpoint
-    visible and prune old ones."""
+    visible (``best``: and the store's best), and prune old ones."""
     (local_dir / STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True))
     files = {**server_files, **store.upload_dir(local_dir, ckpt_id)}
     manifest = store.commit(ckpt_id, files, meta)
+    if best:
+        store.mark_best(ckpt_id)
     store.prune(keep_last)
     shutil.rmtree(local_dir, ignore_errors=True)
     return manifest

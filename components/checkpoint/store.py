@@ -7,6 +7,7 @@ Layout under the store URI (a local path, ``file://``, ``s3://bucket/prefix``, `
     <uri>/<ckpt_id>/model.json                   the checkpoint's meta (written by :meth:`CheckpointStore.commit`)
     <uri>/<ckpt_id>/MANIFEST.json                written LAST: every file with size and sha256
     <uri>/LATEST                                 ``{"id": <ckpt_id>}``, moved only after a manifest is written
+    <uri>/BEST                                   ``{"id": <ckpt_id>}``: the best on the validation split, if any
 
 A checkpoint directory without ``MANIFEST.json`` is invisible: it is never listed as committed, never
 resolved, never downloaded, and :meth:`CheckpointStore.cleanup_incomplete` removes it. So an upload that dies
@@ -50,6 +51,7 @@ from components.checkpoint.format import MANIFEST, MODEL_META, CheckpointError, 
 log = logging.getLogger(__name__)
 
 LATEST = "LATEST"
+BEST = "BEST"
 FORMAT = 1
 # Files up to this size are read whole, hashed and sent in one request; bigger ones are streamed.
 SMALL_FILE = 32 << 20
@@ -569,14 +571,26 @@ class CheckpointStore:
         self._retry(f"deleting {self.url(ckpt_id)}", rm_dir)
         self.fs.invalidate_cache()
 
+    def best(self) -> str | None:
+        """The committed checkpoint ``BEST`` names (the best on the validation split), else None."""
+        pointer = self.read_json(None, BEST)
+        named = pointer.get("id") if isinstance(pointer, dict) else None
+        return named if named is not None and self._has_manifest(named) else None
+
+    def mark_best(self, ckpt_id: str) -> None:
+        """Point ``BEST`` at a committed checkpoint: pruning keeps it."""
+        if not self._has_manifest(ckpt_id):
+            raise CheckpointError(f"{self.url(ckpt_id)} is not committed: it cannot be the best")
+        self.write_json(None, BEST, {"id": ckpt_id})
+
     def prune(self, keep_last: int) -> list[str]:
-        """Delete the oldest committed checkpoints beyond the newest ``keep_last``, never the one ``LATEST``
-        names; returns the deleted ids."""
+        """Delete the oldest committed checkpoints beyond the newest ``keep_last``, never the ones ``LATEST`` and
+        ``BEST`` name; returns the deleted ids."""
         if keep_last < 1:
             raise ValueError(f"keep_last must be >= 1, got {keep_last}")
         ids = self.committed()
-        keep = self.latest()
-        victims = [i for i in ids[:-keep_last] if i != keep]
+        keep = {self.latest(), self.best()}
+        victims = [i for i in ids[:-keep_last] if i not in keep]
         for ckpt_id in victims:
             self._delete(ckpt_id)
             log.info("pruned checkpoint %s", self.url(ckpt_id))

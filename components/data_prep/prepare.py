@@ -4,6 +4,7 @@ Output layout (written into a temporary sibling directory and renamed into place
 leaves a half-written dataset)::
 
     out_dir/train/part-00000.txt ... part-<num_shards - 1>.txt
+    out_dir/valid/part-00000.txt ... part-<num_shards - 1>.txt   (empty when valid_fraction = 0)
     out_dir/test/part-00000.txt  ... part-<num_shards - 1>.txt
     out_dir/stats.json
 
@@ -19,12 +20,14 @@ per group of units, then one merge: :mod:`components.data_prep.step`) run the sa
 
 Where a row goes, decided row by row, never by which process converts it, so the dataset is byte for byte the same
 whatever the number of processes or pods: a row is a test row when a hash of ``(seed, file basename, byte offset of
-its line)`` falls below ``test_fraction``; within a unit the rows of a split are dealt round-robin over the shards,
+its line)`` falls below ``test_fraction``, a validation row when it falls in the ``valid_fraction`` above that; within
+a unit the rows of a split are dealt round-robin over the shards,
 starting at shard ``unit index % num_shards``. Every sparse id is ``hashing.feature_id(slot, raw_value,
 vocab_size)``, so all ids lie in ``[0, vocab_size)``.
 
 :func:`prepare_synthetic` writes the :mod:`synthetic` generator's rows the same way (one unit; the last
-``round(rows * test_fraction)`` rows are the test split, and ``stats["bayes"]`` holds the Bayes-optimal AUC/logloss
+``round(rows * test_fraction)`` rows are the test split, the ``round(rows * valid_fraction)`` before them the validation
+split, and ``stats["bayes"]`` holds the Bayes-optimal AUC/logloss
 on it).
 """
 
@@ -58,7 +61,7 @@ from components.data_prep.synthetic import (SyntheticRows, SyntheticSpec, bayes_
 
 __all__ = ["DataPrepError", "prepare_files", "prepare_synthetic"]
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "valid", "test")  # a row's split code is its index here
 STATS_FILE = "stats.json"
 RESULT_FILE = "result.json"  # in a part: what its unit held
 DISTINCT_FILE = "distinct.npz"  # in a part: the distinct-id counter of each slot (train rows)
@@ -89,6 +92,7 @@ class DataPlan:
     source: Optional[str] = None  # the input URI (None for synthetic data)
     max_malformed_fraction: Optional[float] = None
     synthetic: Optional[dict] = None  # {"rows", "spec"}
+    valid_fraction: float = 0.0
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -111,11 +115,11 @@ def _fingerprint(settings: Mapping, inputs: Iterable[str]) -> str:
 
 
 def plan_files(*, uri: str, fmt: str, test_fraction: float, num_shards: int, vocab_size: int, seed: int,
-               max_malformed_fraction: float, slots: Optional[Sequence[str]] = None,
+               max_malformed_fraction: float, valid_fraction: float = 0.0, slots: Optional[Sequence[str]] = None,
                storage_options: Optional[Mapping] = None, unit_bytes: int = UNIT_BYTES,
                processes: Optional[int] = None) -> DataPlan:
     """List the input, cut it into units and fix the schema; raises DataPrepError for input that cannot work."""
-    _check_settings(test_fraction, num_shards, vocab_size)
+    _check_settings(test_fraction, valid_fraction, num_shards, vocab_size)
     if not 0.0 <= max_malformed_fraction <= 1.0:
         raise DataPrepError(f"max_malformed_fraction must be in [0, 1], got {max_malformed_fraction}")
     schema_for(fmt, slots, ["2"])  # an unknown format or slot fails before the input is listed
@@ -130,29 +134,39 @@ def plan_files(*, uri: str, fmt: str, test_fraction: float, num_shards: int, voc
                                 "'<feasign>:<slot>' tokens with the label as '<0|1>:1'")
     schema = schema_for(fmt, slots, discovered)
     settings = dict(fmt=fmt, schema=schema.to_dict(), vocab_size=vocab_size, seed=seed, test_fraction=test_fraction,
-                    num_shards=num_shards, max_malformed_fraction=max_malformed_fraction, hash=HASH_FUNCTION)
+                    valid_fraction=valid_fraction, num_shards=num_shards,
+                    max_malformed_fraction=max_malformed_fraction, hash=HASH_FUNCTION)
     return DataPlan(source=uri, units=[u.to_dict() for u in units],
                     fingerprint=_fingerprint(settings, (f"{f.url} {f.fingerprint}" for f in files)), **{
                         k: v for k, v in settings.items() if k != "hash"})
 
 
 def plan_synthetic(*, rows: int, test_fraction: float, num_shards: int, vocab_size: int, seed: int,
-                   spec: Optional[SyntheticSpec] = None) -> DataPlan:
-    _check_settings(test_fraction, num_shards, vocab_size)
+                   valid_fraction: float = 0.0, spec: Optional[SyntheticSpec] = None) -> DataPlan:
+    _check_settings(test_fraction, valid_fraction, num_shards, vocab_size)
     spec = spec or SyntheticSpec()
-    test_rows = round(rows * test_fraction)
-    _check_split_sizes({"train": rows - test_rows, "test": test_rows}, num_shards)
+    sizes = _synthetic_split_rows(rows, test_fraction, valid_fraction)
+    _check_split_sizes({split: n for split, n in zip(SPLITS, sizes) if split != "valid" or valid_fraction},
+                       num_shards)
     settings = dict(fmt=SYNTHETIC, schema=spec.schema.to_dict(), vocab_size=vocab_size, seed=seed,
-                    test_fraction=test_fraction, num_shards=num_shards, max_malformed_fraction=None,
-                    synthetic={"rows": rows, "spec": spec.to_dict()})
+                    test_fraction=test_fraction, valid_fraction=valid_fraction, num_shards=num_shards,
+                    max_malformed_fraction=None, synthetic={"rows": rows, "spec": spec.to_dict()})
     unit = Unit(0, SYNTHETIC, 0, rows, compressed=False)
     return DataPlan(source=None, units=[unit.to_dict()], fingerprint=_fingerprint({**settings, "hash": HASH_FUNCTION},
                                                                                   ()), **settings)
 
 
-def _check_settings(test_fraction: float, num_shards: int, vocab_size: int) -> None:
+def _synthetic_split_rows(rows: int, test_fraction: float, valid_fraction: float) -> tuple[int, int, int]:
+    """Rows of (train, valid, test): the test rows last, the validation rows before them."""
+    test, valid = round(rows * test_fraction), round(rows * valid_fraction)
+    return rows - test - valid, valid, test
+
+
+def _check_settings(test_fraction: float, valid_fraction: float, num_shards: int, vocab_size: int) -> None:
     if not 0.0 < test_fraction < 1.0:
         raise DataPrepError(f"test_fraction must be in (0, 1), got {test_fraction}")
+    if not 0.0 <= valid_fraction < 1.0 - test_fraction:
+        raise DataPrepError(f"valid_fraction must be in [0, 1 - test_fraction), got {valid_fraction}")
     if num_shards < 1:
         raise DataPrepError(f"num_shards must be >= 1, got {num_shards}")
     if not 1 <= vocab_size <= MAX_VOCAB_SIZE:
@@ -212,9 +226,10 @@ class _PartWriter:
         self.shard_rows = {split: [0] * num_shards for split in SPLITS}
         self.shard_bytes = {split: [0] * num_shards for split in SPLITS}
 
-    def write(self, text: pa.Array, labels: np.ndarray, test: np.ndarray) -> None:
-        for split, mine in (("train", ~test), ("test", test)):
-            rows = np.flatnonzero(mine)
+    def write(self, text: pa.Array, labels: np.ndarray, splits: np.ndarray) -> None:
+        """``splits``: each row's split code (its index in :data:`SPLITS`)."""
+        for code, split in enumerate(SPLITS):
+            rows = np.flatnonzero(splits == code)
             shard = (self.rows[split] + np.arange(len(rows)) + self.unit) % self.num_shards
             order = np.argsort(shard, kind="stable")
             taken = text.take(pa.array(rows[order]))
@@ -240,11 +255,16 @@ class _PartWriter:
                     shard.unlink()
 
 
-def _row_test_mask(plan: DataPlan, unit: Unit, offsets: np.ndarray) -> np.ndarray:
-    """A row is a test row when a hash of (seed, file basename, byte offset of its line) is below test_fraction."""
+def _row_splits(plan: DataPlan, unit: Unit, offsets: np.ndarray) -> np.ndarray:
+    """Each row's split code: test when a hash of (seed, file basename, byte offset of its line) is below
+    test_fraction, validation when it is below test_fraction + valid_fraction, else train."""
     file_key = np.uint64(hash64(f"{plan.seed}\x1f{posixpath.basename(unit.url)}".encode()))
     keys = mix64(mix64(offsets.astype(np.uint64)) ^ file_key)
-    return (keys >> np.uint64(11)).astype(np.float64) * 2.0 ** -53 < plan.test_fraction  # top 53 bits: uniform
+    uniform = (keys >> np.uint64(11)).astype(np.float64) * 2.0 ** -53  # the top 53 bits
+    codes = np.zeros(len(offsets), np.uint8)
+    codes[uniform < plan.test_fraction + plan.valid_fraction] = SPLITS.index("valid")
+    codes[uniform < plan.test_fraction] = SPLITS.index("test")
+    return codes
 
 
 def _convert_unit(plan_dict: dict, index: int, parts_dir: str, storage_options: dict) -> None:
@@ -259,10 +279,10 @@ def _convert_unit(plan_dict: dict, index: int, parts_dir: str, storage_options: 
     try:
         for offset, block in read_blocks(unit, storage_options):
             parsed = parser.parse(block)
-            test = _row_test_mask(plan, unit, offset + parsed.line_starts[parsed.row_lines])
-            writer.write(parsed.text, parsed.labels, test)
+            splits = _row_splits(plan, unit, offset + parsed.line_starts[parsed.row_lines])
+            writer.write(parsed.text, parsed.labels, splits)
             for counter, ids in zip(counters, parsed.slot_ids):
-                counter.add(ids.of_rows(~test))
+                counter.add(ids.of_rows(splits == 0))  # the train split's ids: what the servers will hold
             malformed += len(parsed.malformed)
             examples += [{"line": lines + line + 1, "reason": reason}
                          for line, reason in parsed.malformed[:MALFORMED_EXAMPLES - len(examples)]]
@@ -283,7 +303,7 @@ def _convert_synthetic(plan_dict: dict, index: int, parts_dir: str, storage_opti
     plan = DataPlan.from_dict(plan_dict)
     spec = SyntheticSpec(**{**plan.synthetic["spec"], "cardinalities": tuple(plan.synthetic["spec"]["cardinalities"])})
     rows = plan.synthetic["rows"]
-    train_rows = rows - round(rows * plan.test_fraction)
+    train_rows, valid_rows, _ = _synthetic_split_rows(rows, plan.test_fraction, plan.valid_fraction)
     data = generate(rows, plan.seed, spec)
     id_tables = category_id_tables(spec, plan.vocab_size)
     root = Path(parts_dir) / f"unit-{index:05d}"
@@ -291,8 +311,9 @@ def _convert_synthetic(plan_dict: dict, index: int, parts_dir: str, storage_opti
     try:
         for start in range(0, rows, _SYNTHETIC_BLOCK):
             block = SyntheticRows(*(array[start:start + _SYNTHETIC_BLOCK] for array in data))
-            test = np.arange(start, start + len(block.labels)) >= train_rows
-            writer.write(format_lines(block, spec, id_tables), block.labels, test)
+            position = np.arange(start, start + len(block.labels))
+            splits = (position >= train_rows).astype(np.uint8) + (position >= train_rows + valid_rows)
+            writer.write(format_lines(block, spec, id_tables), block.labels, splits)
     finally:
         writer.close()
     counters = []
@@ -301,7 +322,7 @@ def _convert_synthetic(plan_dict: dict, index: int, parts_dir: str, storage_opti
         counter.add(np.unique(table[data.categories[:train_rows, field]]).astype(np.uint64))
         counters.append(counter)
     _write_result(root, writer, counters, lines=rows, malformed=0, examples=[],
-                  bayes=bayes_metrics(data.labels[train_rows:], data.probabilities[train_rows:]))
+                  bayes=bayes_metrics(data.labels[train_rows + valid_rows:], data.probabilities[train_rows + valid_rows:]))
 
 
 # -- stage 3: merge -------------------------------------------------------------------------------------------------
@@ -343,9 +364,10 @@ def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str 
                             f"({malformed['count']} malformed); check the URI and the format {plan.fmt!r}")
     shard_rows = {split: [sum(r["shard_rows"][split][s] for r in results) for s in range(plan.num_shards)]
                   for split in SPLITS}
-    for split in SPLITS:  # every shard of every split gets a row (the pods each read one)
+    needed = [split for split in SPLITS if split != "valid" or plan.valid_fraction]
+    for split in needed:  # every shard of every split gets a row (the pods each read one)
         if min(shard_rows[split]) == 0:
-            _check_split_sizes({s: rows[s] for s in SPLITS}, plan.num_shards, plan.source)
+            _check_split_sizes({s: rows[s] for s in needed}, plan.num_shards, plan.source)
             raise DataPrepError(f"a shard of the {split} split from {plan.source!r} got no row (rows per shard: "
                                 f"{shard_rows[split]}); provide more input or lower num_shards")
     counters = [DistinctCounter() for _ in schema.sparse_slots]
@@ -376,8 +398,10 @@ def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str 
             "hash_function": HASH_FUNCTION,
             "seed": plan.seed,
             "test_fraction": plan.test_fraction,
+            "valid_fraction": plan.valid_fraction,
             "rows": rows,
-            "ctr": {split: sum(r["clicks"][split] for r in results) / rows[split] for split in SPLITS},
+            "ctr": {split: sum(r["clicks"][split] for r in results) / rows[split] if rows[split] else None
+                    for split in SPLITS},
             "distinct_ids": {slot: c.count() for slot, c in zip(schema.sparse_slots, counters)},
             "distinct_ids_exact": {slot: c.is_exact for slot, c in zip(schema.sparse_slots, counters)},
             "distinct_ids_relative_error": RELATIVE_ERROR,
@@ -451,7 +475,8 @@ def prepare(plan: DataPlan, out_dir: str | os.PathLike, processes: Optional[int]
 
 
 def prepare_files(out_dir: str | os.PathLike, *, uri: str, fmt: str, test_fraction: float, num_shards: int,
-                  vocab_size: int, seed: int, max_malformed_fraction: float, slots: Optional[Sequence[str]] = None,
+                  vocab_size: int, seed: int, max_malformed_fraction: float, valid_fraction: float = 0.0,
+                  slots: Optional[Sequence[str]] = None,
                   storage_options: Optional[Mapping] = None, processes: Optional[int] = None,
                   unit_bytes: int = UNIT_BYTES) -> dict:
     """Convert the files at ``uri`` (format ``fmt``) into ``out_dir``; returns the stats dict.
@@ -461,14 +486,16 @@ def prepare_files(out_dir: str | os.PathLike, *, uri: str, fmt: str, test_fracti
     ``max_malformed_fraction`` of all non-blank lines is an error.
     """
     plan = plan_files(uri=uri, fmt=fmt, test_fraction=test_fraction, num_shards=num_shards, vocab_size=vocab_size,
-                      seed=seed, max_malformed_fraction=max_malformed_fraction, slots=slots,
+                      seed=seed, max_malformed_fraction=max_malformed_fraction, valid_fraction=valid_fraction,
+                      slots=slots,
                       storage_options=storage_options, unit_bytes=unit_bytes, processes=processes)
     return prepare(plan, out_dir, processes, storage_options)
 
 
 def prepare_synthetic(out_dir: str | os.PathLike, *, rows: int, test_fraction: float, num_shards: int,
-                      vocab_size: int, seed: int, spec: Optional[SyntheticSpec] = None) -> dict:
+                      vocab_size: int, seed: int, valid_fraction: float = 0.0,
+                      spec: Optional[SyntheticSpec] = None) -> dict:
     """Generate ``rows`` synthetic rows into ``out_dir``; returns the stats dict."""
     plan = plan_synthetic(rows=rows, test_fraction=test_fraction, num_shards=num_shards, vocab_size=vocab_size,
-                          seed=seed, spec=spec)
+                          seed=seed, valid_fraction=valid_fraction, spec=spec)
     return prepare(plan, out_dir, processes=1)

@@ -16,7 +16,8 @@ from components.data_prep.sources import Unit, group_units
 def _plan(cfg: CtrConfig) -> DataPlan:
     """Shards: one per worker reader (``ps.workers * data.shards_per_worker``), as the launcher expects."""
     data = cfg.data
-    common = dict(test_fraction=data.test_fraction, num_shards=cfg.ps.workers * data.shards_per_worker,
+    common = dict(test_fraction=data.test_fraction, valid_fraction=data.valid_fraction,
+                  num_shards=cfg.ps.workers * data.shards_per_worker,
                   vocab_size=cfg.table.vocab_size, seed=data.seed)
     if data.source is DataSource.synthetic:
         return plan_synthetic(rows=data.rows, **common)

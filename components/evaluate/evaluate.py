@@ -1,6 +1,10 @@
-"""The evaluation of a checkpoint on the test split: metrics, ROC curve, calibration, the report.
+"""The evaluation of a checkpoint on the test split: metrics, ROC curve, calibration, the baseline, the report.
 
-The checkpoint is scored by :class:`components.evaluate.scoring.Scorer`, the program the serving model runs too.
+The checkpoint is scored by :class:`components.ps.scoring.Scorer`, the program the serving model runs too, and its
+predictions go through the calibration the checkpoint carries (fitted on the validation split while it was
+trained: :mod:`components.ps.validation`), as the served model's do: the metrics are those of the delivered model,
+with the uncalibrated ones beside them. A hashed logistic regression trained on the same shards
+(:mod:`components.evaluate.baseline`) is scored too: the model's lift over it.
 """
 
 from __future__ import annotations
@@ -14,44 +18,89 @@ import numpy as np
 
 from components.checkpoint import format as ckpt_io
 from components.config import EvalConfig
-from components.data_prep.multislot import Schema
+from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components.evaluate import metrics as metric_fns
 from components.evaluate import report
-from components.evaluate.scoring import Scorer, read_test_split
+from components.evaluate.baseline import HashedLogisticRegression
+from components.ps.scoring import Scorer, read_test_split
 
 
 def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
              cfg: EvalConfig, training: Optional[dict] = None) -> dict[str, Any]:
-    """Metrics of the checkpoint on the test split; writes metrics.json, roc.png, report.md/html."""
+    """Metrics of the checkpoint on the test split; writes metrics.json, roc.png, calibration.png, report.md/html."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = ckpt_io.load(checkpoint_dir)
     stats = json.loads((Path(data_dir) / "stats.json").read_text())
     if None not in (stats.get("hash_function"), checkpoint.meta.get("hash_function")) and \
             stats["hash_function"] != checkpoint.meta["hash_function"]:
-        raise ckpt_io.CheckpointError(f"checkpoint {checkpoint_dir} was trained on ids of {checkpoint.meta['hash_function']!r}, "
-                                      f"the data in {data_dir} has ids of {stats['hash_function']!r}")
-    labels, dense, sparse = read_test_split(data_dir, Schema.from_dict(checkpoint.meta["schema"]))
-    preds = Scorer(checkpoint).predict(dense, sparse)
-    measured = metric_fns.binary_metrics(labels, preds)
+        raise ckpt_io.CheckpointError(f"checkpoint {checkpoint_dir} was trained on ids of "
+                                      f"{checkpoint.meta['hash_function']!r}, the data in {data_dir} has ids of "
+                                      f"{stats['hash_function']!r}")
+    schema = Schema.from_dict(checkpoint.meta["schema"])
+    labels, dense, sparse = read_test_split(data_dir, schema)
+    raw = Scorer(checkpoint).predict(dense, sparse)
+    calibration = checkpoint.meta.get("calibration")
+    preds = metric_fns.calibrate(raw, calibration)
+    measured = {**metric_fns.binary_metrics(labels, preds),
+                "ece": metric_fns.expected_calibration_error(labels, preds, cfg.calibration_bins)}
     result = dict(measured)
+    uncalibrated = metric_fns.binary_metrics(labels, raw)
+    if calibration:
+        result.update(uncalibrated_logloss=uncalibrated["logloss"], uncalibrated_calibration=uncalibrated["calibration"],
+                      uncalibrated_ece=metric_fns.expected_calibration_error(labels, raw, cfg.calibration_bins))
+    if cfg.baseline:
+        baseline = metric_fns.binary_metrics(labels, _baseline(data_dir, stats, schema, cfg.baseline_rows, dense,
+                                                               sparse))
+        result.update(baseline_auc=baseline["auc"], baseline_logloss=baseline["logloss"],
+                      lift_auc=result["auc"] - baseline["auc"])
+    validation = checkpoint.meta.get("validation") or {}
+    result.update({f"validation_{key}": validation[key] for key in ("auc", "logloss") if key in validation})
     reference = stats.get("bayes")
     if reference:
         result["bayes_auc"] = reference["auc"]
         result["bayes_logloss"] = reference["logloss"]
         result["auc_ratio_to_bayes"] = result["auc"] / reference["auc"]
     fpr, tpr, thresholds = metric_fns.roc_curve(labels, preds, max_points=cfg.roc_points)
-    calibration = metric_fns.calibration_bins(labels, preds, bins=cfg.calibration_bins)
+    bins = metric_fns.calibration_bins(labels, preds, bins=cfg.calibration_bins)
     report.write_roc_png(out / "roc.png", fpr, tpr, result["auc"], reference_auc=(reference or {}).get("auc"))
+    report.write_reliability_png(out / "calibration.png",
+                                 metric_fns.calibration_bins(labels, raw, bins=cfg.calibration_bins) if calibration
+                                 else bins, bins if calibration else None)
     meta = checkpoint.meta
     summary = {"model": meta["model"]["name"], "mode": meta["mode"], "servers": meta["servers"],
                "workers": meta["workers"], "embedding_dim": meta["table"]["embedding_dim"],
                "sparse_rule": meta["table"]["rule"], "table_rows": meta["rows"]}
-    kwargs = dict(title="CTR model evaluation", reference=reference, calibration=calibration,
-                  training=training, config_summary=summary)
+    comparisons = [("Baseline: hashed logistic regression on the same shards",
+                    {k: result[k] for k in ("baseline_auc", "baseline_logloss", "lift_auc") if k in result}),
+                   ("Calibration (fitted on the validation split)",
+                    {**{k: result[k] for k in ("ece", "uncalibrated_ece", "uncalibrated_calibration",
+                                               "uncalibrated_logloss") if k in result},
+                     **({"method": calibration["method"], "a": calibration["a"], "b": calibration["b"]}
+                        if calibration else {})}),
+                   ("Validation split (the delivered checkpoint)", validation)]
+    kwargs = dict(title="CTR model evaluation", reference=reference, calibration=bins, training=training,
+                  config_summary=summary, tables=comparisons,
+                  figures=[("ROC curve", out / "roc.png"), ("Reliability", out / "calibration.png")])
     # The report sets the measured metrics against the reference itself.
-    report.write_report(out / "report.md", measured, roc_png_name="roc.png", **kwargs)
-    report.write_report_html(out / "report.html", measured, roc_png_path=out / "roc.png", **kwargs)
+    report.write_report(out / "report.md", measured, **kwargs)
+    report.write_report_html(out / "report.html", measured, **kwargs)
     ckpt_io.write_json_atomic(out / "metrics.json", result)
     np.savez(out / "roc.npz", fpr=fpr, tpr=tpr, thresholds=thresholds)
     return result
+
+
+def _baseline(data_dir: str | os.PathLike, stats: dict, schema: Schema, max_rows: int, dense: np.ndarray,
+              sparse: list) -> np.ndarray:
+    """The baseline's test predictions, trained on the first ``max_rows`` rows of the train split."""
+    paths, rows = [], 0
+    for rel, count in zip(stats["shards"]["train"], stats["shard_rows"]["train"]):
+        if rows >= max_rows:
+            break
+        paths.append(Path(data_dir) / rel)
+        rows += count
+    labels, train_dense, train_sparse = read_shards(paths, schema)
+    cut = [RaggedIds(slot.values[:slot.offsets[max_rows]] if len(slot.offsets) > max_rows else slot.values,
+                     slot.offsets[:max_rows + 1]) for slot in train_sparse]
+    model = HashedLogisticRegression().fit(labels[:max_rows], train_dense[:max_rows], cut)
+    return model.predict(dense, sparse)

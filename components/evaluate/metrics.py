@@ -126,6 +126,45 @@ def calibration_bins(
     return rows
 
 
+def expected_calibration_error(labels: npt.ArrayLike, preds: npt.ArrayLike, bins: int = 10) -> float:
+    """Mean |mean prediction - observed rate| over the equal-count bins of :func:`calibration_bins`, weighted
+    by the rows in each: 0 for a perfectly calibrated model."""
+    rows = calibration_bins(labels, preds, bins)
+    total = sum(row["count"] for row in rows)
+    return float(sum(row["count"] * abs(row["mean_pred"] - row["observed_rate"]) for row in rows) / total)
+
+
+def fit_platt(labels: npt.ArrayLike, preds: npt.ArrayLike, iterations: int = 50) -> dict[str, float]:
+    """Platt scaling: ``p' = sigmoid(a * logit(p) + b)`` with ``a``, ``b`` minimising the logloss of ``p'`` on
+    (held-out) ``labels`` (Newton's method on the two parameters, a little ridge for separable data)."""
+    label_array, pred_array = _validated(labels, preds, require_both_classes=True)
+    logit = _logit(pred_array)
+    features = np.stack([logit, np.ones_like(logit)], axis=1)
+    params = np.array([1.0, 0.0])
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-(features @ params)))
+        gradient = features.T @ (p - label_array) + 1e-6 * params
+        hessian = (features * (p * (1 - p))[:, None]).T @ features + 1e-6 * np.eye(2)
+        step = np.linalg.solve(hessian, gradient)
+        params -= step
+        if np.abs(step).max() < 1e-10:
+            break
+    return {"method": "platt", "a": float(params[0]), "b": float(params[1])}
+
+
+def calibrate(preds: npt.ArrayLike, calibration: dict[str, Any] | None) -> np.ndarray:
+    """``preds`` through a fitted calibration (None or ``method: none``: unchanged)."""
+    pred_array = np.asarray(preds, dtype=np.float64)
+    if not calibration or calibration.get("method") == "none":
+        return pred_array
+    return 1.0 / (1.0 + np.exp(-(calibration["a"] * _logit(pred_array) + calibration["b"])))
+
+
+def _logit(preds: np.ndarray) -> np.ndarray:
+    clipped = np.clip(preds, LOGLOSS_EPS, 1.0 - LOGLOSS_EPS)
+    return np.log(clipped) - np.log1p(-clipped)
+
+
 def _validated(
     labels: npt.ArrayLike, preds: npt.ArrayLike, *, require_both_classes: bool
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -1,7 +1,7 @@
-"""Human-readable evaluation report (Markdown, self-contained HTML, ROC PNG) and KFP metrics.
+"""Human-readable evaluation report (Markdown, self-contained HTML, PNG figures) and KFP metrics.
 
 The report content is assembled once as titled tables and then rendered to
-either Markdown (for the run's output bucket) or HTML with the ROC plot
+either Markdown (for the run's output bucket) or HTML with the figures
 embedded as base64 (for a KFP ``HTML`` artifact, which the UI shows inline but
 cannot resolve relative image links for).
 """
@@ -66,6 +66,33 @@ def write_roc_png(
     figure.savefig(path, format="png")
 
 
+def write_reliability_png(
+    path: str | os.PathLike[str],
+    bins: Sequence[Mapping[str, Any]],
+    calibrated_bins: Sequence[Mapping[str, Any]] | None = None,
+) -> None:
+    """Reliability diagram: observed click rate against mean prediction per bin, before and after calibration."""
+    figure = Figure(figsize=(5.5, 5.5), dpi=100)
+    FigureCanvasAgg(figure)
+    axes = figure.add_subplot()
+    highest = max(max(r["mean_pred"], r["observed_rate"]) for r in [*bins, *(calibrated_bins or [])])
+    axes.plot([0, highest], [0, highest], color="grey", linestyle="--", linewidth=1, label="perfectly calibrated")
+    series = [("model", bins, "tab:orange")]
+    if calibrated_bins:
+        series = [("model, uncalibrated", bins, "tab:orange"), ("model, calibrated", calibrated_bins, "tab:blue")]
+    for label, rows, color in series:
+        axes.plot([r["mean_pred"] for r in rows], [r["observed_rate"] for r in rows], marker="o", color=color,
+                  label=label)
+    axes.set_title("Reliability (equal-count bins of prediction)")
+    axes.set_xlabel("Mean prediction")
+    axes.set_ylabel("Observed click rate")
+    axes.grid(alpha=0.3)
+    axes.legend(loc="upper left")
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+
+
 def write_report(
     path: str | os.PathLike[str],
     metrics: Mapping[str, Any],
@@ -75,24 +102,26 @@ def write_report(
     calibration: Sequence[Mapping[str, Any]] | None = None,
     training: Mapping[str, Any] | None = None,
     config_summary: Mapping[str, Any] | None = None,
-    roc_png_name: str | None = None,
+    figures: Sequence[tuple[str, str | os.PathLike[str]]] = (),
+    tables: Sequence[tuple[str, Mapping[str, Any]]] = (),
 ) -> None:
-    """Write the report as Markdown; ``roc_png_name`` is linked relative to the report.
+    """Write the report as Markdown; ``figures`` (title, PNG path) are linked by name, relative to the report.
 
     ``metrics`` is what ``binary_metrics`` returns; ``reference`` the data
     generator's Bayes-optimal ``{"auc", "logloss"}``; ``calibration`` the rows of
     ``calibration_bins``; ``training`` and ``config_summary`` any flat key/values.
-    Sections whose input is None or empty are left out.
+    ``calibration_bins``; ``training`` and ``config_summary`` any flat key/values; ``tables`` more (heading,
+    key/values). Sections whose input is None or empty are left out.
     """
     summary, metrics_table, other_tables = _report_content(
-        metrics, reference, calibration, training, config_summary
+        metrics, reference, calibration, training, config_summary, tables
     )
     lines = [f"# {title}", ""]
     if summary:
         lines += [summary, ""]
     lines += [f"## {metrics_table.heading}", "", *_markdown_table(metrics_table), ""]
-    if roc_png_name:
-        lines += ["## ROC curve", "", f"![ROC curve]({roc_png_name})", ""]
+    for caption, png in figures:
+        lines += [f"## {caption}", "", f"![{caption}]({Path(png).name})", ""]
     for table in other_tables:
         lines += [f"## {table.heading}", "", *_markdown_table(table), ""]
     _write_text(path, "\n".join(lines))
@@ -107,19 +136,21 @@ def write_report_html(
     calibration: Sequence[Mapping[str, Any]] | None = None,
     training: Mapping[str, Any] | None = None,
     config_summary: Mapping[str, Any] | None = None,
-    roc_png_path: str | os.PathLike[str] | None = None,
+    figures: Sequence[tuple[str, str | os.PathLike[str]]] = (),
+    tables: Sequence[tuple[str, Mapping[str, Any]]] = (),
 ) -> None:
-    """Write the same report as one self-contained HTML page, the ROC PNG inlined as base64."""
+    """Write the same report as one self-contained HTML page, the figures inlined as base64."""
     summary, metrics_table, other_tables = _report_content(
-        metrics, reference, calibration, training, config_summary
+        metrics, reference, calibration, training, config_summary, tables
     )
     body = [f"<h1>{html.escape(title)}</h1>"]
     if summary:
         body.append(f"<p>{html.escape(summary)}</p>")
     body += [f"<h2>{html.escape(metrics_table.heading)}</h2>", _html_table(metrics_table)]
-    if roc_png_path is not None:
-        encoded = base64.b64encode(Path(roc_png_path).read_bytes()).decode("ascii")
-        body += ["<h2>ROC curve</h2>", f'<img alt="ROC curve" src="data:image/png;base64,{encoded}">']
+    for caption, png in figures:
+        encoded = base64.b64encode(Path(png).read_bytes()).decode("ascii")
+        body += [f"<h2>{html.escape(caption)}</h2>",
+                 f'<img alt="{html.escape(caption)}" src="data:image/png;base64,{encoded}">']
     for table in other_tables:
         body += [f"<h2>{html.escape(table.heading)}</h2>", _html_table(table)]
     page = f"""<!DOCTYPE html>
@@ -187,6 +218,7 @@ def _report_content(
     calibration: Sequence[Mapping[str, Any]] | None,
     training: Mapping[str, Any] | None,
     config_summary: Mapping[str, Any] | None,
+    tables: Sequence[tuple[str, Mapping[str, Any]]] = (),
 ) -> tuple[str, _Table, list[_Table]]:
     """The one-line summary, the metrics table and the other tables, shared by both renderings."""
     metric_rows = [
@@ -207,6 +239,7 @@ def _report_content(
                 [_calibration_row(row) for row in calibration],
             )
         )
+    other_tables += [_key_value_table(heading, values) for heading, values in tables if values]
     if training:
         other_tables.append(_key_value_table("Training", training))
     if config_summary:

@@ -60,36 +60,55 @@ def _fc(x, size: int, name: str, act: str | None = None):
     )
 
 
-def _mlp(x, hidden: list[int], prefix: str):
-    for i, width in enumerate(hidden):
-        x = _fc(x, width, f"{prefix}_{i}", act="relu")
-    return _fc(x, 1, f"{prefix}_out")
-
-
-def net(cfg: ModelConfig, feeds: Feeds, lookup: Lookup, embedding_dim: int):
-    """The logit ``[batch, 1]`` of the configured model."""
+def _mlp(x, hidden: list[int], prefix: str, dropout: float, training: bool, out: bool = True):
     import paddle
 
-    pooled = [
-        paddle.static.nn.sequence_pool(paddle.reshape(lookup(slot), [-1, embedding_dim]), "sum")
-        for slot in feeds.sparse
-    ]
+    for i, width in enumerate(hidden):
+        x = _fc(x, width, f"{prefix}_{i}", act="relu")
+        if dropout and training:  # upscale_in_train: inference needs no rescaling
+            x = paddle.nn.functional.dropout(x, p=dropout, training=True)
+    return _fc(x, 1, f"{prefix}_out") if out else x
+
+
+@dataclass
+class Net:
+    logit: object  # [batch, 1]
+    embedding_squares: object  # per example, the sum of squares of the rows it looked up (model.embedding_l2 only)
+
+
+def net(cfg: ModelConfig, feeds: Feeds, lookup: Lookup, embedding_dim: int, training: bool = False) -> Net:
+    """The logit ``[batch, 1]`` of the configured model (``training``: with dropout)."""
+    import paddle
+
+    looked_up = [paddle.reshape(lookup(slot), [-1, embedding_dim]) for slot in feeds.sparse]
+    pooled = [paddle.static.nn.sequence_pool(rows, "sum") for rows in looked_up]
+    squares = paddle.add_n([paddle.static.nn.sequence_pool(paddle.sum(paddle.square(rows), axis=1, keepdim=True), "sum")
+                            for rows in looked_up]) if cfg.embedding_l2 and training else None
     rows = paddle.stack(pooled, axis=1)  # [batch, slots, dim]
     dense = [feeds.dense] if feeds.dense is not None else []
+    hidden, drop = list(cfg.hidden), cfg.dropout
     if cfg.name is ModelName.dnn:
-        return _mlp(paddle.concat(pooled + dense, axis=1), list(cfg.hidden), "dnn")
+        return Net(_mlp(paddle.concat(pooled + dense, axis=1), hidden, "dnn", drop, training), squares)
+    if cfg.name is ModelName.dcn:
+        # DCN-v2 (parallel): full-rank cross layers x_{l+1} = x0 * (W_l x_l + b_l) + x_l beside a deep tower.
+        x0 = paddle.concat(pooled + dense, axis=1)
+        crossed = x0
+        for layer in range(cfg.cross_layers):
+            crossed = x0 * _fc(crossed, x0.shape[1], f"cross_{layer}") + crossed
+        deep = _mlp(x0, hidden, "deep", drop, training, out=False)
+        return Net(_fc(paddle.concat([crossed, deep], axis=1), 1, "dcn_out"), squares)
 
     first_order = paddle.sum(rows[:, :, 0], axis=1, keepdim=True)
     if dense:
         first_order = first_order + _fc(feeds.dense, 1, "wide_dense")
     factors = rows[:, :, 1:]
-    deep = _mlp(paddle.concat([paddle.flatten(factors, 1)] + dense, axis=1), list(cfg.hidden), "deep")
+    deep = _mlp(paddle.concat([paddle.flatten(factors, 1)] + dense, axis=1), hidden, "deep", drop, training)
     if cfg.name is ModelName.wide_deep:
-        return first_order + deep
+        return Net(first_order + deep, squares)
     # DeepFM: pairwise interactions sum_{i<j} <v_i, v_j> = 0.5 * ((sum v)^2 - sum v^2)
     summed = paddle.sum(factors, axis=1)
     second_order = 0.5 * paddle.sum(summed * summed - paddle.sum(factors * factors, axis=1), axis=1, keepdim=True)
-    return first_order + second_order + deep
+    return Net(first_order + second_order + deep, squares)
 
 
 @dataclass
@@ -99,10 +118,14 @@ class Heads:
     auc_stats: list  # [stat_pos, stat_neg]: persistable bucket counts, summed across workers for global AUC
 
 
-def heads(logit, label) -> Heads:
+def heads(network: Net, label, embedding_l2: float) -> Heads:
+    """Probability, loss (logloss, plus ``embedding_l2`` x the looked-up rows' squares) and AUC statistics."""
     import paddle
 
+    logit = network.logit
     prob = paddle.nn.functional.sigmoid(logit)
     loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, paddle.cast(label, "float32")))
+    if embedding_l2:
+        loss = loss + embedding_l2 * paddle.mean(network.embedding_squares)
     _, _, stats = paddle.static.auc(paddle.concat([1 - prob, prob], axis=1), label)
     return Heads(prob, loss, stats[2:])

@@ -41,6 +41,7 @@ from components.ps.shard_uploader import collect_shards
 from components.ps.sharding import rows_per_server, saved_bytes_per_server
 from components.ps.strategy import (build_strategy, dense_optimizer, install_rpc_gflags, rpc_gflags, server_flags,
                                     table_save_mode)
+from components.ps.validation import Validator, stop_now
 
 PULL_BATCH = 1 << 16  # ids per request when a worker pulls rows from the servers for a checkpoint
 
@@ -79,8 +80,7 @@ def build_train_program(cfg: CtrConfig, schema: Schema, paddle) -> TrainProgram:
     else:
         def lookup(slot):
             return paddle.static.nn.sparse_embedding(slot, size=[cfg.table.vocab_size, dim], param_attr=attr)
-    logit = models.net(cfg.model, feeds, lookup, dim)
-    heads = models.heads(logit, feeds.label)
+    heads = models.heads(models.net(cfg.model, feeds, lookup, dim, training=True), feeds.label, cfg.model.embedding_l2)
     # An exponential average of the batch loss, persistable so the progress thread can read it.
     running_loss = paddle.static.create_global_var([1], 0.0, "float32", persistable=True, name="running_loss")
     paddle.assign(0.98 * running_loss + 0.02 * heads.loss, running_loss)
@@ -177,6 +177,10 @@ class Worker:
         fleet.barrier_worker()
         history = list(state["history"])
         self.last_checkpoint = time.time()
+        # Every worker follows worker 0's early-stopping decision after each checkpoint; it alone scores them.
+        self.validating = bool(self.stats["rows"].get("valid"))
+        self.validator = (Validator.of(self.cfg, Path(self.job.data_dir), self.stats, state)
+                          if self.validating and self.index == 0 else None)
         for epoch in range(state["epoch"] + 1, self.cfg.ps.epochs + 1):
             self._reset_auc()
             started = time.time()
@@ -186,22 +190,28 @@ class Worker:
             reporter.start()
             try:
                 done_chunks = state.get("chunk", 0) if epoch == state["epoch"] + 1 else 0
-                self._train_pass(epoch, history, done_chunks, state.get("chunks_in_pass"))
+                stopped = self._train_pass(epoch, history, done_chunks, state.get("chunks_in_pass"))
             finally:
                 stop.set()
                 reporter.join()
+            if stopped:
+                break
             history.append(self._end_epoch(epoch, started))
-            if protocol.should_save(epoch, self.cfg.ps.epochs, self.cfg.checkpoint.every_passes):
-                self._checkpoint(epoch, history)
+            if protocol.should_save(epoch, self.cfg.ps.epochs, self.cfg.checkpoint.every_passes) and \
+                    self._checkpoint(epoch, history):
+                break
         return history
 
-    def _train_pass(self, epoch: int, history: list[dict], done_chunks: int, planned: Optional[int]) -> None:
-        """One pass: in one go, or in chunks when sync rounds or timed checkpoints need boundaries."""
+    def _train_pass(self, epoch: int, history: list[dict], done_chunks: int, planned: Optional[int]) -> bool:
+        """One pass: in one go, or in chunks when sync rounds or checkpoints inside it need boundaries; True when
+        a checkpoint inside it stopped the job early."""
         sync, timed = self.cfg.ps.mode is Mode.sync, self.cfg.checkpoint.every_minutes > 0
-        if not (sync or timed or done_chunks):
+        every = self.cfg.checkpoint.every_batches
+        if not (sync or timed or every or done_chunks):
             self._train(self.shards)
-            return
-        chunks = self._chunks(epoch, self.cfg.ps.sync_batches if sync else self.cfg.checkpoint.chunk_batches)
+            return False
+        size = self.cfg.ps.sync_batches if sync else every or self.cfg.checkpoint.chunk_batches
+        chunks = self._chunks(epoch, size)
         if done_chunks and planned != len(chunks):
             raise checkpoint.CheckpointError(
                 f"the checkpoint stopped after chunk {done_chunks} of {planned} in pass {epoch}, but this job cuts "
@@ -213,8 +223,10 @@ class Worker:
                 # Every push of a round is flushed to the servers when train_from_dataset returns; the
                 # barrier then keeps any worker from starting round r+1 before all of round r is applied.
                 self.fleet.barrier_worker()
-            if timed and c < len(chunks) - 1 and self._checkpoint_due():
-                self._checkpoint(epoch, history, chunk=c + 1, chunks_in_pass=len(chunks))
+            due = every or (timed and self._checkpoint_due())
+            if c < len(chunks) - 1 and due and self._checkpoint(epoch, history, chunk=c + 1, chunks_in_pass=len(chunks)):
+                return True
+        return False
 
     def _checkpoint_due(self) -> bool:
         """Every worker takes the same decision: due once any worker's clock says so."""
@@ -248,8 +260,9 @@ class Worker:
         return summary
 
     # -- checkpoints and ending -------------------------------------------------------------------
-    def _checkpoint(self, epoch: int, history: list[dict], chunk: int = 0, chunks_in_pass: int = 0) -> None:
-        """All workers together; see :mod:`components.checkpoint.protocol` for the protocol.
+    def _checkpoint(self, epoch: int, history: list[dict], chunk: int = 0, chunks_in_pass: int = 0) -> bool:
+        """All workers together; see :mod:`components.checkpoint.protocol` for the protocol. True when the
+        validation says to stop (:mod:`components.ps.validation`).
 
         ``chunk`` > 0: taken inside pass ``epoch`` after that many of its ``chunks_in_pass`` chunks.
         """
@@ -274,21 +287,30 @@ class Worker:
             ids, rows = self._worker_rows(main)
             protocol.upload_worker_rows(self.store, epoch, self.index, ids, rows, self.workdir)
         fleet.barrier_worker()
+        verdict = None
         if self.index == 0:
             ckpt_id = make_id(epoch, examples)
             server_files = {} if from_workers else collect_shards(
                 self.store, ckpt_id, str(staging / checkpoint.TABLES), self.cfg.ps.servers, self.cfg.ps.startup_timeout_s)
             local = self.workdir / f"checkpoint-e{epoch:04d}"
-            self._export(local, ckpt_id, epoch, main)
+            meta = self._meta(history)
+            verdict = self.validator.judge(ckpt_id, self._export(local, ckpt_id, epoch, main, meta)) \
+                if self.validator else None
+            if verdict:
+                meta.update(validation=verdict.metrics, calibration=verdict.calibration)
             # Resume continues after pass ``epoch``, or inside it after ``chunk`` chunks.
             state = {"epoch": epoch - 1 if chunk else epoch, "chunk": chunk, "chunks_in_pass": chunks_in_pass,
-                     "history": history, "examples": examples, "seed": self.cfg.data.seed}
-            protocol.commit_checkpoint(self.store, ckpt_id, local, server_files, self._meta(history), state,
-                                       self.cfg.checkpoint.keep_last)
+                     "history": history, "examples": examples, "seed": self.cfg.data.seed,
+                     "stopping": self.validator.state() if self.validator else None}
+            protocol.commit_checkpoint(self.store, ckpt_id, local, server_files, meta, state,
+                                       self.cfg.checkpoint.keep_last, best=bool(verdict and verdict.best))
             emit(CHECKPOINT, id=ckpt_id, epoch=epoch, chunk=chunk, uri=self.store.uri,
-                 servers=self._server_load(server_files), evicted=self.evicted)
+                 servers=self._server_load(server_files), evicted=self.evicted,
+                 validation=verdict.metrics if verdict else None, best=bool(verdict and verdict.best),
+                 stop=bool(verdict and verdict.stop))
         fleet.barrier_worker()
         self.last_checkpoint = time.time()
+        return self.validating and stop_now(self.fleet, self.index == 0 and bool(verdict and verdict.stop))
 
     def finish(self) -> None:
         """Stop on purpose: every worker stops its client, then worker 0 stops the servers."""
@@ -340,7 +362,8 @@ class Worker:
                 return op
         raise RuntimeError("no distributed sparse lookup in the training program")
 
-    def _export(self, local: Path, ckpt_id: str, epoch: int, main) -> None:
+    def _export(self, local: Path, ckpt_id: str, epoch: int, main, meta: dict) -> checkpoint.Checkpoint:
+        """Write the checkpoint's export into ``local``; returns it, as evaluation will load it."""
         cfg = self.cfg
         if protocol.rows_from_workers(cfg):
             ids, rows = protocol.merged_worker_rows(self.store, epoch, self.count, local)
@@ -350,8 +373,8 @@ class Worker:
             ids, rows = read_sparse_table(table_dir, cfg.table.rule, cfg.table.embedding_dim)
         dense = {p.name: np.array(self.scope.find_var(p.name).get_tensor()) for p in main.all_parameters()
                  if p.name != EMBEDDING_TABLE}
-        checkpoint.save_export(local, ids, rows, dense, cfg.checkpoint.export_dtype)
-        self.export_rows = int(len(ids))
+        stored = checkpoint.save_export(local, ids, rows, dense, cfg.checkpoint.export_dtype)
+        meta["rows"] = int(len(ids))
         if cfg.table.eviction.enabled:
             if self.exported_ids is not None:
                 self.evicted = int(np.setdiff1d(self.exported_ids, ids, assume_unique=True).size)
@@ -359,6 +382,7 @@ class Worker:
         # Which server holds each row (geo servers route rows their own way): the checkpoint's load report.
         self.rows_per_server = (None if cfg.ps.mode is Mode.geo
                                 else rows_per_server(ids, cfg.table.shard_num, cfg.ps.servers))
+        return checkpoint.Checkpoint(meta=meta, ids=ids, rows=stored, dense=dense)
 
     def _server_load(self, server_files: dict[str, dict]) -> Optional[dict]:
         """Rows per server, and the bytes of the shard files each server saved (none when the rows came from
@@ -376,7 +400,7 @@ class Worker:
             "model": full["model"], "table": full["table"], "mode": self.cfg.ps.mode.value,
             "schema": self.stats["schema"], "hash_function": self.stats.get("hash_function"),
             "servers": self.cfg.ps.servers, "workers": self.cfg.ps.workers,
-            "paddle_version": self.paddle.__version__, "training": {"epochs": history}, "rows": self.export_rows,
+            "paddle_version": self.paddle.__version__, "training": {"epochs": history},
         }
 
 
@@ -394,7 +418,8 @@ def load_job(job_path: Optional[str]) -> JobSpec:
 
 
 def fetch_dataset(uri: str, local: Path) -> Path:
-    """A pod's copy of the prepared dataset: stats.json, and for a worker the train shards it reads."""
+    """A pod's copy of the prepared dataset: stats.json, for a worker the train shards it reads, and for worker 0
+    the validation split too (it scores every checkpoint on it)."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(uri)
@@ -403,7 +428,8 @@ def fetch_dataset(uri: str, local: Path) -> Path:
     if os.environ.get("TRAINING_ROLE") == "TRAINER":
         stats = json.loads((local / "stats.json").read_text())
         index, count = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
-        for rel in stats["shards"]["train"][index::count]:
+        valid = stats["shards"].get("valid", []) if index == 0 else []
+        for rel in stats["shards"]["train"][index::count] + valid:
             (local / rel).parent.mkdir(parents=True, exist_ok=True)
             fs.get(f"{root.rstrip('/')}/{rel}", str(local / rel))
     return local

@@ -134,5 +134,9 @@ class EventLog:
                 self.checkpoints.append(event)
                 evicted = (f" ({event['evicted']:,} rows evicted since the last checkpoint)"
                            if event.get("evicted") is not None else "")
-                self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}")
+                validation = event.get("validation")
+                judged = (f"; validation auc {validation['auc']:.4f}, logloss {validation['logloss']:.4f}"
+                          f"{' (best so far)' if event.get('best') else ''}{', stopping' if event.get('stop') else ''}"
+                          if validation else "")
+                self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}{judged}")
         return True

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from components.checkpoint.pointer import write_pointer
+from components.checkpoint.store import CheckpointStore
 from components.config import ClusterBackend, CtrConfig, from_dict
 from components.train.job import JobResult, prepare_job
 from components.train.planner import GIB, load_balance_lines, max_over_mean, size
@@ -41,16 +42,29 @@ def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[
     return KubernetesJob(job, data_uri, log_dir, echo=echo).run()
 
 
+def delivered_checkpoint(result: JobResult, checkpoint_uri: str) -> str:
+    """The checkpoint the run delivers: the best on the validation split (the store's ``BEST``, which may predate a
+    resume) when the job validated its checkpoints, else the last."""
+    if any(c.get("validation") for c in result.checkpoints):
+        best = CheckpointStore(checkpoint_uri).best()
+        if best:
+            return best
+    return result.checkpoints[-1]["id"]
+
+
 def training_summary(result: JobResult, checkpoint_uri: str) -> dict:
-    """What the Model artifact records about the run (JSON-safe): the store and the last checkpoint's id."""
+    """What the Model artifact records about the run (JSON-safe): the store and the delivered checkpoint's id."""
     examples = sum(int(e["examples"]) for e in result.epochs)
     train_seconds = sum(float(e["seconds"]) for e in result.epochs)
     if not result.checkpoints:
         raise RuntimeError(f"the PS job committed no checkpoint to {checkpoint_uri} (nothing left to train "
                            f"after resuming from {result.restored_from.id if result.restored_from else None}?)")
+    delivered = delivered_checkpoint(result, checkpoint_uri)
     summary = {
         "uri": checkpoint_uri,
-        "id": result.checkpoints[-1]["id"],
+        "id": delivered,
+        "last_id": result.checkpoints[-1]["id"],
+        "stopped_early": any(c.get("stop") for c in result.checkpoints),
         "restored_from": result.restored_from.id if result.restored_from else None,
         "epochs": len(result.epochs),
         "examples": examples,
@@ -59,6 +73,10 @@ def training_summary(result: JobResult, checkpoint_uri: str) -> dict:
     }
     if result.epochs:
         summary["final_train_auc"] = float(result.epochs[-1]["auc"])
+    validation = next((c["validation"] for c in result.checkpoints if c["id"] == delivered and c.get("validation")),
+                      None)
+    if validation:
+        summary["validation_auc"], summary["validation_logloss"] = validation["auc"], validation["logloss"]
     if result.plan:
         summary["memory_plan"] = result.plan.summary()
     load = result.checkpoints[-1].get("servers")
@@ -98,8 +116,11 @@ def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
     write_pointer(pointer_path, summary)
     for line in server_report(result):
         echo(line)
-    echo(f"checkpoint: {summary['id']} in {cfg.checkpoint.uri} ({summary['epochs']} epoch(s) this run, "
-         f"{summary['seconds']:.1f}s, {summary['examples_per_s'] or 0:,.0f} examples/s)")
+    how = (f"the best on the validation split (auc {summary['validation_auc']:.4f})" if "validation_auc" in summary
+           else "the last")
+    stopped = ", stopped early" if summary["stopped_early"] else ""
+    echo(f"checkpoint: {summary['id']} in {cfg.checkpoint.uri}, {how} ({summary['epochs']} epoch(s) this run"
+         f"{stopped}, {summary['seconds']:.1f}s, {summary['examples_per_s'] or 0:,.0f} examples/s)")
     return summary
 
 

@@ -339,3 +339,17 @@ def test_manifest_file_lists_the_commit_check(store_uri, src):
     with pytest.raises(CheckpointStoreError, match="part-999-00000.gz was not uploaded"):
         store.commit(ckpt_id, files, META)
     assert store.committed() == [] and store.read_json(None, cs.LATEST) is None
+
+
+def test_pruning_keeps_the_best_checkpoint(tmp_path, src):
+    store = CheckpointStore(str(tmp_path / "store"))
+    ids = [make_id(epoch, 10 * epoch) for epoch in (1, 2, 3, 4)]
+    for ckpt_id in ids:
+        store.commit(ckpt_id, store.upload_dir(src, ckpt_id), {"epoch": 1})
+        if ckpt_id == ids[1]:
+            store.mark_best(ckpt_id)
+    assert store.best() == ids[1]
+    assert store.prune(keep_last=1) == [ids[0], ids[2]]
+    assert store.committed() == [ids[1], ids[3]] and store.best() == ids[1] and store.latest() == ids[3]
+    with pytest.raises(ckpt_io.CheckpointError, match="is not committed"):
+        store.mark_best(make_id(9, 9))

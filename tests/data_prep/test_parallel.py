@@ -189,3 +189,19 @@ def test_counts_parsed_as_integers_give_the_text_the_per_value_path_gives():
     # A count beyond the cached table's, then a negative one (as 0); the float32's shortest text.
     large = np.format_float_positional(np.float32(normalize_count(70000)))
     assert typed.text.to_pylist()[-1].startswith(f"1 1 13 {large} 0 0 ")
+
+
+def test_the_validation_split_is_cut_beside_the_test_split_without_moving_it(tmp_path):
+    inputs = _write_inputs(tmp_path / "in")
+    without = _prepare(inputs, tmp_path / "without", processes=1)
+    with_valid = _prepare(inputs, tmp_path / "with", processes=1, valid_fraction=0.15)
+
+    def lines(out: Path, split: str) -> list[str]:
+        return sorted(line for p in sorted((out / split).iterdir()) for line in p.read_text().splitlines())
+
+    assert lines(tmp_path / "with", "test") == lines(tmp_path / "without", "test")  # the test rows stay put
+    valid, train = lines(tmp_path / "with", "valid"), lines(tmp_path / "with", "train")
+    assert not set(valid) & set(train) and sorted(valid + train) == lines(tmp_path / "without", "train")
+    total = sum(with_valid["rows"].values())
+    assert abs(with_valid["rows"]["valid"] / total - 0.15) < 0.03 and without["rows"]["valid"] == 0
+    assert with_valid["valid_fraction"] == 0.15 and with_valid["ctr"]["valid"] > 0

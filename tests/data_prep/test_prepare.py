@@ -191,10 +191,10 @@ def test_synthetic_same_seed_is_byte_identical_and_other_seed_differs(tmp_path):
 def test_synthetic_dataset_is_criteo_like_with_bayes_metrics_of_the_test_split(tmp_path):
     out = tmp_path / "synthetic"
     vocab_size = 1 << 18
-    stats = prepare_synthetic(out, rows=20_000, test_fraction=0.25, num_shards=3,
+    stats = prepare_synthetic(out, rows=20_000, test_fraction=0.25, valid_fraction=0.1, num_shards=3,
                               vocab_size=vocab_size, seed=0)  # fmt: skip
-    assert stats["rows"] == {"train": 15_000, "test": 5_000}
-    assert stats["shard_rows"]["train"] == [5000, 5000, 5000]
+    assert stats["rows"] == {"train": 13_000, "valid": 2_000, "test": 5_000}  # test rows last, valid before
+    assert stats["shard_rows"]["train"] == [4334, 4333, 4333]
     assert json.loads((out / "stats.json").read_text()) == stats
     assert stats["schema"] == {"dense_dim": 13, "sparse_slots": [f"C{i}" for i in range(1, 27)]}
     assert all(0.2 <= ctr <= 0.3 for ctr in stats["ctr"].values())

@@ -10,7 +10,8 @@ import pytest
 from kfp.dsl import ClassificationMetrics, Metrics
 
 from components.evaluate.metrics import LOGLOSS_EPS, binary_metrics, calibration_bins, roc_curve
-from components.evaluate.report import log_kfp_metrics, write_report, write_report_html, write_roc_png
+from components.evaluate.report import (log_kfp_metrics, write_reliability_png, write_report, write_report_html,
+                                        write_roc_png)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -204,7 +205,8 @@ def test_markdown_report_contains_numbers(tmp_path, evaluated):
         calibration=calibration,
         training={"examples_per_s": 123456.78, "wall_time_s[worker]": 61.5, "trainers": 2},
         config_summary={"model": "wide_deep", "lr": 0.001, "sparse_dim": 1000003, "note": "a|b"},
-        roc_png_name="roc.png",
+        figures=[("ROC curve", tmp_path / "roc.png")],
+        tables=[("Baseline", {"baseline_auc": 0.71, "lift_auc": 0.02}), ("Empty", {})],
     )
     text = report.read_text()
     assert text.startswith("# Wide&Deep on synthetic CTR\n")
@@ -220,6 +222,7 @@ def test_markdown_report_contains_numbers(tmp_path, evaluated):
     assert "| lr | 0.001 |" in text
     assert "| note | a\\|b |" in text
     assert "![ROC curve](roc.png)" in text
+    assert "## Baseline" in text and "| lift_auc | 0.02 |" in text and "## Empty" not in text
 
 
 def test_markdown_report_leaves_out_missing_sections(tmp_path, evaluated):
@@ -236,6 +239,8 @@ def test_html_report_embeds_png(tmp_path, evaluated):
     metrics, (fpr, tpr, _), calibration = evaluated
     png = tmp_path / "roc.png"
     write_roc_png(png, fpr, tpr, metrics["auc"])
+    reliability = tmp_path / "calibration.png"
+    write_reliability_png(reliability, calibration, [{**row, "mean_pred": row["observed_rate"]} for row in calibration])
     page = tmp_path / "report.html"
     write_report_html(
         page,
@@ -244,13 +249,13 @@ def test_html_report_embeds_png(tmp_path, evaluated):
         reference={"auc": 0.8},
         calibration=calibration,
         training={"examples_per_s": 1000},
-        roc_png_path=png,
+        figures=[("ROC curve", png), ("Reliability", reliability)],
     )
     text = page.read_text()
     assert "<title>A &lt;model&gt; &amp; run</title>" in text
     assert f"<td>{metrics['auc']:.4f}</td>" in text
-    encoded = text.split('src="data:image/png;base64,', 1)[1].split('"', 1)[0]
-    assert base64.b64decode(encoded) == png.read_bytes()
+    encoded = [part.split('"', 1)[0] for part in text.split('src="data:image/png;base64,')[1:]]
+    assert [base64.b64decode(e) for e in encoded] == [png.read_bytes(), reliability.read_bytes()]
 
 
 def test_log_kfp_metrics_fills_real_artifacts(tmp_path, evaluated):
@@ -284,3 +289,20 @@ def test_log_kfp_metrics_rejects_non_finite_metric(tmp_path):
             [0.0, 1.0],
             [np.inf, 0.0],
         )
+
+
+def test_platt_scaling_recovers_a_miscalibrated_model():
+    from components.evaluate.metrics import calibrate, expected_calibration_error, fit_platt
+
+    rng = np.random.default_rng(0)
+    logit = rng.normal(size=100_000)
+    labels = (rng.random(logit.size) < 1 / (1 + np.exp(-logit))).astype(int)
+    skewed = 1 / (1 + np.exp(-(0.5 * logit + 0.7)))  # too flat and too high
+    fitted = fit_platt(labels, skewed)
+    assert fitted["method"] == "platt" and fitted["a"] == pytest.approx(2.0, abs=0.05)
+    assert fitted["b"] == pytest.approx(-1.4, abs=0.05)
+    calibrated = calibrate(skewed, fitted)
+    assert expected_calibration_error(labels, calibrated) < 0.01 < expected_calibration_error(labels, skewed)
+    assert binary_metrics(labels, calibrated)["calibration"] == pytest.approx(1.0, abs=0.01)
+    assert binary_metrics(labels, calibrated)["auc"] == pytest.approx(binary_metrics(labels, skewed)["auc"])
+    assert np.array_equal(calibrate(skewed, None), skewed) and np.array_equal(calibrate(skewed, {"method": "none"}), skewed)

@@ -18,14 +18,16 @@ from components.data_prep.hashing import HASH_FUNCTION
 from components.data_prep.multislot import RaggedIds, Schema, format_line, read_shards
 from components.data_prep.prepare import prepare_synthetic
 from components.evaluate.evaluate import evaluate
-from components.evaluate.scoring import Scorer, build_program, read_test_split, row_indices
-from components.evaluate.metrics import binary_metrics
+from components.ps.scoring import Scorer, build_program, read_test_split, row_indices
+from components.evaluate.metrics import binary_metrics, calibrate
 from components.serving import (IDS_FILE, SERVING_META, InferenceModel, ServingModelError, export_inference_model,
                                 main)
 from components.ps.models import EMBEDDING_TABLE
 from tests.conftest import commit_staged_checkpoint, score_serving_model
 
-FAMILIES = ("dnn", "wide_deep", "deepfm")
+FAMILIES = ("dnn", "wide_deep", "deepfm", "dcn")
+# The calibration a checkpoint carries (fitted on the validation split while it trained): serving applies it.
+CALIBRATION = {"method": "platt", "a": 1.3, "b": -0.2}
 EMBEDDING_DIM = 5
 VOCAB = 5000
 from tests.conftest import ROOT
@@ -51,7 +53,8 @@ def build_checkpoint(root: Path, data_dir: Path, model: str, seed: int = 0) -> P
     full = to_dict(cfg)
     return commit_staged_checkpoint(root, {"model": full["model"], "table": full["table"], "mode": "async",
                                            "schema": stats["schema"], "servers": 1, "workers": 1,
-                                           "paddle_version": paddle.__version__, "training": {}, "rows": int(len(ids))})
+                                           "paddle_version": paddle.__version__, "training": {}, "rows": int(len(ids)),
+                                           "calibration": CALIBRATION})
 
 
 @pytest.fixture(scope="module")
@@ -88,15 +91,20 @@ def test_export_writes_the_paddle_inference_format(exported):
 def test_exported_model_predicts_like_the_scorer_and_evaluation(exported, data_dir, tmp_path):
     ckpt, serving = exported
     labels, dense, sparse = read_test_split(data_dir)
-    expected = Scorer(ckpt_io.load(ckpt)).predict(dense, sparse)
+    raw = Scorer(ckpt_io.load(ckpt)).predict(dense, sparse)
+    expected = calibrate(raw, CALIBRATION)  # what the served program computes, in float32
     got = InferenceModel.load(serving).predict(dense, sparse)
     assert got.shape == expected.shape == labels.shape
-    assert np.max(np.abs(got - expected)) < 1e-6
+    assert np.max(np.abs(got - expected)) < 1e-6 and np.max(np.abs(got - raw)) > 1e-3
     scored = score_serving_model(serving, data_dir)
     assert np.max(np.abs(scored["preds"] - expected)) < 1e-6
-    metrics = evaluate(ckpt, data_dir, tmp_path / "eval", from_dict({}).eval)
-    assert scored["metrics"]["auc"] == pytest.approx(metrics["auc"], abs=1e-9)
-    assert scored["metrics"]["auc"] == pytest.approx(binary_metrics(labels, expected)["auc"], abs=1e-9)
+    metrics = evaluate(ckpt, data_dir, tmp_path / "eval", from_dict({"eval": {"baseline": False}}).eval)
+    for key in ("auc", "calibration"):  # the evaluation's metrics are the served model's
+        assert scored["metrics"][key] == pytest.approx(metrics[key], abs=1e-6), key
+    # The served model computes in float32: near 0 and 1 (these random weights saturate) a probability moves by
+    # float32's resolution, which logloss magnifies; the evaluation calibrates in float64.
+    assert scored["metrics"]["logloss"] == pytest.approx(metrics["logloss"], rel=1e-3)
+    assert metrics["uncalibrated_logloss"] == pytest.approx(binary_metrics(labels, raw)["logloss"], abs=1e-9)
     assert len(np.unique(got)) > len(got) // 2  # the model is not a constant
 
 
@@ -143,7 +151,7 @@ def _one_example(slots: list[list[int]], dense_dim: int) -> tuple[np.ndarray, li
 def test_unseen_ids_score_with_the_zero_row(exported):
     ckpt, serving = exported
     model = InferenceModel.load(serving)
-    scorer = Scorer(ckpt_io.load(ckpt))
+    scorer = Scorer(ckpt_io.load(ckpt), calibrated=True)  # as served
     seen = [int(i) for i in model.ids[: len(model.schema.sparse_slots)]]
     unseen = [VOCAB + 7, VOCAB + 11]  # outside the hashed id range: never trained
     assert not np.isin(np.asarray(unseen, np.uint64), model.ids).any()
@@ -211,7 +219,7 @@ def test_float16_serving_model_predicts_like_the_float32_one(exported, data_dir,
     expected = InferenceModel.load(serving).predict(dense, sparse)
     got = InferenceModel.load(half_serving).predict(dense, sparse)
     # It is the float16 checkpoint's scorer, and another runtime serves it the same.
-    assert np.max(np.abs(got - Scorer(ckpt_io.load(half_ckpt)).predict(dense, sparse))) < 1e-6
+    assert np.max(np.abs(got - Scorer(ckpt_io.load(half_ckpt), calibrated=True).predict(dense, sparse))) < 1e-6
     n = 300
     assert np.max(np.abs(_paddle_inference_predict(half_serving, dense, sparse, n) - got[:n])) < 1e-6
     # Tolerance: rounding to float16 moves each weight by at most 2**-11 of its value, so the yardstick is a
@@ -219,7 +227,7 @@ def test_float16_serving_model_predicts_like_the_float32_one(exported, data_dir,
     # by less: float16 stayed at 0.3-0.6 of the twin's largest deviation (3 seeds x 3 model families).
     signs = np.random.default_rng(0).choice([-1.0, 1.0], full.rows.shape)
     nudged = dataclasses.replace(full, rows=(full.rows * (1 + FLOAT16_MAX_RELATIVE_ERROR * signs)).astype(np.float32))
-    yardstick = np.max(np.abs(Scorer(nudged).predict(dense, sparse) - expected))
+    yardstick = np.max(np.abs(Scorer(nudged, calibrated=True).predict(dense, sparse) - expected))
     assert 0 < np.max(np.abs(got - expected)) <= yardstick
     assert binary_metrics(labels, got)["auc"] == pytest.approx(binary_metrics(labels, expected)["auc"], abs=0.002)
 
@@ -277,7 +285,7 @@ def test_cli_end_to_end_in_a_fresh_process(data_dir, tmp_path):
     lines = preds.read_text().splitlines()
     assert len(lines) == 37
     _, dense, sparse = read_shards([new], schema)
-    expected = Scorer(ckpt_io.load(ckpt)).predict(dense, sparse)
+    expected = Scorer(ckpt_io.load(ckpt), calibrated=True).predict(dense, sparse)
     assert np.max(np.abs(np.asarray(lines, np.float32) - expected)) < 1e-6
 
 
@@ -360,7 +368,7 @@ def test_a_schema_without_dense_features(tmp_path):
     assert json.loads((serving / SERVING_META).read_text())["feed_names"] == ["slot_1", "slot_2", "slot_3"]
     labels, dense, sparse = read_test_split(data)
     assert dense.shape == (100, 0)
-    expected = Scorer(ckpt_io.load(ckpt)).predict(dense, sparse)
+    expected = Scorer(ckpt_io.load(ckpt), calibrated=True).predict(dense, sparse)
     model = InferenceModel.load(serving)
     assert np.max(np.abs(model.predict(dense, sparse) - expected)) < 1e-6
     assert np.max(np.abs(model.predict(None, sparse) - expected)) < 1e-6

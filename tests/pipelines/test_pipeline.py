@@ -17,7 +17,7 @@ from components.config import ConfigError, DataSource, from_dict
 from components.data_prep.component import convert_data, merge_data, plan_data
 from components.data_prep.step import prepare_dataset
 from components.evaluate.component import evaluate_model
-from components.evaluate.scoring import Scorer, read_test_split
+from components.ps.scoring import Scorer, read_test_split
 from components.export.component import export_model
 from components.resolve.component import resolve_config
 from components.resolve.step import (RUN_PARAMETERS, apply_run_parameters, config_struct, effective_config,
@@ -213,7 +213,8 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     assert source["id"] == CheckpointStore(source["uri"]).latest()
     checkpoint = fetch_for_scoring(source["uri"], source["id"], tmp_path / "fetched")
     _, dense, sparse = read_test_split(data_dir)
-    assert np.max(np.abs(served["preds"] - Scorer(load_checkpoint(checkpoint)).predict(dense, sparse))) < 1e-6
+    delivered = Scorer(load_checkpoint(checkpoint), calibrated=True)  # the calibration the checkpoint carries
+    assert np.max(np.abs(served["preds"] - delivered.predict(dense, sparse))) < 1e-6
 
 
 @needs_criteo

@@ -21,7 +21,7 @@ from components.ps.accessor import read_sparse_table
 from components.train.backends.local import LocalJob
 from components.train.job import PsJobError, prepare_job
 from components.train.step import launch_ps_job
-from tests.conftest import FAKE_SECRET, commit_staged_checkpoint
+from tests.conftest import CRITEO, FAKE_SECRET, commit_staged_checkpoint, needs_criteo
 
 ROWS = 60_000
 
@@ -343,3 +343,18 @@ def test_eviction_removes_the_rows_not_trained_since_the_last_checkpoint(tmp_pat
         assert evicted.size > 0 and result.checkpoints[n]["evicted"] == evicted.size
         assert any(f"({evicted.size:,} rows evicted since the last checkpoint)" in line for line in lines)
     assert result.checkpoints[0].get("evicted") is None  # nothing to compare the first with
+
+
+@needs_criteo
+@pytest.mark.parametrize("model", ["wide_deep", "deepfm", "dcn"])  # dnn: the pipeline's test on the same samples
+def test_the_real_criteo_samples_run_through_every_model(tmp_path, model):
+    from components.data_prep.prepare import prepare_files
+
+    data_dir = tmp_path / "data"
+    stats = prepare_files(data_dir, uri=str(CRITEO / "raw_criteo_sample.tsv"), fmt="raw", test_fraction=0.3,
+                          valid_fraction=0.2, num_shards=1, vocab_size=1 << 20, seed=0, max_malformed_fraction=0.0)
+    cfg = _config(tmp_path, epochs=1, model={"name": model})
+    result = launch_ps_job(cfg, data_dir, tmp_path / "logs", echo=lambda line: None)
+    assert result.checkpoints[-1]["validation"]["count"] == stats["rows"]["valid"]
+    metrics = _score(cfg.checkpoint.uri, result.checkpoints[-1]["id"], data_dir, tmp_path / "eval")
+    assert metrics["count"] == stats["rows"]["test"] and 0 < metrics["auc"] < 1

@@ -43,12 +43,13 @@ class LocalProgram:
 
 
 def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embedding_dim: int,
-                  table_dtype: str = "float32") -> LocalProgram:
+                  table_dtype: str = "float32", calibration: Optional[dict] = None) -> LocalProgram:
     """The network of ``model_cfg`` over a local ``[table_rows, embedding_dim]`` table named ``EMBEDDING_TABLE``.
 
     Its dense parameters carry the names the PS programs give them, so a checkpoint's export maps onto it.
     A ``float16`` table stays float16 (half the table's bytes, in memory and in a saved inference model); the
-    network computes in float32 on its rows, as it does on a float32 table.
+    network computes in float32 on its rows, as it does on a float32 table. ``calibration`` (Platt's ``a``, ``b``)
+    is applied in the program: ``sigmoid(a * logit + b)``.
     """
     import paddle
 
@@ -63,7 +64,10 @@ def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embed
                                               param_attr=paddle.ParamAttr(name=EMBEDDING_TABLE))
             return rows if table_dtype == "float32" else paddle.cast(rows, "float32")  # keeps the LoD
 
-        prob = paddle.nn.functional.sigmoid(models.net(model_cfg, feeds, lookup, shape[1]))
+        logit = models.net(model_cfg, feeds, lookup, shape[1]).logit
+        if calibration and calibration.get("method") == "platt":
+            logit = logit * float(calibration["a"]) + float(calibration["b"])
+        prob = paddle.nn.functional.sigmoid(logit)
     return LocalProgram(main, startup, feeds, prob, shape, table_dtype)
 
 
@@ -74,15 +78,18 @@ def local_table(checkpoint: ckpt_io.Checkpoint) -> np.ndarray:
     return np.vstack([checkpoint.rows, np.zeros((1, dim), checkpoint.rows.dtype)])
 
 
-def checkpoint_program(checkpoint: ckpt_io.Checkpoint) -> tuple[LocalProgram, dict[str, np.ndarray]]:
-    """The checkpoint's network (:func:`build_program`) and the value of each of its parameters.
+def checkpoint_program(checkpoint: ckpt_io.Checkpoint,
+                       calibrated: bool = False) -> tuple[LocalProgram, dict[str, np.ndarray]]:
+    """The checkpoint's network (:func:`build_program`; ``calibrated``: with the calibration its ``model.json``
+    carries) and the value of each of its parameters.
 
     Raises :class:`~components.checkpoint.CheckpointError` when the checkpoint lacks one of them.
     """
     model_cfg = from_dict({"model": checkpoint.meta["model"]}).model
     schema = Schema.from_dict(checkpoint.meta["schema"])
     table = local_table(checkpoint)
-    program = build_program(model_cfg, schema, *table.shape, table_dtype=table.dtype.name)
+    program = build_program(model_cfg, schema, *table.shape, table_dtype=table.dtype.name,
+                            calibration=checkpoint.meta.get("calibration") if calibrated else None)
     params = {**checkpoint.dense, EMBEDDING_TABLE: table}
     missing = [p.name for p in program.main.all_parameters() if p.name not in params]
     if missing:
@@ -136,15 +143,16 @@ def predict_batches(run: Callable[[dict], np.ndarray], ids: np.ndarray, dense_na
 
 
 class Scorer:
-    """A checkpoint's model as a local Paddle program: ``predict(dense, sparse) -> probabilities``."""
+    """A checkpoint's model as a local Paddle program: ``predict(dense, sparse) -> probabilities`` (``calibrated``:
+    through the calibration the checkpoint carries)."""
 
-    def __init__(self, checkpoint: ckpt_io.Checkpoint):
+    def __init__(self, checkpoint: ckpt_io.Checkpoint, calibrated: bool = False):
         import paddle
 
         self.paddle = paddle
         self.ids = checkpoint.ids
         self.schema = Schema.from_dict(checkpoint.meta["schema"])
-        self.program, params = checkpoint_program(checkpoint)
+        self.program, params = checkpoint_program(checkpoint, calibrated)
         self.main, self.feeds, self.prob = self.program.main, self.program.feeds, self.program.prob
         self.scope = paddle.static.Scope()
         self.exe = paddle.static.Executor(paddle.CPUPlace())

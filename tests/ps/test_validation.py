@@ -1,0 +1,55 @@
+"""Early stopping and the choice of the delivered checkpoint (components.ps.validation)."""
+
+import pytest
+
+from components.ps.validation import EarlyStopping
+
+
+@pytest.mark.parametrize("objective,values,best,stops", [
+    ("auc", [0.70, 0.72, 0.71, 0.73, 0.73, 0.72], [True, True, False, True, False, False],
+     [False, False, False, False, False, True]),
+    ("logloss", [0.50, 0.49, 0.495, 0.48], [True, True, False, True], [False, False, False, False]),
+])
+def test_the_best_checkpoint_and_when_to_stop(objective, values, best, stops):
+    stopping = EarlyStopping(objective, patience=2)
+    judged = [stopping.judge(f"c{i}", value) for i, value in enumerate(values)]
+    assert [b for b, _ in judged] == best and [s for _, s in judged] == stops
+    expected_best = max(values) if objective == "auc" else min(values)
+    assert stopping.best_value == expected_best and stopping.best_id == f"c{values.index(expected_best)}"
+
+
+def test_early_stopping_survives_a_resume():
+    first = EarlyStopping("auc", patience=2)
+    first.judge("a", 0.7)
+    first.judge("b", 0.69)
+    resumed = EarlyStopping("auc", patience=2, state=first.state())  # what the checkpoint's state.json keeps
+    assert resumed.judge("c", 0.68) == (False, True)
+    assert resumed.state() == {"best_id": "a", "best_value": 0.7, "stale": 2}
+
+
+def test_more_passes_never_deliver_a_worse_model(tmp_path):
+    """Small data, plain SGD on the embeddings: the model learns for a pass or two, then overfits. The job stops
+    once the validation split stops improving, and delivers the best checkpoint on it, not the last."""
+    from components.checkpoint.pointer import fetch_for_scoring
+    from components.config import EvalConfig, from_dict
+    from components.data_prep.prepare import prepare_synthetic
+    from components.evaluate.evaluate import evaluate
+    from components.train.step import launch_ps_job, training_summary
+
+    prepare_synthetic(tmp_path / "data", rows=8000, test_fraction=0.3, valid_fraction=0.3, num_shards=1,
+                      vocab_size=1 << 20, seed=3)
+    cfg = from_dict({"ps": {"servers": 1, "workers": 1, "epochs": 6, "batch_size": 16, "patience": 2},
+                     "model": {"hidden": [64, 32], "learning_rate": 0.01},
+                     "table": {"learning_rate": 0.5, "rule": "naive"},
+                     "checkpoint": {"uri": str(tmp_path / "ckpt"), "keep_last": 6}, "run_dir": str(tmp_path)})
+    result = launch_ps_job(cfg, tmp_path / "data", tmp_path / "logs", echo=lambda line: None)
+    judged = [(c["epoch"], c["validation"]["auc"], c["best"]) for c in result.checkpoints]
+    assert len(result.epochs) < 6 and result.checkpoints[-1]["stop"], judged  # stopped early
+    summary = training_summary(result, cfg.checkpoint.uri)
+    best = max(result.checkpoints, key=lambda c: c["validation"]["auc"])
+    assert summary["id"] == best["id"] and summary["stopped_early"]
+    test_auc = {c["id"]: evaluate(fetch_for_scoring(cfg.checkpoint.uri, c["id"], tmp_path / c["id"]),
+                                  tmp_path / "data", tmp_path / f"eval-{c['id']}", EvalConfig(baseline=False))["auc"]
+                for c in result.checkpoints}
+    first = result.checkpoints[0]["id"]
+    assert test_auc[summary["id"]] >= test_auc[first] - 0.002, (judged, test_auc)  # never worse than one pass
