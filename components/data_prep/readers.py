@@ -28,6 +28,7 @@ like any other value: Paddle's MultiSlot feed rejects empty slots.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import posixpath
 from collections.abc import Iterator, Mapping, Sequence
@@ -72,8 +73,7 @@ def normalize_count(value: float) -> float:
     return min(math.log1p(max(value, 0.0)) / DENSE_LOG_CAP, 1.0)
 
 
-def list_input_files(uri: str, storage_options: Mapping | None = None) -> list[str]:
-    """URLs of the files ``uri`` names (file, glob or directory), in sorted order."""
+def _matched_files(uri: str, storage_options: Mapping | None) -> tuple[fsspec.AbstractFileSystem, list[str]]:
     fs, _, paths = fsspec.get_fs_token_paths(uri, storage_options=dict(storage_options or {}))
     files: list[str] = []
     for path in paths:
@@ -90,8 +90,25 @@ def list_input_files(uri: str, storage_options: Mapping | None = None) -> list[s
             f"no input file matches {uri!r}: check the path, bucket and glob pattern "
             "(a directory URI takes every non-hidden file below it)"
         )
+    return fs, files
+
+
+def list_input_files(uri: str, storage_options: Mapping | None = None) -> list[str]:
+    """URLs of the files ``uri`` names (file, glob or directory), in sorted order."""
+    fs, files = _matched_files(uri, storage_options)
     local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
     return files if local else [fs.unstrip_protocol(path) for path in files]
+
+
+def input_fingerprint(uri: str, storage_options: Mapping | None = None) -> str:
+    """``"<n> file(s), sha256:<hex>"`` over the files ``uri`` names and fsspec's ``ukey`` of each (its size and
+    modification time or ETag): it changes when a file is added, removed or rewritten, so a cache keyed on it
+    (the pipeline's data prep) does not return a dataset of older files for the same glob."""
+    fs, files = _matched_files(uri, storage_options)
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(f"{path}\0{fs.ukey(path)}\n".encode())
+    return f"{len(files)} file(s), sha256:{digest.hexdigest()}"
 
 
 def iter_lines(uri: str, storage_options: Mapping | None = None) -> Iterator[tuple[str, int, str]]:

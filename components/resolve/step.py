@@ -5,7 +5,9 @@ mode and the rest are fixed when it is compiled. The knobs worth changing from o
 run parameters (:data:`RUN_PARAMETERS`), which the Kubeflow UI offers with the composed values as
 defaults. This first, light step applies them, validates the result (and that a resume target exists)
 before any heavy step starts, prints it, and outputs it; every later step takes that output, so the run
-records the config it really used.
+records the config it really used. It also outputs a fingerprint of the input files
+(:func:`data_fingerprint`), which the data-prep step takes as an input so that its cached result is reused
+only for the same files.
 """
 
 import dataclasses
@@ -67,6 +69,22 @@ def config_struct(cfg: CtrConfig) -> dict:
     ``Optional`` field whose default is null, so :func:`components.config.from_dict` restores it.
     """
     return _drop_nones(to_dict(cfg))
+
+
+SYNTHETIC_FINGERPRINT = "synthetic"  # the generated data is a function of the config alone
+
+
+def data_fingerprint(config: Any) -> str:
+    """What the input files of ``config`` are (:func:`components.data_prep.readers.input_fingerprint`), or
+    :data:`SYNTHETIC_FINGERPRINT`."""
+    from components.data_prep.readers import input_fingerprint
+
+    cfg = from_dict(config)
+    if cfg.data.source is DataSource.synthetic:
+        return SYNTHETIC_FINGERPRINT
+    fingerprint = input_fingerprint(cfg.data.uri)
+    print(f"input files of {cfg.data.uri}: {fingerprint}", flush=True)
+    return fingerprint
 
 
 def check_restore(cfg: CtrConfig) -> None:

@@ -430,3 +430,19 @@ def test_slot_selection_and_unknown_slots(tmp_path):
     with pytest.raises(DataPrepError, match="unknown input format"):
         _prepare_raw(tmp_path, source, fmt="parquet")
     assert CRITEO_SLOTS[0] == "C1"
+
+
+def test_input_fingerprint_changes_when_a_matching_file_is_added_or_rewritten(tmp_path):
+    from components.data_prep.readers import input_fingerprint
+
+    (tmp_path / "day_0.tsv").write_text(_raw_line() + "\n")
+    glob = str(tmp_path / "day_*.tsv")
+    first = input_fingerprint(glob)
+    assert first == input_fingerprint(glob) and first.startswith("1 file(s), sha256:")
+    (tmp_path / "day_1.tsv").write_text(_raw_line() + "\n")
+    added = input_fingerprint(glob)
+    assert added.startswith("2 file(s), sha256:") and added != first
+    (tmp_path / "day_1.tsv").write_text(_raw_line(label="0") + "\n" + _raw_line() + "\n")  # rewritten, larger
+    assert input_fingerprint(glob) not in (first, added)
+    with pytest.raises(DataPrepError, match="no input file matches"):
+        input_fingerprint(str(tmp_path / "nothing_*.tsv"))

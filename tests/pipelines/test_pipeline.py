@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,22 +39,56 @@ def _spec(tmp_path, *overrides) -> pipeline_spec_pb2.PipelineSpec:
     return json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
 
 
+def _tasks(spec: pipeline_spec_pb2.PipelineSpec) -> dict:
+    """Every task of the pipeline, those inside control-flow groups included: name -> (task spec, group)."""
+    found, groups = {}, [(spec.root.dag, None)]
+    while groups:
+        dag, group = groups.pop()
+        for name, task in dag.tasks.items():
+            component = spec.components[task.component_ref.name]
+            if component.WhichOneof("implementation") == "dag":
+                groups.append((component.dag, (name, task)))
+            else:
+                found[name] = (task, group)
+    return found
+
+
 def test_pipeline_compiles_to_five_tasks_in_order(tmp_path):
     spec = _spec(tmp_path)
-    tasks = spec.root.dag.tasks
+    tasks = {name: task for name, (task, _) in _tasks(spec).items()}
     assert TASKS == ("resolve-config", "prepare-data", "train", "evaluate-model", "export-model")
     assert set(tasks) == set(TASKS) == set(DEPENDENCIES)
-    # resolve-config feeds every step; prepare-data -> train -> evaluate-model, and export-model beside
-    # evaluation: it needs only the checkpoint.
-    assert {name: set(tasks[name].dependent_tasks) for name in TASKS} == \
-        {"resolve-config": set(), "prepare-data": {"resolve-config"}, "train": {"resolve-config", "prepare-data"},
-         "evaluate-model": {"resolve-config", "prepare-data", "train"}, "export-model": {"resolve-config", "train"}}
+    # resolve-config feeds every step; prepare-data -> train -> evaluate-model, and export-model once the
+    # evaluation passed its gate.
+    assert DEPENDENCIES == \
+        {"resolve-config": (), "prepare-data": ("resolve-config",), "train": ("resolve-config", "prepare-data"),
+         "evaluate-model": ("resolve-config", "prepare-data", "train"),
+         "export-model": ("resolve-config", "train", "evaluate-model")}
     for i, name in enumerate(TASKS):  # TASKS is a topological order
-        assert set(DEPENDENCIES[name]) == set(tasks[name].dependent_tasks) <= set(TASKS[:i]), name
+        task, group = _tasks(spec)[name]
+        waits_for = set(task.dependent_tasks) | (set(group[1].dependent_tasks) if group else set())
+        assert set(DEPENDENCIES[name]) == waits_for <= set(TASKS[:i]), name
     for name in TASKS[1:]:
-        config = tasks[name].inputs.parameters["config"].task_output_parameter
-        assert (config.producer_task, config.output_parameter_key) == ("resolve-config", "Output"), name
-    assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report", "serving_model"}
+        config = tasks[name].inputs.parameters["config"]
+        if config.HasField("component_input_parameter"):  # inside the gate: passed on by its group
+            (_, group) = _tasks(spec)[name][1]
+            config = group.inputs.parameters[config.component_input_parameter]
+        producer = config.task_output_parameter
+        assert (producer.producer_task, producer.output_parameter_key) == ("resolve-config", "config"), name
+    assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report"}
+
+
+def test_export_is_gated_on_the_test_auc_and_prep_cached_on_the_input_files(tmp_path):
+    spec = _spec(tmp_path, "eval.min_auc=0.72")
+    export, (gate_name, gate) = _tasks(spec)["export-model"]
+    assert gate.trigger_policy.condition == \
+        "inputs.parameter_values['pipelinechannel--evaluate-model-Output'] >= 0.72"
+    source = gate.inputs.parameters["pipelinechannel--evaluate-model-Output"].task_output_parameter
+    assert (source.producer_task, source.output_parameter_key) == ("evaluate-model", "Output")  # the test AUC
+    prep = spec.root.dag.tasks["prepare-data"]
+    fingerprint = prep.inputs.parameters["data_fingerprint"].task_output_parameter
+    assert (fingerprint.producer_task, fingerprint.output_parameter_key) == ("resolve-config", "data_fingerprint")
+    assert prep.caching_options.enable_cache and not spec.root.dag.tasks["resolve-config"].caching_options.enable_cache
 
 
 def test_run_parameters_default_to_the_composed_config(tmp_path):
@@ -199,6 +234,8 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     assert "confidenceMetrics" not in out and "outputs:" not in out  # so are the tasks' artifact listings
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["checkpoint"]["uri"] == str(run_dir / "checkpoint")
     assert "Training" in (run_dir / "report.md").read_text()  # the train step's summary reached the report
+    assert "## Confusion matrix at threshold" in (run_dir / "report.md").read_text()
+    assert re.search(rf"serving model +{re.escape(str(run_dir / 'serving_model'))}\n", out)
     # The exported serving model scores the test split as the evaluated checkpoint does.
     data_dir = next((run_dir / "kfp").rglob("stats.json")).parent
     served = score_serving_model(run_dir / "serving_model", data_dir)
@@ -221,3 +258,72 @@ def test_local_pipeline_on_real_criteo_format(tmp_path):
     stats = json.loads(next((run_dir / "kfp").rglob("stats.json")).read_text())
     assert stats["format"] == "raw" and stats["rows"]["train"] + stats["rows"]["test"] == 100
     assert metrics["count"] == stats["rows"]["test"] and objective == metrics["auc"]
+
+
+def test_prep_cache_reuses_a_dataset_only_for_the_same_input_files(tmp_path):
+    """kfp.local with its cache on, the resolve and prepare steps wired as the pipeline wires them (checked on
+    the compiled pipeline above): the same glob over new files is prepared anew, not served stale."""
+    from kfp import dsl, local
+    from kfp.dsl import Dataset
+
+    data = tmp_path / "data"
+    data.mkdir()
+
+    def write_day(day: int, rows: int) -> None:
+        (data / f"day_{day}.tsv").write_text("".join(
+            "\t".join([str(i % 2)] + [str(i)] * 13 + [f"{i:08x}"] * 26) + "\n" for i in range(rows)))
+
+    cfg = from_dict(compose_config(tmp_path, "experiment=tiny", "data=criteo", f"data.uri={data}/day_*.tsv",
+                                   "data.test_fraction=0.5"))
+    parameters = run_parameters(cfg)
+
+    @dsl.pipeline(name="prep-cache")
+    def prep_only() -> Dataset:
+        resolved = resolve_config(config=config_struct(cfg), **parameters)
+        resolved.set_caching_options(False)
+        return prepare_data(config=resolved.outputs["config"],
+                            data_fingerprint=resolved.outputs["data_fingerprint"]).outputs["dataset"]
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"),
+               enable_caching=True, cache_root=str(tmp_path / "cache"))
+
+    def prepared():
+        dataset = prep_only().output
+        return dataset.uri, dataset.metadata
+
+    write_day(0, 40)
+    first_uri, first = prepared()
+    again_uri, again = prepared()
+    assert again_uri == first_uri and again == first  # the cache hit: nothing changed
+    write_day(1, 20)  # the same glob now matches one more file
+    new_uri, new = prepared()
+    assert new_uri != first_uri
+    assert sum(first["rows"].values()) == 40 and sum(new["rows"].values()) == 60
+    assert first["input_fingerprint"].startswith("1 file(s), sha256:")
+    assert new["input_fingerprint"].startswith("2 file(s), sha256:")
+
+
+def _executor_output(run_dir: Path, task: str) -> dict:
+    (path,) = (run_dir / "kfp").glob(f"ctr-ps-training-*/{task}/executor_output.json")
+    return json.loads(path.read_text())
+
+
+def test_a_local_run_below_min_auc_shows_the_confusion_matrix_and_skips_the_export(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    objective = run(compose_config(run_dir, "experiment=tiny", "eval.min_auc=0.99", "eval.threshold=0.3"))
+    out = capsys.readouterr().out
+    assert objective < 0.99
+    assert evaluate_model.component_spec.outputs["roc"].type.startswith("system.ClassificationMetrics")
+    roc = _executor_output(run_dir, "evaluate-model")["artifacts"]["roc"]["artifacts"][0]
+    confusion = roc["metadata"]["confusionMatrix"]
+    assert [c["displayName"] for c in confusion["annotationSpecs"]] == ["no click", "click"]
+    counts = [row["row"] for row in confusion["rows"]]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert sum(map(sum, counts)) == metrics["count"] and counts[1][0] + counts[1][1] == metrics["positives"]
+    assert roc["metadata"]["confusionMatrixThreshold"] == 0.3 and roc["metadata"]["confidenceMetrics"]
+    markdown = _executor_output(run_dir, "evaluate-model")["artifacts"]["report_markdown"]["artifacts"][0]
+    assert "## Confusion matrix at threshold 0.3000 (eval.threshold)" in Path(markdown["uri"]).read_text()
+    # The gate: no export task ran, no serving model, and the summary says why.
+    assert not list((run_dir / "kfp").glob("ctr-ps-training-*/export-model"))
+    assert not (run_dir / "serving_model").exists()
+    assert re.search(rf"serving model +not exported: test AUC {objective:.4f} < eval.min_auc 0.99\n", out)

@@ -355,9 +355,7 @@ class KubernetesJob:
         if not is_remote_uri(data_uri):
             raise ValueError(f"cluster.backend={cfg.cluster.backend.value} needs the prepared dataset at a remote "
                              f"fsspec URL the pods can read (s3://...), got {data_uri!r}")
-        # KFP on MinIO names artifacts minio://bucket/...: the same object through fsspec's S3 (the endpoint
-        # comes from the storage secret's AWS_ENDPOINT_URL).
-        data_uri = str(data_uri).replace("minio://", "s3://", 1)
+        data_uri = manifests.pod_data_uri(str(data_uri))
         self.job, self.cfg, self.data_uri, self.echo, self.poll_s = job, cfg, data_uri, echo, poll_s
         self.log_dir = Path(log_dir)
         self.rules = _RULES[cfg.cluster.backend]

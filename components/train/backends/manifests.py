@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from components.config import ClusterBackend, CtrConfig, PodConfig, to_dict
+from components.config import ClusterBackend, ClusterConfig, CtrConfig, PodConfig, to_dict
 from components.ps.contract import (CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, ClusterLayout, JobSpec, Role,
                                     host_layout, ready_probe_command, role_env)
 from components.train.job import PreparedJob, planned_config
@@ -352,6 +352,12 @@ def job_manifests(job: PreparedJob, *, name: str, namespace: str, data_uri: str,
     return _job_objects(job.cfg, spec_json, name=name, namespace=namespace, attempt=attempt, owner=owner)
 
 
+def pod_data_uri(dataset_uri: str) -> str:
+    """Where pods read the Dataset artifact: KFP on MinIO names artifacts minio://bucket/..., the same object
+    through fsspec's S3 (the endpoint comes from the storage secret's AWS_ENDPOINT_URL)."""
+    return dataset_uri.replace("minio://", "s3://", 1)
+
+
 REVIEW_NAME = "ctr-ps-review"
 
 
@@ -360,7 +366,7 @@ def review_manifests(cfg: CtrConfig, data_uri: str) -> list[dict]:
     platform team to review (``kubectl apply --dry-run=server -f``). What only the run decides differs: the name
     (``ctr-ps-<random>``), ``data_uri`` (the run's Dataset artifact), the restore target of ``checkpoint.resume``
     (read from the store when the step starts; none here) and the owner (the step's pod)."""
-    spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=data_uri, workdir=WORKDIR,
+    spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=pod_data_uri(data_uri), workdir=WORKDIR,
                    staging_dir=STAGING)
     return _job_objects(cfg, spec.to_json(), name=REVIEW_NAME, namespace=cfg.cluster.namespace, attempt=0, owner=None)
 
@@ -395,8 +401,9 @@ JOB_RESOURCES = {
 }
 
 
-def launcher_token_secret(cfg: CtrConfig) -> str:
-    return f"{cfg.cluster.service_account}-token"
+def launcher_token_secret(cluster: ClusterConfig) -> str:
+    """The Secret holding ``cluster.service_account``'s token (k8s/rbac.yaml creates it; the train step mounts it)."""
+    return f"{cluster.service_account}-token"
 
 
 def launcher_rbac(cfg: CtrConfig) -> list[dict]:
@@ -415,7 +422,7 @@ def launcher_rbac(cfg: CtrConfig) -> list[dict]:
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace},
          "automountServiceAccountToken": False},
         {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
-         "metadata": {"name": launcher_token_secret(cfg), "namespace": namespace,
+         "metadata": {"name": launcher_token_secret(cfg.cluster), "namespace": namespace,
                       "annotations": {"kubernetes.io/service-account.name": account}}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": role_name, "namespace": namespace}, "rules": rules},
