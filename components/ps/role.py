@@ -27,13 +27,12 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+from omegaconf.errors import OmegaConfBaseException
 
 from components.checkpoint import format as checkpoint
 from components.checkpoint import protocol
 from components.checkpoint.restore import restart_target, restore_dense, resume_state, server_restore_dir
 from components.checkpoint.store import CheckpointStore, make_id
-from omegaconf.errors import OmegaConfBaseException
-
 from components.config import ConfigError, CtrConfig, Mode, from_dict, validate
 from components.data_prep.multislot import Schema, read_shards
 from components.ps import models

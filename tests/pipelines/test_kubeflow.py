@@ -40,6 +40,7 @@ from components.train.backends import manifests
 from pipelines.pipeline import (LAUNCHER_POD_FIELDS, RETRIED_TASKS, TASKS, compile_pipeline, compiled_config,
                                 display_names)
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET, compose_config, needs_schemas
+from tests.pipelines.spec import pipeline_tasks
 from tests.train.backends.kube_controllers import training_runtime_errors, trainjob_jobset
 
 GOLDEN = Path(__file__).parent / "golden" / "kubeflow_pipeline.yaml"
@@ -63,20 +64,6 @@ def fake_credentials(monkeypatch):
     """Credentials in this process's environment, which must not leak into anything compiled or sent."""
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", FAKE_KEY_ID)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
-
-
-def _pipeline_tasks(spec: pipeline_spec_pb2.PipelineSpec) -> dict:
-    """Every container task, those inside control-flow groups included: name -> (task spec, its group or None)."""
-    found, groups = {}, [(spec.root.dag, None)]
-    while groups:
-        dag, group = groups.pop()
-        for name, task in dag.tasks.items():
-            component = spec.components[task.component_ref.name]
-            if component.WhichOneof("implementation") == "dag":
-                groups.append((component.dag, task))
-            else:
-                found[name] = (task, group)
-    return found
 
 
 def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
@@ -110,14 +97,14 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
             set(resources), name
     assert executors["exec-prepare-data"]["container"]["resources"]["resourceMemoryLimit"] == \
         cfg.cluster.steps.prepare.memory
-    tasks = _pipeline_tasks(spec)
+    tasks = pipeline_tasks(spec)
     names = display_names(cfg)
     for name, (task, group) in tasks.items():
         assert task.task_info.name == names[name]
         retry = task.retry_policy
         assert (retry.max_retry_count, retry.backoff_duration.seconds) == \
             ((2, 60) if name in RETRIED_TASKS else (0, 0)), name
-    export, gate = tasks["export-model"]
+    _, gate = tasks["export-model"]
     assert gate.trigger_policy.condition == "inputs.parameter_values['pipelinechannel--evaluate-model-Output'] >= 0.7"
 
     platform = json_format.ParseDict(documents[1], pipeline_spec_pb2.PlatformSpec())

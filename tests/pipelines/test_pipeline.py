@@ -29,6 +29,7 @@ from pipelines.ctr import run
 from pipelines.local import PipelineRunError, step_error
 from pipelines.pipeline import DEPENDENCIES, TASKS, compile_pipeline
 from tests.conftest import CRITEO, compose_config, needs_criteo, score_serving_model
+from tests.pipelines.spec import pipeline_tasks
 
 
 
@@ -39,23 +40,9 @@ def _spec(tmp_path, *overrides) -> pipeline_spec_pb2.PipelineSpec:
     return json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
 
 
-def _tasks(spec: pipeline_spec_pb2.PipelineSpec) -> dict:
-    """Every task of the pipeline, those inside control-flow groups included: name -> (task spec, group)."""
-    found, groups = {}, [(spec.root.dag, None)]
-    while groups:
-        dag, group = groups.pop()
-        for name, task in dag.tasks.items():
-            component = spec.components[task.component_ref.name]
-            if component.WhichOneof("implementation") == "dag":
-                groups.append((component.dag, (name, task)))
-            else:
-                found[name] = (task, group)
-    return found
-
-
 def test_pipeline_compiles_to_five_tasks_in_order(tmp_path):
     spec = _spec(tmp_path)
-    tasks = {name: task for name, (task, _) in _tasks(spec).items()}
+    tasks = {name: task for name, (task, _) in pipeline_tasks(spec).items()}
     assert TASKS == ("resolve-config", "prepare-data", "train", "evaluate-model", "export-model")
     assert set(tasks) == set(TASKS) == set(DEPENDENCIES)
     # resolve-config feeds every step; prepare-data -> train -> evaluate-model, and export-model once the
@@ -65,13 +52,13 @@ def test_pipeline_compiles_to_five_tasks_in_order(tmp_path):
          "evaluate-model": ("resolve-config", "prepare-data", "train"),
          "export-model": ("resolve-config", "train", "evaluate-model")}
     for i, name in enumerate(TASKS):  # TASKS is a topological order
-        task, group = _tasks(spec)[name]
-        waits_for = set(task.dependent_tasks) | (set(group[1].dependent_tasks) if group else set())
+        task, group = pipeline_tasks(spec)[name]
+        waits_for = set(task.dependent_tasks) | (set(group.dependent_tasks) if group else set())
         assert set(DEPENDENCIES[name]) == waits_for <= set(TASKS[:i]), name
     for name in TASKS[1:]:
         config = tasks[name].inputs.parameters["config"]
         if config.HasField("component_input_parameter"):  # inside the gate: passed on by its group
-            (_, group) = _tasks(spec)[name][1]
+            group = pipeline_tasks(spec)[name][1]
             config = group.inputs.parameters[config.component_input_parameter]
         producer = config.task_output_parameter
         assert (producer.producer_task, producer.output_parameter_key) == ("resolve-config", "config"), name
@@ -80,7 +67,7 @@ def test_pipeline_compiles_to_five_tasks_in_order(tmp_path):
 
 def test_export_is_gated_on_the_test_auc_and_prep_cached_on_the_input_files(tmp_path):
     spec = _spec(tmp_path, "eval.min_auc=0.72")
-    export, (gate_name, gate) = _tasks(spec)["export-model"]
+    _, gate = pipeline_tasks(spec)["export-model"]
     assert gate.trigger_policy.condition == \
         "inputs.parameter_values['pipelinechannel--evaluate-model-Output'] >= 0.72"
     source = gate.inputs.parameters["pipelinechannel--evaluate-model-Output"].task_output_parameter

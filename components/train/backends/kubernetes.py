@@ -1,8 +1,8 @@
 """Runs a PS job on Kubernetes (``cluster.backend`` trainjob | jobset | paddlejob) from inside the train step's pod.
 
 The step creates the job's objects (:mod:`components.train.backends.manifests`: a NetworkPolicy, then a
-TrainingRuntime and its TrainJob, a JobSet or a PaddleJob), streams worker 0's log into its own output and ``logs/worker-0.log`` (progress, epochs and
-checkpoints are the events the local backend echoes), waits for the job's outcome and always deletes
+TrainingRuntime and its TrainJob, a JobSet or a PaddleJob), streams worker 0's log into its own output and
+``logs/worker-0.log`` (progress, epochs and checkpoints are the events the local backend echoes), waits for the job's outcome and always deletes
 what it created: after success, after failure, and when the run is cancelled (Kubeflow sends the step's
 pod SIGTERM) or interrupted. The objects also carry an ownerReference to the step's pod, so they are
 garbage-collected even if the step is killed outright.
@@ -182,21 +182,19 @@ def _suspended(status: dict) -> bool:
     return _true_condition(status, "Suspended") is not None
 
 
-def _jobset_state(status: dict) -> str:
-    suspended = _true_condition(status, "Suspended")
-    if suspended:
-        return f"suspended, waiting to be admitted ({_condition_detail(suspended)})"
-    restarts, counted = int(status.get("restarts") or 0), int(status.get("restartsCountTowardsMax") or 0)
-    if not restarts:
-        return ""
-    uncounted = f", {restarts - counted} after a disruption (not counted)" if restarts > counted else ""
-    return f"restarted {restarts} time(s){uncounted}; the roles resume from the latest checkpoint"
-
-
-def _trainjob_state(status: dict) -> str:
-    """A TrainJob's status tells no restarts (worker 0's log shows them: a new pod resumes from a checkpoint)."""
+def _suspension(status: dict) -> str:
+    """A TrainJob's or JobSet's state while suspended, else ''. A TrainJob's status tells no restarts: worker 0's
+    log shows them (a new pod that resumes from a checkpoint)."""
     suspended = _true_condition(status, "Suspended")
     return f"suspended, waiting to be admitted ({_condition_detail(suspended)})" if suspended else ""
+
+
+def _jobset_state(status: dict) -> str:
+    restarts, counted = int(status.get("restarts") or 0), int(status.get("restartsCountTowardsMax") or 0)
+    if _suspended(status) or not restarts:
+        return _suspension(status)
+    uncounted = f", {restarts - counted} after a disruption (not counted)" if restarts > counted else ""
+    return f"restarted {restarts} time(s){uncounted}; the roles resume from the latest checkpoint"
 
 
 # paddle-operator's PaddleJobPhase values that end a job.
@@ -224,7 +222,7 @@ class _BackendRules:
 
 
 _RULES = {
-    ClusterBackend.trainjob: _BackendRules(_conditions_outcome("Complete"), _trainjob_state, _suspended, relaunch=False),
+    ClusterBackend.trainjob: _BackendRules(_conditions_outcome("Complete"), _suspension, _suspended, relaunch=False),
     ClusterBackend.jobset: _BackendRules(_conditions_outcome("Completed"), _jobset_state, _suspended, relaunch=False),
     ClusterBackend.paddlejob: _BackendRules(_paddlejob_outcome, _paddlejob_state, lambda status: False, relaunch=True),
 }
