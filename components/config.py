@@ -430,7 +430,8 @@ def _validate_cluster(cfg: CtrConfig) -> None:
     if cluster.runner is PipelineRunner.local:
         if cluster.backend is not ClusterBackend.local:
             raise ConfigError("cluster.backend", cluster.backend.value, "local when cluster.runner=local",
-                              "the trainjob, jobset and paddlejob backends run inside a Kubeflow step; use +cluster=prod")
+                              "the trainjob, jobset and paddlejob backends run inside a Kubeflow step; "
+                              "use +cluster=prod")
         return
     if cluster.backend is ClusterBackend.local:
         raise ConfigError("cluster.backend", cluster.backend.value,

@@ -271,7 +271,8 @@ def run_kubeflow(cfg: CtrConfig) -> float:
     pipeline_path = write_run_files(cfg, run_dir)
     files = [("pipeline", str(pipeline_path)), ("config", str(run_dir / CONFIG_FILE)),
              ("rbac", f"{run_dir / RBAC_FILE} (kubectl apply -f it once per namespace)"),
-             ("ps job", f"{run_dir / PS_JOB_FILE} (what the train step creates: review, kubectl apply --dry-run=server)")]
+             ("ps job", f"{run_dir / PS_JOB_FILE} (what the train step creates, to review: "
+                        "kubectl apply --dry-run=server -f)")]
     if not cfg.cluster.submit:
         _print_rows("== Kubeflow pipeline compiled (cluster.submit=false: not submitted)", [
             *files, ("upload", "Kubeflow UI > Pipelines > Upload pipeline, then Create run"),

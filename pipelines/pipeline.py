@@ -88,7 +88,8 @@ def ctr_pipeline(cfg: CtrConfig):
         fit.set_caching_options(False)
         scored = evaluate_model(config=effective, dataset=prep.outputs["dataset"],
                                 checkpoint=fit.outputs["checkpoint"])
-        with dsl.If(scored.outputs["Output"] >= cfg.eval.min_auc, name=f"test AUC >= eval.min_auc {cfg.eval.min_auc:g}"):
+        gate = f"test AUC >= eval.min_auc {cfg.eval.min_auc:g}"
+        with dsl.If(scored.outputs["Output"] >= cfg.eval.min_auc, name=gate):  # evaluate-model returns the test AUC
             served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"])
         tasks = dict(zip(TASKS, (resolved, prep, fit, scored, served)))
         for task in tasks.values():

@@ -138,6 +138,21 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
     assert ps_job_text == GOLDEN_PS_JOB.read_text(), "the PS job objects changed: see the module docstring"
 
 
+def test_a_step_given_gpus_gets_an_accelerator_and_retries_can_be_turned_off(tmp_path):
+    cfg = from_dict(compose_config(tmp_path, *PROD, "cluster.submit=false", "cluster.steps.evaluate.gpus=1",
+                                   "cluster.steps.train.cpu_limit=2", "cluster.step_retries=0"))
+    spec = next(yaml.safe_load_all(Path(compile_pipeline(cfg, tmp_path / "pipeline.yaml")).read_text()))
+    executors = spec["deploymentSpec"]["executors"]
+    accelerators = {name: executor["container"]["resources"].get("accelerator") for name, executor in executors.items()}
+    assert accelerators.pop("exec-evaluate-model") == {"resourceType": "nvidia.com/gpu", "resourceCount": "1",
+                                                       "count": "1", "type": "nvidia.com/gpu"}
+    assert set(accelerators.values()) == {None}
+    train = executors["exec-train"]["container"]["resources"]
+    assert (train["resourceCpuRequest"], train["resourceCpuLimit"]) == ("1", "2")
+    parsed = json_format.ParseDict(spec, pipeline_spec_pb2.PipelineSpec())
+    assert all(not task.HasField("retry_policy") for task, _ in pipeline_tasks(parsed).values())
+
+
 def test_local_runner_compiles_without_kubernetes_settings(tmp_path):
     text = Path(compile_pipeline(from_dict(compose_config(tmp_path)), tmp_path / "pipeline.yaml")).read_text()
     assert len(list(yaml.safe_load_all(text))) == 1

@@ -2,10 +2,10 @@
 
 The step creates the job's objects (:mod:`components.train.backends.manifests`: a NetworkPolicy, then a
 TrainingRuntime and its TrainJob, a JobSet or a PaddleJob), streams worker 0's log into its own output and
-``logs/worker-0.log`` (progress, epochs and checkpoints are the events the local backend echoes), waits for the job's outcome and always deletes
-what it created: after success, after failure, and when the run is cancelled (Kubeflow sends the step's
-pod SIGTERM) or interrupted. The objects also carry an ownerReference to the step's pod, so they are
-garbage-collected even if the step is killed outright.
+``logs/worker-0.log`` (progress, epochs and checkpoints are the events the local backend echoes), waits for the
+job's outcome and always deletes what it created: after success, after failure, and when the run is cancelled
+(Kubeflow sends the step's pod SIGTERM) or interrupted. The objects also carry an ownerReference to the step's
+pod, so they are garbage-collected even if the step is killed outright.
 
 Restarts: a JobSet (under a TrainJob too) restarts the whole job itself (``failurePolicy``): up to
 ``cluster.max_restarts`` times, without counting a restart after the cluster disrupted a pod (preemption,

@@ -289,16 +289,18 @@ def training_runtime(cfg: CtrConfig, name: str, namespace: str, spec_json: str, 
     workers = _replicated_job(cfg, name, Role.WORKER, spec_json, replicas=1, pods=cfg.ps.workers)
     workers["template"]["metadata"] = {"labels": {TRAINER_ANCESTOR_LABEL: TRAINER_ANCESTOR}}
     node = workers["template"]["spec"]["template"]["spec"]["containers"][0]
-    del node["env"], node["resources"]  # the TrainJob's, so that Trainer's view of the job is the real one
+    del node["env"], node["resources"]  # given by the TrainJob (trainer.env, resourcesPerNode), as Trainer intends
     return {"apiVersion": TRAINER_API, "kind": "TrainingRuntime", "metadata": _metadata(cfg, name, namespace, owner),
-            "spec": {"mlPolicy": {"numNodes": cfg.ps.workers}, "template": {"spec": _jobset_spec(cfg, name, [servers, workers])}}}
+            "spec": {"mlPolicy": {"numNodes": cfg.ps.workers},
+                     "template": {"spec": _jobset_spec(cfg, name, [servers, workers])}}}
 
 
 def trainjob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: Optional[dict]) -> dict:
     """The TrainJob running :func:`training_runtime` (of the same name): ``numNodes`` workers with the workers'
     resources and env (the pod template's, which Trainer puts on the ``node`` container)."""
     node = pod_template(cfg, name, Role.WORKER, spec_json, attempt=0)["spec"]["containers"][0]
-    return {"apiVersion": TRAINER_API, "kind": "TrainJob", "metadata": _metadata(cfg, name, namespace, owner, queued=True),
+    return {"apiVersion": TRAINER_API, "kind": "TrainJob",
+            "metadata": _metadata(cfg, name, namespace, owner, queued=True),
             "spec": {"runtimeRef": {"apiGroup": TRAINER_GROUP, "kind": "TrainingRuntime", "name": name},
                      "trainer": {"numNodes": cfg.ps.workers, "resourcesPerNode": node["resources"],
                                  "env": node["env"]}}}
@@ -334,7 +336,8 @@ def _job_objects(cfg: CtrConfig, spec_json: str, *, name: str, namespace: str, a
                  owner: Optional[dict]) -> list[dict]:
     objects = [network_policy(cfg, name, namespace, owner)] if cfg.cluster.network_policy else []
     if cfg.cluster.backend is ClusterBackend.trainjob:
-        objects += [training_runtime(cfg, name, namespace, spec_json, owner), trainjob(cfg, name, namespace, spec_json, owner)]
+        objects += [training_runtime(cfg, name, namespace, spec_json, owner),
+                    trainjob(cfg, name, namespace, spec_json, owner)]
     elif cfg.cluster.backend is ClusterBackend.jobset:
         objects.append(jobset(cfg, name, namespace, spec_json, owner))
     elif cfg.cluster.backend is ClusterBackend.paddlejob:

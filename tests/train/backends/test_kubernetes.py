@@ -114,6 +114,8 @@ class FakePod:
         return self.end(143, "Error")
 
     def model(self) -> V1Pod:
+        conditions = [V1PodCondition(type="DisruptionTarget", status="True", reason=self.disruption,
+                                     message="Preempted in order to admit critical pod")] if self.disruption else None
         ended = self.phase in ("Succeeded", "Failed")
         if self.phase == "Pending":  # ``reason``: why its container waits (ImagePullBackOff, ...)
             state = V1ContainerState(waiting=V1ContainerStateWaiting(reason=self.reason, message="back-off pulling"))
@@ -127,9 +129,7 @@ class FakePod:
         return V1Pod(metadata=V1ObjectMeta(name=self.name, namespace=NAMESPACE, uid=self.uid, labels=self.labels,
                                            creation_timestamp=self.created),
                      spec=V1PodSpec(containers=[V1Container(name=self.container)]),
-                     status=V1PodStatus(phase=self.phase, container_statuses=[status], conditions=[
-                         V1PodCondition(type="DisruptionTarget", status="True", reason=self.disruption,
-                                        message="Preempted in order to admit critical pod")] if self.disruption else None))
+                     status=V1PodStatus(phase=self.phase, container_statuses=[status], conditions=conditions))
 
 
 class FakeLogStream:
@@ -740,7 +740,8 @@ def test_a_job_whose_pods_never_start_fails_with_the_reason_and_is_deleted(confi
 
     cluster = FakeCluster(controller)
     with pytest.raises(PsJobError) as failed:
-        _launcher(_cfg(config, f"cluster.backend={backend}", "cluster.start_timeout_s=0.2"), tmp_path, cluster, []).run()
+        cfg = _cfg(config, f"cluster.backend={backend}", "cluster.start_timeout_s=0.2")
+        _launcher(cfg, tmp_path, cluster, []).run()
     assert "no pod started within 0s (cluster.start_timeout_s): ImagePullBackOff: back-off pulling" in str(failed.value)
     assert cluster.objects == {}
 

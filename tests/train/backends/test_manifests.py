@@ -124,7 +124,8 @@ def test_objects_fit_the_kubernetes_models(prod, backend):
 
 
 CRDS = {"JobSet": "jobset.x-k8s.io_jobsets.yaml", "PaddleJob": "batch.paddlepaddle.org_paddlejobs.yaml",
-        "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml", "TrainJob": "trainer.kubeflow.org_trainjobs.yaml"}
+        "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
+        "TrainJob": "trainer.kubeflow.org_trainjobs.yaml"}
 
 
 @needs_schemas
@@ -407,7 +408,8 @@ def test_review_manifests_are_the_objects_of_a_run_without_its_own_names(prod, b
     for obj in review:
         assert obj["metadata"]["namespace"] == "team-a" and "ownerReferences" not in obj["metadata"]
         assert obj["metadata"]["name"].startswith(manifests.REVIEW_NAME)
-    env = {e["name"]: e.get("value") for e in _pod_templates(_running(review[1:]))["worker"]["spec"]["containers"][0]["env"]}
+    worker = _pod_templates(_running(review[1:]))["worker"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
     assert json.loads(env[SPEC_ENV])["data_dir"] == "s3://ctr/kfp/<run>/dataset"
     if backend == "trainjob":
         assert training_runtime_errors(review[1]) == []
