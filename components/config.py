@@ -48,9 +48,10 @@ ExportDtype = _vocabulary("ExportDtype", ["float32", "float16"],
                           "How a checkpoint's export stores the embedding rows (README: float16 exports).")
 PipelineRunner = _vocabulary("PipelineRunner", ["local", "kubeflow"],
                              "Where the pipeline's steps run: kfp.local on this machine, or Kubeflow Pipelines.")
-ClusterBackend = _vocabulary("ClusterBackend", ["local", "jobset", "paddlejob"],
-                             "How the train step starts the PS processes: local subprocesses, a JobSet, or a "
-                             "PaddleJob of PaddleFlow's paddle-operator.")
+ClusterBackend = _vocabulary("ClusterBackend", ["local", "trainjob", "jobset", "paddlejob"],
+                             "How the train step starts the PS processes: local subprocesses, a Kubeflow Trainer "
+                             "TrainJob, a JobSet, or a PaddleJob of PaddleFlow's paddle-operator (README: which "
+                             "backend to pick).")
 
 
 @dataclass
@@ -173,6 +174,11 @@ class EvalConfig:
     calibration: Calibration = Calibration.platt  # fitted on the validation split, applied in evaluation and serving
     baseline: bool = True  # also train and score a hashed logistic regression on the same shards
     baseline_rows: int = 1_000_000  # the baseline's train rows at most (the first ones): ~20 s on one core
+    # The decision threshold of the confusion matrix (predicted click when p >= threshold).
+    # null: the training split's CTR, the base rate a calibrated model's predictions scatter around.
+    threshold: Optional[float] = None
+    # The pipeline exports the serving model only when the test AUC is at least this (0: always).
+    min_auc: float = 0.0
 
 
 # The image every pipeline step and PS pod runs unless the cluster config names another (containers/Dockerfile).
@@ -204,6 +210,8 @@ class PodConfig:
     image: ImageConfig = field(default_factory=ImageConfig)
     cpu: str = "2"
     memory: str = "8Gi"
+    # null: no CPU limit (throttling a PS server stalls every worker); set one where a quota requires limits.
+    cpu_limit: Optional[str] = None
     gpus: int = 0  # nvidia.com/gpu per pod; a worker with gpus > 0 trains on its GPU
     node_selector: dict[str, str] = field(default_factory=dict)
     tolerations: list[Toleration] = field(default_factory=list)
@@ -215,6 +223,27 @@ class SecretEnv:
 
     name: str = ""
     keys: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StepResources:
+    """What one pipeline step's pod requests and is limited to (quota-enforced namespaces require both)."""
+
+    cpu: str = "1"  # request
+    cpu_limit: Optional[str] = None  # null: the request
+    memory: str = "2Gi"  # request and limit
+    gpus: int = 0  # nvidia.com/gpu; the steps' own code runs on CPU (the PS workers' GPUs are cluster.workers.gpus)
+
+
+@dataclass
+class StepsConfig:
+    """The pipeline steps' pods on Kubeflow, by step."""
+
+    resolve: StepResources = field(default_factory=lambda: StepResources(cpu="500m", memory="1Gi"))
+    prepare: StepResources = field(default_factory=lambda: StepResources(cpu="2", memory="8Gi"))
+    train: StepResources = field(default_factory=lambda: StepResources(cpu="1", memory="2Gi"))  # the launcher
+    evaluate: StepResources = field(default_factory=lambda: StepResources(cpu="2", memory="8Gi"))
+    export: StepResources = field(default_factory=lambda: StepResources(cpu="1", memory="4Gi"))
 
 
 @dataclass
@@ -231,9 +260,16 @@ class ClusterConfig:
     wait: bool = False
     poll_s: float = 30.0
     wait_timeout_s: float = 48 * 3600.0
-    service_account: str = "ctr-ps-launcher"  # the steps' account; needs the RBAC of k8s/rbac.yaml
+    # The account the steps' pods run as (the run's): a plain one, such as a Kubeflow profile's default-editor.
+    pipeline_service_account: str = "default-editor"
+    # The account that may create PS jobs (k8s/rbac.yaml): only the train step acts as it, through its token.
+    service_account: str = "ctr-ps-launcher"
     pipeline_image: ImageConfig = field(default_factory=ImageConfig)
-    # The PS job's pods (backend=jobset | paddlejob)
+    steps: StepsConfig = field(default_factory=StepsConfig)
+    # Retries of the steps that can simply run again (prepare, evaluate, export), with a growing back-off.
+    step_retries: int = 2
+    image_pull_secrets: list[str] = field(default_factory=list)  # secret names, for the steps and the PS pods
+    # The PS job's pods (backend=trainjob | jobset | paddlejob)
     servers: PodConfig = field(default_factory=PodConfig)
     workers: PodConfig = field(default_factory=PodConfig)
     storage_secrets: list[SecretEnv] = field(default_factory=list)
@@ -244,6 +280,7 @@ class ClusterConfig:
     network_policy: bool = True  # admit the PS ports only from this job's pods
     mesh_encryption: bool = False  # opt in to Istio ambient mode (ztunnel mTLS, no sidecars) for PS traffic
     run_as_user: int = 1000
+    queue_name: Optional[str] = None  # a Kueue LocalQueue: the TrainJob or JobSet waits there for quota
 
 
 @dataclass
@@ -393,6 +430,10 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
                         "table's; use table=memory to resume or warm-start")
     if cfg.objective not in ("auc", "logloss"):
         raise ConfigError("objective", cfg.objective, "'auc' or 'logloss'")
+    if cfg.eval.threshold is not None and not 0 < cfg.eval.threshold < 1:
+        raise ConfigError("eval.threshold", cfg.eval.threshold, "null (the training CTR) or a probability in (0, 1)")
+    if not 0 <= cfg.eval.min_auc <= 1:
+        raise ConfigError("eval.min_auc", cfg.eval.min_auc, "an AUC in [0, 1] (0: always export)")
     _validate_cluster(cfg)
 
 
@@ -405,6 +446,11 @@ def _refuse_restore(cfg: CtrConfig, condition: str, why: str) -> None:
 
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+# Kubernetes quantities in the forms KFP accepts for a step's resources (kfp.dsl.PipelineTask).
+_CPU = re.compile(r"^([0-9]*[.])?[0-9]+m?$")
+_MEMORY = re.compile(r"^[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$")
+# Kueue manages JobSets and Kubeflow Trainer TrainJobs, not PaddleFlow's PaddleJob.
+KUEUE_BACKENDS = ("trainjob", "jobset")
 
 
 def is_remote_uri(uri: Optional[str]) -> bool:
@@ -417,10 +463,12 @@ def _validate_cluster(cfg: CtrConfig) -> None:
     if cluster.runner is PipelineRunner.local:
         if cluster.backend is not ClusterBackend.local:
             raise ConfigError("cluster.backend", cluster.backend.value, "local when cluster.runner=local",
-                              "the jobset and paddlejob backends run inside a Kubeflow step; use +cluster=prod")
+                              "the trainjob, jobset and paddlejob backends run inside a Kubeflow step; "
+                              "use +cluster=prod")
         return
     if cluster.backend is ClusterBackend.local:
-        raise ConfigError("cluster.backend", cluster.backend.value, "jobset or paddlejob when cluster.runner=kubeflow")
+        raise ConfigError("cluster.backend", cluster.backend.value,
+                          "trainjob, jobset or paddlejob when cluster.runner=kubeflow")
     if cluster.submit and not cluster.host:
         raise ConfigError("cluster.host", cluster.host, "the KFP API URL (https://...)",
                           "or cluster.submit=false to only compile the pipeline")
@@ -438,6 +486,8 @@ def _validate_cluster(cfg: CtrConfig) -> None:
     for role, pods in (("servers", cluster.servers), ("workers", cluster.workers)):
         if pods.gpus < 0:
             raise ConfigError(f"cluster.{role}.gpus", pods.gpus, "an integer >= 0")
+        if pods.cpu_limit is not None and not _CPU.match(pods.cpu_limit):
+            raise ConfigError(f"cluster.{role}.cpu_limit", pods.cpu_limit, "null or CPUs such as 8 or 500m")
         for i, toleration in enumerate(pods.tolerations):
             if toleration.operator not in ("Exists", "Equal"):
                 raise ConfigError(f"cluster.{role}.tolerations[{i}].operator", toleration.operator, "Exists or Equal")
@@ -453,10 +503,28 @@ def _validate_cluster(cfg: CtrConfig) -> None:
     if cluster.backend is ClusterBackend.paddlejob and cluster.paddle_port != 36000:
         raise ConfigError("cluster.paddle_port", cluster.paddle_port, "36000 with backend=paddlejob",
                           "paddle-operator's pod services expose ports 36000-36019 only")
+    for step, resources in vars(cluster.steps).items():
+        _check_step_resources(f"cluster.steps.{step}", resources)
+    if cluster.step_retries < 0:
+        raise ConfigError("cluster.step_retries", cluster.step_retries, "an integer >= 0")
+    if cluster.queue_name is not None and cluster.backend.value not in KUEUE_BACKENDS:
+        raise ConfigError("cluster.queue_name", cluster.queue_name, f"null with backend={cluster.backend.value}",
+                          f"Kueue queues {' and '.join(KUEUE_BACKENDS)} jobs, not PaddleFlow's PaddleJob")
     for i, secret in enumerate(cluster.storage_secrets):
         if not secret.name or not secret.keys:
             raise ConfigError(f"cluster.storage_secrets[{i}]", {"name": secret.name, "keys": dict(secret.keys)},
                               "a secret name and at least one 'ENV_VAR: secret-key' entry")
+
+
+def _check_step_resources(key: str, resources: StepResources) -> None:
+    for name in ("cpu", "cpu_limit"):
+        value = getattr(resources, name)
+        if (value is not None or name == "cpu") and not _CPU.match(str(value)):
+            raise ConfigError(f"{key}.{name}", value, "CPUs such as 2, 0.5 or 500m")
+    if not _MEMORY.match(resources.memory):
+        raise ConfigError(f"{key}.memory", resources.memory, "bytes such as 4Gi, 512Mi or 8G")
+    if resources.gpus < 0:
+        raise ConfigError(f"{key}.gpus", resources.gpus, "an integer >= 0")
 
 
 def _check_data_uri(uri: Optional[str]) -> None:

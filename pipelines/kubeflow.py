@@ -5,7 +5,8 @@ The run directory gets::
 
     pipeline.yaml       the compiled pipeline (IR YAML + Kubernetes platform spec): submitted, or to upload
     config.yaml         the config compiled into it (storage credentials appear only as secret names)
-    k8s/rbac.yaml       what the steps' service account needs to run PS jobs (``kubectl apply -f``, once)
+    k8s/rbac.yaml       the launcher account the train step acts as, and what it may do (``kubectl apply -f``, once)
+    k8s/ps-job.yaml     the objects the train step will create, for review (``kubectl apply --dry-run=server -f``)
     kubeflow_run.json   after a submission: the run id, its URL, the experiment and the run parameters
     metrics.json        with cluster.wait, after the run succeeded: its test metrics (as a local run writes)
 
@@ -37,8 +38,11 @@ from pipelines.pipeline import PIPELINE_NAME, compile_pipeline, compiled_config
 PIPELINE_FILE = "pipeline.yaml"
 CONFIG_FILE = "config.yaml"
 RBAC_FILE = "k8s/rbac.yaml"
+PS_JOB_FILE = "k8s/ps-job.yaml"
 RUN_FILE = "kubeflow_run.json"
 METRICS_FILE = "metrics.json"
+# KFP's default artifact store (MinIO) when no cluster.pipeline_root is given.
+DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"
 # Per socket operation: a host that drops packets fails in seconds, not after the OS's connect timeout.
 API_TIMEOUT_S = 30.0
 # v2beta1 run states after which a run does not change any more.
@@ -95,16 +99,28 @@ class _PlainDumper(yaml.SafeDumper):
         return True
 
 
+def review_data_uri(cfg: CtrConfig) -> str:
+    """Where a run's Dataset artifact will be: under the pipeline root, at names only the run gives."""
+    root = (cfg.cluster.pipeline_root or DEFAULT_PIPELINE_ROOT).rstrip("/")
+    return f"{root}/{PIPELINE_NAME}/<run id>/merge-data/<execution id>/dataset"
+
+
 def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
     """Compile the pipeline and write the run directory's files; returns the pipeline YAML's path."""
-    from components.train.backends.manifests import launcher_rbac
+    from components.train.backends.manifests import REVIEW_NAME, launcher_rbac, review_manifests
 
     run_dir.mkdir(parents=True, exist_ok=True)
     pipeline_path = Path(compile_pipeline(cfg, run_dir / PIPELINE_FILE))
     (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(compiled_config(cfg)))))
-    rbac = run_dir / RBAC_FILE
-    rbac.parent.mkdir(exist_ok=True)
-    rbac.write_text(yaml.dump_all(launcher_rbac(cfg), Dumper=_PlainDumper, sort_keys=False))
+    (run_dir / "k8s").mkdir(exist_ok=True)
+    (run_dir / RBAC_FILE).write_text(yaml.dump_all(launcher_rbac(cfg), Dumper=_PlainDumper, sort_keys=False))
+    header = (f"# The objects the train step creates (cluster.backend={cfg.cluster.backend.value}), for review: e.g.\n"
+              f"#   kubectl apply --dry-run=server -f {PS_JOB_FILE}\n"
+              f"# A run differs in what only it decides: the name ({REVIEW_NAME} here, ctr-ps-<random> in a run), the\n"
+              "# dataset URI (the run's Dataset artifact), a checkpoint.resume target and the ownerReferences (the\n"
+              "# train step's pod).\n")
+    objects = review_manifests(compiled_config(cfg), review_data_uri(cfg))  # the config the train step gets
+    (run_dir / PS_JOB_FILE).write_text(header + yaml.dump_all(objects, Dumper=_PlainDumper, sort_keys=False))
     return pipeline_path
 
 
@@ -156,7 +172,7 @@ def submit(cfg: CtrConfig, pipeline_path: Path) -> SubmittedRun:
             stage = "creating the run"
             created = client.run_pipeline(experiment_id=experiment.experiment_id, job_name=run_name,
                                           pipeline_package_path=str(pipeline_path), params=parameters,
-                                          service_account=cluster.service_account)
+                                          service_account=cluster.pipeline_service_account)
     # Whatever the API answered or failed to, the way out is the same: the compiled pipeline, by hand.
     except Exception as err:
         raise SubmitError(f"submitting to Kubeflow Pipelines at {host} failed while {stage}: {_reason(err)}. "
@@ -165,7 +181,8 @@ def submit(cfg: CtrConfig, pipeline_path: Path) -> SubmittedRun:
     return SubmittedRun(run_id=created.run_id, url=f"{host}/#/runs/details/{created.run_id}", host=host,
                         namespace=cluster.namespace, experiment=cluster.experiment,
                         experiment_id=experiment.experiment_id, run_name=run_name, submitted_at=submitted_at,
-                        service_account=cluster.service_account, parameters=parameters, pipeline=str(pipeline_path))
+                        service_account=cluster.pipeline_service_account, parameters=parameters,
+                        pipeline=str(pipeline_path))
 
 
 def wait_for_run(cfg: CtrConfig, submitted: SubmittedRun) -> None:
@@ -253,7 +270,9 @@ def run_kubeflow(cfg: CtrConfig) -> float:
     run_dir = Path(cfg.run_dir)
     pipeline_path = write_run_files(cfg, run_dir)
     files = [("pipeline", str(pipeline_path)), ("config", str(run_dir / CONFIG_FILE)),
-             ("rbac", f"{run_dir / RBAC_FILE} (kubectl apply -f it once per namespace)")]
+             ("rbac", f"{run_dir / RBAC_FILE} (kubectl apply -f it once per namespace)"),
+             ("ps job", f"{run_dir / PS_JOB_FILE} (what the train step creates, to review: "
+                        "kubectl apply --dry-run=server -f)")]
     if not cfg.cluster.submit:
         _print_rows("== Kubeflow pipeline compiled (cluster.submit=false: not submitted)", [
             *files, ("upload", "Kubeflow UI > Pipelines > Upload pipeline, then Create run"),

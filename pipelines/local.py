@@ -5,7 +5,8 @@ After the run the run directory holds what a person looks at::
     run_dir/metrics.json  report.md  report.html  roc.png
     run_dir/logs/<role>-<i>.log         the PS processes' logs
     run_dir/checkpoint/                 (checkpoint.uri; the train step writes it there directly)
-    run_dir/serving_model/              the exported inference model (python -m components.serving predict)
+    run_dir/serving_model/              the exported inference model (python -m components.serving predict),
+                                        unless the test AUC was under eval.min_auc
     run_dir/kfp/                        kfp.local's pipeline root: every artifact of every step
 
 Console: ``kfp.local`` pipes a step's stdout+stderr and re-prints it line by line (indented) through
@@ -150,7 +151,7 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     from kfp import local
 
     from components.resolve.step import run_parameters
-    from pipelines.pipeline import ctr_pipeline
+    from pipelines.pipeline import PIPELINE_NAME, ctr_pipeline
 
     cfg = local_config(cfg)
     run_dir = Path(cfg.run_dir)
@@ -174,18 +175,23 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
         stdout.write(tap._partial)
     wall_s = time.time() - started
     outputs = task.outputs
+    # The export's output is no pipeline output (its task may be skipped): kfp.local keeps it at
+    # <pipeline root>/<pipeline>-<time>/<task>/<output>.
+    exported = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*/export-model/serving_model"))
     metrics = collect_outputs(run_dir, metrics_dir=outputs["metrics"].path, logs_dir=outputs["logs"].path,
-                              serving_dir=outputs["serving_model"].path)
-    print_summary(metrics, outputs["checkpoint"].metadata, wall_s, run_dir, cfg.checkpoint.uri)
+                              serving_dir=exported[-1] if exported else None)
+    serving = (str(run_dir / "serving_model") if exported else
+               f"not exported: test AUC {metrics['auc']:.4f} < eval.min_auc {cfg.eval.min_auc:g}")
+    print_summary(metrics, outputs["checkpoint"].metadata, wall_s, run_dir, cfg.checkpoint.uri, serving)
     return metrics
 
 
-def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str, serving_dir: Optional[str] = None) -> dict:
-    """Copy the evaluation files, the PS logs and the serving model out of the artifact store into the run
-    directory (``run_dir/serving_model/`` is replaced as a whole)."""
+def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str, serving_dir: Optional[str | Path] = None) -> dict:
+    """Copy the evaluation files, the PS logs and the serving model (None: not exported) out of the artifact
+    store into the run directory (``run_dir/serving_model/`` is replaced as a whole, or removed)."""
+    target = run_dir / "serving_model"
+    shutil.rmtree(target, ignore_errors=True)
     if serving_dir is not None:
-        target = run_dir / "serving_model"
-        shutil.rmtree(target, ignore_errors=True)
         shutil.copytree(serving_dir, target)
     for name in EVALUATION_FILES:
         shutil.copyfile(Path(metrics_dir) / name, run_dir / name)
@@ -207,9 +213,10 @@ def summary_rows(metrics: dict, training: Optional[dict], wall_s: float) -> list
     return rows
 
 
-def print_summary(metrics: dict, training: Optional[dict], wall_s: float, run_dir: Path, checkpoint: Any) -> None:
-    rows = summary_rows(metrics, training, wall_s)
+def print_summary(metrics: dict, training: Optional[dict], wall_s: float, run_dir: Path, checkpoint: Any,
+                  serving: str) -> None:
+    rows = [*summary_rows(metrics, training, wall_s), ("run dir", str(run_dir)), ("checkpoint", str(checkpoint)),
+            ("serving model", serving)]
     width = max(len(name) for name, _ in rows)
-    print("\n".join(["", "== CTR pipeline done", *(f"  {name:<{width}}  {value}" for name, value in rows),
-                     f"  {'run dir':<{width}}  {run_dir}", f"  {'checkpoint':<{width}}  {checkpoint}", ""]),
+    print("\n".join(["", "== CTR pipeline done", *(f"  {name:<{width}}  {value}" for name, value in rows), ""]),
           flush=True)

@@ -1,5 +1,5 @@
 """The CTR pipeline: resolve the config -> prepare data (plan, convert in parallel, merge) -> PS training ->
-evaluation, and beside it the export.
+evaluation -> the export, when the evaluation passes the AUC gate.
 
 :func:`ctr_pipeline` builds the pipeline for one composed config. What is structural (server and worker
 counts, images, resources, model, mode, ...) is compiled in as a constant; the knobs worth changing per
@@ -18,36 +18,53 @@ from typing import NamedTuple
 from kfp import compiler, dsl
 from kfp.dsl import HTML, Artifact, Metrics, Model
 
-from components.config import ClusterConfig, CtrConfig, PipelineRunner
+from components.config import ClusterConfig, CtrConfig, DataSource, PipelineRunner
 from components.data_prep.component import convert_data, merge_data, plan_data
 from components.evaluate.component import evaluate_model
 from components.export.component import export_model
 from components.resolve.component import resolve_config
 from components.resolve.step import config_struct, run_parameters
+from components.train.backends.manifests import LAUNCHER_TOKEN_DIR, launcher_token_secret
 from components.train.component import train
 
 PIPELINE_NAME = "ctr-ps-training"
 # Every task, in a topological order. convert-data runs inside the data-prep fan-out: a ParallelFor over the plan's
-# groups, the root DAG's PREP_LOOP.
+# groups, the root DAG's PREP_LOOP; export-model inside the AUC gate, the root DAG's EXPORT_GATE.
 TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", "train", "evaluate-model", "export-model")
-PREP_LOOP = "for-loop-1"
-# What each task of the root DAG waits for, in a topological order: evaluation and export both start once
-# training is done.
+PREP_LOOP, EXPORT_GATE = "for-loop-1", "condition-2"
+# What each task of the root DAG waits for, in a topological order: the export, on the evaluation that gates it.
 DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOOP: ("plan-data",),
                 "merge-data": ("plan-data", PREP_LOOP), "train": ("resolve-config", "merge-data"),
                 "evaluate-model": ("resolve-config", "merge-data", "train"),
-                "export-model": ("resolve-config", "train")}
+                EXPORT_GATE: ("resolve-config", "train", "evaluate-model")}
+# The steps that may simply run again after a failure (a lost node, a storage blip): they replace their outputs
+# whole. Not resolve-config and plan-data (their failures are the config's or the input's) nor train (the PS job
+# restarts itself).
+RETRIED_TASKS = ("convert-data", "merge-data", "evaluate-model", "export-model")
+RETRY_BACKOFF = "60s"  # then doubling
+# Each task's pod resources on Kubeflow: the ClusterConfig.steps field.
+STEP_RESOURCES = {"resolve-config": "resolve", "plan-data": "resolve", "convert-data": "prepare",
+                  "merge-data": "prepare", "train": "train", "evaluate-model": "evaluate", "export-model": "export"}
 # The train step's launcher makes its own pod the owner of the PS job it creates (downward API).
 LAUNCHER_POD_FIELDS = {"POD_NAME": "metadata.name", "POD_UID": "metadata.uid", "POD_NAMESPACE": "metadata.namespace"}
 
-# Pipeline outputs: what a local run copies into its run directory.
-Outputs = NamedTuple("Outputs", [("checkpoint", Model), ("logs", Artifact), ("metrics", Metrics),
-                                 ("report", HTML), ("serving_model", Model)])
+# Pipeline outputs: what a local run copies into its run directory. The serving model is not one: the AUC gate
+# may skip its export (pipelines.local finds it when it was made).
+Outputs = NamedTuple("Outputs", [("checkpoint", Model), ("logs", Artifact), ("metrics", Metrics), ("report", HTML)])
 
 
 def compiled_config(cfg: CtrConfig) -> CtrConfig:
     """The config a pipeline carries: ``run_dir`` is the driver's folder (Hydra's), which no step uses."""
     return dataclasses.replace(cfg, run_dir=".")
+
+
+def display_names(cfg: CtrConfig) -> dict[str, str]:
+    """What the KFP UI calls each task."""
+    data = "synthetic data" if cfg.data.source is DataSource.synthetic else f"{cfg.data.format.value} files"
+    return {"resolve-config": "Resolve the run's config", "plan-data": f"Plan the prep of {data}",
+            "convert-data": f"Convert a group of {data}", "merge-data": "Merge the prepared groups",
+            "train": f"Train: {cfg.ps.servers} PS servers + {cfg.ps.workers} workers ({cfg.cluster.backend.value})",
+            "evaluate-model": "Evaluate on the test split", "export-model": "Export the serving model"}
 
 
 def ctr_pipeline(cfg: CtrConfig):
@@ -69,46 +86,72 @@ def ctr_pipeline(cfg: CtrConfig):
                                   checkpoint_uri=checkpoint_uri, resume=resume)
         # It checks the resume target against the checkpoint store, whose content changes between runs.
         resolved.set_caching_options(False)
-        planned = plan_data(config=resolved.output)
+        effective = resolved.output
+        planned = plan_data(config=effective)
         # It lists the input files, which change between runs; the steps after it are cached on its plan, whose
-        # fingerprint covers the files (their ETags or mtimes and sizes) and the settings.
+        # fingerprint covers the files (their ETags or mtimes and sizes) and the settings: the same glob over new
+        # files is prepared anew.
         planned.set_caching_options(False)
         # A convert task takes nothing but its loop item (kfp.local 2.17 passes the loop item for every other
         # task output a task inside a ParallelFor takes).
         with dsl.ParallelFor(planned.output, parallelism=cfg.data.prep_parallelism) as group:
             converted = convert_data(group=group)
         prep = merge_data(groups=planned.output, parts=dsl.Collected(converted.outputs["parts"]))
-        fit = train(config=resolved.output, dataset=prep.outputs["dataset"])
+        fit = train(config=effective, dataset=prep.outputs["dataset"])
         # The checkpoint lives outside the artifact store (checkpoint.uri): a cached step would only point at it.
         fit.set_caching_options(False)
-        scored = evaluate_model(config=resolved.output, dataset=prep.outputs["dataset"],
+        scored = evaluate_model(config=effective, dataset=prep.outputs["dataset"],
                                 checkpoint=fit.outputs["checkpoint"])
-        served = export_model(config=resolved.output, checkpoint=fit.outputs["checkpoint"])
-        tasks = (resolved, planned, converted, prep, fit, scored, served)
-        for task in tasks:
+        gate = f"test AUC >= eval.min_auc {cfg.eval.min_auc:g}"
+        with dsl.If(scored.outputs["Output"] >= cfg.eval.min_auc, name=gate):  # evaluate-model returns the test AUC
+            served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"])
+        tasks = dict(zip(TASKS, (resolved, planned, converted, prep, fit, scored, served)))
+        for task in tasks.values():
             task.set_env_variable("PYTHONUNBUFFERED", "1")  # progress lines reach the logs as they happen
             task.set_container_image(image)
         if on_kubeflow:
-            add_kubernetes_settings(cfg.cluster, tasks, fit)
+            add_kubeflow_settings(cfg, tasks)
         return Outputs(checkpoint=fit.outputs["checkpoint"], logs=fit.outputs["logs"],
-                       metrics=scored.outputs["metrics"], report=scored.outputs["report"],
-                       serving_model=served.outputs["serving_model"])
+                       metrics=scored.outputs["metrics"], report=scored.outputs["report"])
 
     return pipeline
 
 
-def add_kubernetes_settings(cluster: ClusterConfig, tasks, train_task) -> None:
-    """Pod settings of the Kubeflow run: storage credentials as secret references only, non-root, and the
-    train step's own pod identity."""
+def add_kubeflow_settings(cfg: CtrConfig, tasks: dict) -> None:
+    """What the Kubeflow run's tasks get (kfp.local has no use for it): display names; CPU and memory requests and
+    limits (quota-enforced namespaces refuse pods without them), accelerators where configured; retries of the
+    steps that can run again; and the pods' Kubernetes settings (:func:`add_kubernetes_settings`)."""
+    names = display_names(cfg)
+    for name, task in tasks.items():
+        task.set_display_name(names[name])
+        resources = getattr(cfg.cluster.steps, STEP_RESOURCES[name])
+        task.set_cpu_request(resources.cpu).set_cpu_limit(resources.cpu_limit or resources.cpu)
+        task.set_memory_request(resources.memory).set_memory_limit(resources.memory)
+        if resources.gpus:
+            task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(resources.gpus)
+        if name in RETRIED_TASKS and cfg.cluster.step_retries:
+            task.set_retry(num_retries=cfg.cluster.step_retries, backoff_duration=RETRY_BACKOFF, backoff_factor=2.0)
+    add_kubernetes_settings(cfg.cluster, tasks)
+
+
+def add_kubernetes_settings(cluster: ClusterConfig, tasks: dict) -> None:
+    """Pod settings of the Kubeflow run: storage credentials as secret references only, non-root, image pull
+    secrets; the train step's own pod identity and, mounted into it alone, the token of the account that may
+    create PS jobs (the run's pods run as ``cluster.pipeline_service_account``)."""
     from kfp import kubernetes
 
-    for task in tasks:
+    for task in tasks.values():
         for secret in cluster.storage_secrets:
             kubernetes.use_secret_as_env(task, secret_name=secret.name,
                                          secret_key_to_env={key: env for env, key in secret.keys.items()})
         kubernetes.set_security_context(task, run_as_user=cluster.run_as_user, run_as_non_root=True)
+        if cluster.image_pull_secrets:
+            kubernetes.set_image_pull_secrets(task, list(cluster.image_pull_secrets))
+    launcher = tasks["train"]
     for env, field_path in LAUNCHER_POD_FIELDS.items():
-        kubernetes.use_field_path_as_env(train_task, env_name=env, field_path=field_path)
+        kubernetes.use_field_path_as_env(launcher, env_name=env, field_path=field_path)
+    kubernetes.use_secret_as_volume(launcher, secret_name=launcher_token_secret(cluster),
+                                    mount_path=LAUNCHER_TOKEN_DIR)
 
 
 def compile_pipeline(cfg: CtrConfig, path: str | os.PathLike) -> str:

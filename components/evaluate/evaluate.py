@@ -25,9 +25,22 @@ from components.evaluate.baseline import HashedLogisticRegression
 from components.ps.scoring import Scorer, read_test_split
 
 
+CONFUSION_FILE = "confusion.json"
+
+
+def confusion_threshold(cfg: EvalConfig, stats: dict) -> tuple[float, str]:
+    """``(threshold, where it comes from)``: ``eval.threshold``, else the training split's CTR."""
+    if cfg.threshold is not None:
+        return cfg.threshold, "eval.threshold"
+    return float(stats["ctr"]["train"]), "the training split's CTR"
+
+
 def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
-             cfg: EvalConfig, training: Optional[dict] = None) -> dict[str, Any]:
-    """Metrics of the checkpoint on the test split; writes metrics.json, roc.png, calibration.png, report.md/html."""
+             cfg: EvalConfig, training: Optional[dict] = None,
+             markdown_path: Optional[str | os.PathLike] = None) -> dict[str, Any]:
+    """Metrics of the checkpoint on the test split; writes metrics.json, roc.png, calibration.png, roc.npz,
+    confusion.json and report.md/html, and to ``markdown_path`` the report without the linked images (a KFP Markdown
+    artifact, whose viewer cannot follow a relative link; the ROC curve is the ClassificationMetrics artifact)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = ckpt_io.load(checkpoint_dir)
@@ -63,6 +76,9 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
         result["auc_ratio_to_bayes"] = result["auc"] / reference["auc"]
     fpr, tpr, thresholds = metric_fns.roc_curve(labels, preds, max_points=cfg.roc_points)
     bins = metric_fns.calibration_bins(labels, preds, bins=cfg.calibration_bins)
+    threshold, threshold_source = confusion_threshold(cfg, stats)
+    confusion = report.confusion_summary(metric_fns.confusion_matrix(labels, preds, threshold), threshold,
+                                         threshold_source)
     report.write_roc_png(out / "roc.png", fpr, tpr, result["auc"], reference_auc=(reference or {}).get("auc"))
     report.write_reliability_png(out / "calibration.png",
                                  metric_fns.calibration_bins(labels, raw, bins=cfg.calibration_bins) if calibration
@@ -80,13 +96,16 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
                         if calibration else {})}),
                    ("Validation split (the delivered checkpoint)", validation)]
     kwargs = dict(title="CTR model evaluation", reference=reference, calibration=bins, training=training,
-                  config_summary=summary, tables=comparisons,
-                  figures=[("ROC curve", out / "roc.png"), ("Reliability", out / "calibration.png")])
+                  config_summary=summary, tables=comparisons, confusion=confusion)
+    figures = [("ROC curve", out / "roc.png"), ("Reliability", out / "calibration.png")]
     # The report sets the measured metrics against the reference itself.
-    report.write_report(out / "report.md", measured, **kwargs)
-    report.write_report_html(out / "report.html", measured, **kwargs)
+    report.write_report(out / "report.md", measured, figures=figures, **kwargs)
+    if markdown_path is not None:
+        report.write_report(markdown_path, measured, **kwargs)
+    report.write_report_html(out / "report.html", measured, figures=figures, **kwargs)
     ckpt_io.write_json_atomic(out / "metrics.json", result)
     np.savez(out / "roc.npz", fpr=fpr, tpr=tpr, thresholds=thresholds)
+    ckpt_io.write_json_atomic(out / CONFUSION_FILE, confusion)
     return result
 
 

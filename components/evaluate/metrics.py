@@ -89,6 +89,20 @@ def roc_curve(
     return fpr, tpr, thresholds
 
 
+CONFUSION_CLASSES = ("no click", "click")
+
+
+def confusion_matrix(labels: npt.ArrayLike, preds: npt.ArrayLike, threshold: float) -> list[list[int]]:
+    """Counts by actual class (rows) and predicted class (columns), in :data:`CONFUSION_CLASSES` order: a
+    prediction ``>= threshold`` is a predicted click, as on the ROC curve. ``[[tn, fp], [fn, tp]]``."""
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"threshold must be a probability in (0, 1), got {threshold}")
+    label_array, pred_array = _validated(labels, preds, require_both_classes=False)
+    predicted = pred_array >= threshold
+    return [[int(np.count_nonzero(~label_array & ~predicted)), int(np.count_nonzero(~label_array & predicted))],
+            [int(np.count_nonzero(label_array & ~predicted)), int(np.count_nonzero(label_array & predicted))]]
+
+
 def calibration_bins(
     labels: npt.ArrayLike, preds: npt.ArrayLike, bins: int = 10
 ) -> list[dict[str, float | int]]:

@@ -23,6 +23,8 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from components.evaluate.metrics import CONFUSION_CLASSES
+
 # Display labels for the keys binary_metrics returns, in table order; any other
 # scalar key in the metrics dict is still shown, under its own name.
 _METRIC_LABELS = {
@@ -104,17 +106,17 @@ def write_report(
     config_summary: Mapping[str, Any] | None = None,
     figures: Sequence[tuple[str, str | os.PathLike[str]]] = (),
     tables: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    confusion: Mapping[str, Any] | None = None,
 ) -> None:
     """Write the report as Markdown; ``figures`` (title, PNG path) are linked by name, relative to the report.
 
     ``metrics`` is what ``binary_metrics`` returns; ``reference`` the data
     generator's Bayes-optimal ``{"auc", "logloss"}``; ``calibration`` the rows of
-    ``calibration_bins``; ``training`` and ``config_summary`` any flat key/values.
     ``calibration_bins``; ``training`` and ``config_summary`` any flat key/values; ``tables`` more (heading,
-    key/values). Sections whose input is None or empty are left out.
+    key/values); ``confusion`` a :func:`confusion_summary`. Sections whose input is None or empty are left out.
     """
     summary, metrics_table, other_tables = _report_content(
-        metrics, reference, calibration, training, config_summary, tables
+        metrics, reference, calibration, training, config_summary, tables, confusion
     )
     lines = [f"# {title}", ""]
     if summary:
@@ -138,10 +140,11 @@ def write_report_html(
     config_summary: Mapping[str, Any] | None = None,
     figures: Sequence[tuple[str, str | os.PathLike[str]]] = (),
     tables: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    confusion: Mapping[str, Any] | None = None,
 ) -> None:
     """Write the same report as one self-contained HTML page, the figures inlined as base64."""
     summary, metrics_table, other_tables = _report_content(
-        metrics, reference, calibration, training, config_summary, tables
+        metrics, reference, calibration, training, config_summary, tables, confusion
     )
     body = [f"<h1>{html.escape(title)}</h1>"]
     if summary:
@@ -173,6 +176,17 @@ th {{ background: #f3f3f3; text-align: left; }}
     _write_text(path, page)
 
 
+def confusion_summary(
+    matrix: Sequence[Sequence[int]], threshold: float, threshold_source: str
+) -> dict[str, Any]:
+    """The confusion matrix of ``confusion_matrix`` at ``threshold`` (``threshold_source`` says where that
+    comes from) with the precision and recall it implies: what the report and the KFP artifact show."""
+    (tn, fp), (fn, tp) = matrix
+    return {"threshold": float(threshold), "threshold_source": threshold_source,
+            "classes": list(CONFUSION_CLASSES), "matrix": [[int(tn), int(fp)], [int(fn), int(tp)]],
+            "precision": tp / (tp + fp) if tp + fp else None, "recall": tp / (tp + fn) if tp + fn else None}
+
+
 def log_kfp_metrics(
     metrics_artifact: Any,
     classification_artifact: Any,
@@ -180,8 +194,10 @@ def log_kfp_metrics(
     fpr: Iterable[float],
     tpr: Iterable[float],
     thresholds: Iterable[float],
+    confusion: Mapping[str, Any] | None = None,
 ) -> None:
-    """Log the numeric metrics to a ``kfp.dsl.Metrics``, the ROC curve to a ``ClassificationMetrics``.
+    """Log the numeric metrics to a ``kfp.dsl.Metrics``; the ROC curve and, when given, the confusion matrix
+    (a :func:`confusion_summary`) to a ``ClassificationMetrics``, which the KFP UI draws side by side.
 
     KFP stores artifact metadata as JSON, which has no NaN or infinity: a
     non-finite metric is an error, while the ``+inf`` threshold that opens a
@@ -203,6 +219,11 @@ def log_kfp_metrics(
         [float(value) for value in tpr],
         [float(value) for value in finite_thresholds],
     )
+    if confusion is not None:
+        classification_artifact.log_confusion_matrix(list(confusion["classes"]), confusion["matrix"])
+        # The KFP UI does not show a threshold with the matrix: the artifact's metadata states it.
+        classification_artifact.metadata["confusionMatrixThreshold"] = confusion["threshold"]
+        classification_artifact.metadata["confusionMatrixThresholdSource"] = confusion["threshold_source"]
 
 
 @dataclass(frozen=True)
@@ -219,6 +240,7 @@ def _report_content(
     training: Mapping[str, Any] | None,
     config_summary: Mapping[str, Any] | None,
     tables: Sequence[tuple[str, Mapping[str, Any]]] = (),
+    confusion: Mapping[str, Any] | None = None,
 ) -> tuple[str, _Table, list[_Table]]:
     """The one-line summary, the metrics table and the other tables, shared by both renderings."""
     metric_rows = [
@@ -231,6 +253,8 @@ def _report_content(
     metrics_table = _Table("Metrics", ("Metric", "Value"), metric_rows)
 
     other_tables = []
+    if confusion:
+        other_tables.append(_confusion_table(confusion))
     if calibration:
         other_tables.append(
             _Table(
@@ -245,6 +269,17 @@ def _report_content(
     if config_summary:
         other_tables.append(_key_value_table("Configuration", config_summary))
     return _summary_sentence(metrics, reference or {}), metrics_table, other_tables
+
+
+def _confusion_table(confusion: Mapping[str, Any]) -> _Table:
+    classes = confusion["classes"]
+    rows = [(f"Actual {name}", *(f"{count:,}" for count in counts))
+            for name, counts in zip(classes, confusion["matrix"])]
+    rows += [(name.capitalize(), _format_score(confusion[name]) if confusion[name] is not None else "n/a", "")
+             for name in ("precision", "recall")]
+    heading = (f"Confusion matrix at threshold {_format_score(confusion['threshold'])} "
+               f"({confusion['threshold_source']})")
+    return _Table(heading, ("", *(f"Predicted {name}" for name in classes)), rows)
 
 
 def _reference_rows(metrics: Mapping[str, Any], reference: Mapping[str, Any]) -> list[tuple[str, str]]:

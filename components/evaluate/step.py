@@ -3,11 +3,17 @@
 Artifacts of the component:
 
 * ``metrics`` (``Metrics``): the scalar metrics in its metadata (what the KFP UI shows); its path is the
-  evaluation directory: ``metrics.json``, ``roc.png``, ``roc.npz``, ``report.md``, ``report.html``.
-* ``roc`` (``ClassificationMetrics``): the ROC curve, drawn by the KFP UI.
+  evaluation directory: ``metrics.json``, ``roc.png``, ``roc.npz``, ``confusion.json``, ``report.md``,
+  ``report.html``.
+* ``roc`` (``ClassificationMetrics``): the ROC curve and the confusion matrix at ``eval.threshold`` (by default
+  the training CTR), drawn side by side by the KFP UI.
 * ``report`` (``HTML``): the self-contained report page (ROC plot inlined).
+* ``report_markdown`` (``Markdown``): the same report as Markdown, rendered by the KFP UI.
+
+The component returns the test AUC, which gates the export (``eval.min_auc``).
 """
 
+import json
 import shutil
 from pathlib import Path
 from typing import Any, Optional
@@ -17,7 +23,7 @@ import numpy as np
 from components.checkpoint.evaluation import record_evaluation
 from components.checkpoint.pointer import fetched_checkpoint
 from components.config import from_dict, ints_from_struct
-from components.evaluate.evaluate import evaluate
+from components.evaluate.evaluate import CONFUSION_FILE, evaluate
 
 # Training facts from the Model artifact's metadata that the report lists.
 TRAINING_KEYS = ("epochs", "examples", "seconds", "examples_per_s", "final_train_auc")
@@ -31,21 +37,25 @@ def training_facts(checkpoint_metadata: Optional[dict]) -> Optional[dict]:
 
 
 def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkpoint_metadata: Optional[dict],
-                        out_dir: str, report_path: Optional[str] = None) -> tuple[dict, dict]:
+                        out_dir: str, report_path: Optional[str] = None,
+                        markdown_path: Optional[str] = None) -> tuple[dict, dict]:
     """Score the checkpoint the Model artifact points at on the test split of ``data_dir``.
 
-    Writes the evaluation files into ``out_dir`` and, when given, the HTML report to ``report_path``;
-    returns ``(metrics, roc)`` with ``roc`` holding ``fpr``, ``tpr`` and ``thresholds``.
+    Writes the evaluation files into ``out_dir`` and, when given, the HTML report to ``report_path`` and the
+    Markdown one to ``markdown_path``; returns ``(metrics, charts)``: ``charts`` holds the ROC curve's ``fpr``,
+    ``tpr``, ``thresholds`` and the ``confusion`` summary (the arguments of ``report.log_kfp_metrics``).
     """
     cfg = from_dict(config)
     with fetched_checkpoint(checkpoint_path, checkpoint_metadata) as (uri, ckpt_id, local):
-        metrics = evaluate(local, data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata))
+        metrics = evaluate(local, data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata),
+                           markdown_path=markdown_path)
     record_evaluation(uri, ckpt_id, metrics)
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(Path(out_dir) / "report.html", report_path)
     with np.load(Path(out_dir) / "roc.npz") as roc:
-        curve = {name: roc[name] for name in ("fpr", "tpr", "thresholds")}
-    return metrics, curve
+        charts = {name: roc[name] for name in ("fpr", "tpr", "thresholds")}
+    charts["confusion"] = json.loads((Path(out_dir) / CONFUSION_FILE).read_text())
+    return metrics, charts
 
 

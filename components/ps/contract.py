@@ -10,7 +10,10 @@ What crosses it, and nothing else:
   directories and what to restore;
 * **events**: the process prints one JSON event per line (:func:`emit`), tagged :data:`PROGRESS`,
   :data:`EPOCH`, :data:`CHECKPOINT` or :data:`DONE`; launchers read them with :func:`parse_event`;
-* **readiness**: a server is ready for workers once an endpoint accepts TCP (:func:`ready_probe_command`).
+* **readiness**: a server is ready for workers once an endpoint accepts TCP (:func:`ready_probe_command`);
+* **exit status**: 0 when the process's part of the job is done; :data:`CONFIG_ERROR_EXIT` when its job spec,
+  config or environment cannot work, which no restart can mend (launchers fail the job at once); anything else
+  is a failure a whole-job restart from the latest checkpoint may get past.
 
 The process side is :mod:`components.ps.role`; it imports nothing of the orchestration layers (kfp,
 kubernetes), and neither does this module.
@@ -35,6 +38,8 @@ SPEC_ENV = "PS_JOB_SPEC"  # the job spec as JSON, when no spec file is given (po
 RESTART_ENV = "PS_RESTART_ATTEMPT"  # how many times the whole job was restarted before this attempt
 INDEX_ENV = "PS_ROLE_INDEX"  # the process's index among its role
 ROLE_ENV = "PS_ROLE"  # server | worker
+# The exit status of a process whose job spec, config or environment cannot work (sysexits.h EX_CONFIG).
+CONFIG_ERROR_EXIT = 78
 # Event tags: the first word of an event line, then its JSON payload.
 PROGRESS, EPOCH, CHECKPOINT, DONE = "@progress", "@epoch", "@checkpoint", "@done"
 EVENT_TAGS = (PROGRESS, EPOCH, CHECKPOINT, DONE)

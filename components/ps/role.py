@@ -7,7 +7,9 @@ shards it saves. A worker trains its data shards through Paddle's C++ data path 
 passes (:mod:`components.checkpoint.protocol`). The job ends on purpose: every worker stops its client,
 then worker 0 stops the servers.
 
-It reports through the contract's events (:func:`components.ps.contract.emit`).
+It reports through the contract's events (:func:`components.ps.contract.emit`). A job spec, config or environment
+that cannot work ends the process with :data:`components.ps.contract.CONFIG_ERROR_EXIT` and a one-line reason on
+stderr: restarting the job cannot mend it, so the launchers fail the job at once.
 """
 
 from __future__ import annotations
@@ -25,17 +27,18 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
+from omegaconf.errors import OmegaConfBaseException
 
 from components.checkpoint import format as checkpoint
 from components.checkpoint import protocol
 from components.checkpoint.restore import restart_target, restore_dense, resume_state, server_restore_dir
 from components.checkpoint.store import CheckpointStore, make_id
-from components.config import CtrConfig, Mode, from_dict
+from components.config import ConfigError, CtrConfig, Mode, from_dict, validate
 from components.data_prep.multislot import Schema, read_shards
 from components.ps import models
 from components.ps.accessor import read_sparse_table
-from components.ps.contract import (CHECKPOINT, DONE, EPOCH, PROGRESS, RESTART_ENV, JobSpec, emit,
-                                    wait_until_listening)
+from components.ps.contract import (CHECKPOINT, CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV,
+                                    JobSpec, emit, wait_until_listening)
 from components.ps.models import EMBEDDING_TABLE
 from components.ps.shard_uploader import collect_shards
 from components.ps.sharding import rows_per_server, saved_bytes_per_server
@@ -102,8 +105,9 @@ def worker_place(cfg: CtrConfig, paddle):
     if cfg.cluster.workers.gpus <= 0:
         return paddle.CPUPlace()
     if not paddle.device.is_compiled_with_cuda():
-        raise RuntimeError(f"cluster.workers.gpus={cfg.cluster.workers.gpus} but this Paddle {paddle.__version__} "
-                           "is a CPU build: run workers on the GPU image (paddlepaddle-gpu) or set cluster.workers.gpus=0")
+        raise ConfigError("cluster.workers.gpus", cfg.cluster.workers.gpus, "0 with a CPU build of Paddle",
+                          f"this Paddle {paddle.__version__} is a CPU build: run workers on the GPU image "
+                          "(paddlepaddle-gpu) or set cluster.workers.gpus=0")
     return paddle.CUDAPlace(0)  # the device plugin exposes the pod's GPUs from index 0
 
 
@@ -404,10 +408,23 @@ class Worker:
         }
 
 
+def read_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
+    """The job spec and its validated config; ConfigError when either cannot work."""
+    source = job_path or f"${SPEC_ENV}"
+    try:
+        job = JobSpec.load(job_path)
+        cfg = from_dict(job.config)
+    except (KeyError, ValueError, TypeError, OSError, OmegaConfBaseException) as err:
+        raise ConfigError(source, f"{type(err).__name__}: {err}".strip(),
+                          "a job spec (components.ps.contract.JobSpec) whose config this image's schema reads",
+                          "the launcher and the role's image must be of the same version") from err
+    validate(cfg, check_storage=False)  # storage is reached below, where its errors are not the config's
+    return job, cfg
+
+
 def load_job(job_path: Optional[str]) -> JobSpec:
     """The job spec, with the dataset on local disk and what to restore from after a restart."""
-    job = JobSpec.load(job_path)
-    cfg = from_dict(job.config)
+    job, cfg = read_job(job_path)
     Path(job.workdir).mkdir(parents=True, exist_ok=True)
     data_dir = job.data_dir
     if "://" in data_dir:
@@ -471,4 +488,8 @@ def main(job_path: Optional[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    try:
+        main(sys.argv[1] if len(sys.argv) > 1 else None)
+    except ConfigError as err:
+        print(f"configuration error: {err}", file=sys.stderr, flush=True)
+        sys.exit(CONFIG_ERROR_EXIT)

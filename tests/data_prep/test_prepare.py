@@ -437,3 +437,21 @@ def test_slot_selection_and_unknown_slots(tmp_path):
     with pytest.raises(DataPrepError, match="unknown input format"):
         _prepare_raw(tmp_path, source, fmt="parquet")
     assert CRITEO_SLOTS[0] == "C1"
+
+
+def test_the_plan_fingerprint_changes_when_a_matching_file_is_added_or_rewritten(tmp_path):
+    """What keys the pipeline's prep cache: the same glob over new or rewritten files is not the same plan."""
+    from components.data_prep.prepare import plan_files
+
+    def fingerprint() -> str:
+        return plan_files(uri=str(tmp_path / "day_*.tsv"), fmt="raw", test_fraction=0.3, num_shards=1,
+                          vocab_size=1 << 20, seed=0, max_malformed_fraction=0.0).fingerprint
+
+    (tmp_path / "day_0.tsv").write_text(_raw_line() + "\n")
+    first = fingerprint()
+    assert first == fingerprint()
+    (tmp_path / "day_1.tsv").write_text(_raw_line() + "\n")
+    added = fingerprint()
+    assert added != first
+    (tmp_path / "day_1.tsv").write_text(_raw_line(label="0") + "\n" + _raw_line() + "\n")  # rewritten, larger
+    assert fingerprint() not in (first, added)

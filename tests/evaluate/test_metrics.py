@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 from kfp.dsl import ClassificationMetrics, Metrics
 
-from components.evaluate.metrics import LOGLOSS_EPS, binary_metrics, calibration_bins, roc_curve
-from components.evaluate.report import (log_kfp_metrics, write_reliability_png, write_report, write_report_html,
+from components.evaluate.metrics import LOGLOSS_EPS, binary_metrics, calibration_bins, confusion_matrix, roc_curve
+from components.evaluate.report import (confusion_summary, log_kfp_metrics, write_reliability_png, write_report,
+                                        write_report_html,
                                         write_roc_png)
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -179,6 +180,25 @@ def test_calibration_bins_with_few_rows_and_one_class():
     ]
 
 
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_confusion_matrix_counts_by_hand_and_agrees_with_the_roc_curve(seed):
+    labels, preds = random_tied_data(seed)
+    threshold = 0.45
+    (tn, fp), (fn, tp) = confusion_matrix(labels, preds, threshold)
+    by_hand = [[sum(1 for y, p in zip(labels, preds) if y == actual and (p >= threshold) == predicted)
+                for predicted in (False, True)] for actual in (0, 1)]
+    assert [[tn, fp], [fn, tp]] == by_hand and tn + fp + fn + tp == labels.size
+    # The same rule as the ROC curve's: its point at the lowest threshold >= 0.45 has these rates.
+    fpr, tpr, thresholds = roc_curve(labels, preds, max_points=10_000)
+    at = np.flatnonzero(thresholds >= threshold)[-1]
+    assert (fp / (fp + tn), tp / (tp + fn)) == pytest.approx((fpr[at], tpr[at]))
+
+
+def test_confusion_matrix_refuses_a_threshold_that_is_not_a_probability():
+    with pytest.raises(ValueError, match="threshold"):
+        confusion_matrix([0, 1], [0.2, 0.8], 1.0)
+
+
 @pytest.fixture
 def evaluated():
     labels, preds = random_tied_data(1, size=2000)
@@ -277,6 +297,28 @@ def test_log_kfp_metrics_fills_real_artifacts(tmp_path, evaluated):
     assert points[-1]["recall"] == 1.0 and points[-1]["falsePositiveRate"] == 1.0
     assert [p["confidenceThreshold"] for p in points[1:]] == thresholds[1:].tolist()
     assert all(math.isfinite(value) for p in points for value in p.values())
+
+
+def test_the_confusion_matrix_reaches_the_kfp_artifact_and_the_report(tmp_path, evaluated):
+    metrics, (fpr, tpr, thresholds), _ = evaluated
+    labels, preds = random_tied_data(1, size=2000)
+    confusion = confusion_summary(confusion_matrix(labels, preds, 0.5), 0.5, "eval.threshold")
+    classification = ClassificationMetrics(name="c", uri=str(tmp_path / "c"))
+    log_kfp_metrics(Metrics(name="m", uri=str(tmp_path / "m")), classification, metrics, fpr, tpr, thresholds,
+                    confusion)
+    logged = classification.metadata["confusionMatrix"]
+    assert [c["displayName"] for c in logged["annotationSpecs"]] == ["no click", "click"]
+    assert [row["row"] for row in logged["rows"]] == confusion["matrix"]
+    assert classification.metadata["confusionMatrixThreshold"] == 0.5
+    assert len(classification.metadata["confidenceMetrics"]) == fpr.size  # the ROC curve beside it
+
+    (tn, fp), (fn, tp) = confusion["matrix"]
+    assert confusion["precision"] == tp / (tp + fp) and confusion["recall"] == tp / (tp + fn)
+    write_report(tmp_path / "report.md", metrics, title="t", confusion=confusion)
+    text = (tmp_path / "report.md").read_text()
+    assert "## Confusion matrix at threshold 0.5000 (eval.threshold)" in text
+    assert f"| Actual click | {fn:,} | {tp:,} |" in text and f"| Actual no click | {tn:,} | {fp:,} |" in text
+    assert "![ROC curve]" not in text  # no image to link: the KFP Markdown artifact's form
 
 
 def test_log_kfp_metrics_rejects_non_finite_metric(tmp_path):

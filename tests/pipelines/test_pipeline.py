@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -27,8 +28,9 @@ from components.checkpoint.pointer import fetch_for_scoring, read_pointer
 from components.checkpoint.store import CheckpointStore
 from pipelines.ctr import run
 from pipelines.local import PipelineRunError, step_error
-from pipelines.pipeline import DEPENDENCIES, PREP_LOOP, TASKS, compile_pipeline
+from pipelines.pipeline import DEPENDENCIES, EXPORT_GATE, PREP_LOOP, TASKS, compile_pipeline
 from tests.conftest import CRITEO, compose_config, needs_criteo, score_serving_model
+from tests.pipelines.spec import pipeline_tasks
 
 
 
@@ -39,17 +41,22 @@ def _spec(tmp_path, *overrides) -> pipeline_spec_pb2.PipelineSpec:
     return json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
 
 
-def test_pipeline_compiles_with_data_prep_fanned_out(tmp_path):
-    spec = _spec(tmp_path, "data.prep_parallelism=4")
+def test_pipeline_compiles_with_data_prep_fanned_out_and_export_gated(tmp_path):
+    spec = _spec(tmp_path, "data.prep_parallelism=4", "eval.min_auc=0.72")
     tasks = spec.root.dag.tasks
-    assert set(tasks) == set(DEPENDENCIES) == set(TASKS) - {"convert-data"} | {PREP_LOOP}
+    assert set(tasks) == set(DEPENDENCIES)
+    assert set(pipeline_tasks(spec)) == set(TASKS)
     # resolve-config feeds every step but the fan-out; plan-data -> (convert-data per group) -> merge-data ->
-    # train -> evaluate-model, and export-model beside evaluation: it needs only the checkpoint.
+    # train -> evaluate-model -> export-model once the evaluation passed its gate.
     for i, name in enumerate(DEPENDENCIES):  # DEPENDENCIES is a topological order
         assert set(DEPENDENCIES[name]) == set(tasks[name].dependent_tasks) <= set(list(DEPENDENCIES)[:i]), name
     for name in ("plan-data", "train", "evaluate-model", "export-model"):
-        config = tasks[name].inputs.parameters["config"].task_output_parameter
-        assert (config.producer_task, config.output_parameter_key) == ("resolve-config", "Output"), name
+        task, group = pipeline_tasks(spec)[name]
+        config = task.inputs.parameters["config"]
+        if group is not None:  # inside the gate: passed on by its group
+            config = group.inputs.parameters[config.component_input_parameter]
+        producer = config.task_output_parameter
+        assert (producer.producer_task, producer.output_parameter_key) == ("resolve-config", "Output"), name
     loop = tasks[PREP_LOOP]
     assert loop.iterator_policy.parallelism_limit == 4
     assert loop.parameter_iterator.items.input_parameter == "pipelinechannel--plan-data-Output"
@@ -57,8 +64,15 @@ def test_pipeline_compiles_with_data_prep_fanned_out(tmp_path):
     assert set(inner) == {"convert-data"} and set(inner["convert-data"].inputs.parameters) == {"group"}
     parts = tasks["merge-data"].inputs.artifacts["parts"].task_output_artifact
     assert (parts.producer_task, parts.output_artifact_key) == (PREP_LOOP, "pipelinechannel--convert-data-parts")
-    assert not tasks["plan-data"].caching_options.enable_cache  # it lists the input, which changes between runs
-    assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report", "serving_model"}
+    # plan-data lists the input, which changes between runs: never cached; what follows it is cached on its plan,
+    # whose fingerprint covers the input files.
+    assert not tasks["plan-data"].caching_options.enable_cache and tasks["merge-data"].caching_options.enable_cache
+    gate = tasks[EXPORT_GATE]
+    assert gate.trigger_policy.condition == \
+        "inputs.parameter_values['pipelinechannel--evaluate-model-Output'] >= 0.72"
+    source = gate.inputs.parameters["pipelinechannel--evaluate-model-Output"].task_output_parameter
+    assert (source.producer_task, source.output_parameter_key) == ("evaluate-model", "Output")  # the test AUC
+    assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report"}
 
 
 def test_run_parameters_default_to_the_composed_config(tmp_path):
@@ -204,6 +218,8 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     assert "confidenceMetrics" not in out and "outputs:" not in out  # so are the tasks' artifact listings
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["checkpoint"]["uri"] == str(run_dir / "checkpoint")
     assert "Training" in (run_dir / "report.md").read_text()  # the train step's summary reached the report
+    assert "## Confusion matrix at threshold" in (run_dir / "report.md").read_text()
+    assert re.search(rf"serving model +{re.escape(str(run_dir / 'serving_model'))}\n", out)
     # The exported serving model scores the test split as the evaluated checkpoint does.
     data_dir = next((run_dir / "kfp").rglob("stats.json")).parent
     served = score_serving_model(run_dir / "serving_model", data_dir)
@@ -233,10 +249,77 @@ def test_local_pipeline_on_real_criteo_format(tmp_path):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     dataset = next((run_dir / "kfp").rglob("stats.json")).parent
     stats = json.loads((dataset / "stats.json").read_text())
-    assert stats["format"] == "raw" and stats["rows"]["train"] + stats["rows"]["test"] == 100
+    assert stats["format"] == "raw" and sum(stats["rows"].values()) == 100
     assert metrics["count"] == stats["rows"]["test"] and objective == metrics["auc"]
     parts = {p.parent.parent for p in (run_dir / "kfp").rglob("unit-*/result.json")}
     assert len(parts) == 2  # each convert task of the fan-out converted one file
     prepare_dataset(config_struct(from_dict(compose_config(tmp_path / "one", *overrides))), str(tmp_path / "one"))
-    for rel in [*stats["shards"]["train"], *stats["shards"]["test"]]:
+    for rel in [rel for split in ("train", "valid", "test") for rel in stats["shards"][split]]:
         assert (tmp_path / "one" / rel).read_bytes() == (dataset / rel).read_bytes(), rel
+
+
+def test_prep_cache_reuses_a_dataset_only_for_the_same_input_files(tmp_path):
+    """kfp.local with its cache on, the prep steps wired as the pipeline wires them (checked on the compiled
+    pipeline above): the same glob over new files is prepared anew, not served stale."""
+    from kfp import dsl, local
+    from kfp.dsl import Dataset
+
+    data = tmp_path / "data"
+    data.mkdir()
+
+    def write_day(day: int, rows: int) -> None:
+        (data / f"day_{day}.tsv").write_text("".join(
+            "\t".join([str(i % 2)] + [str(i)] * 13 + [f"{i:08x}"] * 26) + "\n" for i in range(rows)))
+
+    cfg = from_dict(compose_config(tmp_path, "experiment=tiny", "data=criteo", f"data.uri={data}/day_*.tsv",
+                                   "data.test_fraction=0.4"))
+
+    @dsl.pipeline(name="prep-cache")
+    def prep_only() -> Dataset:
+        planned = plan_data(config=config_struct(cfg))
+        planned.set_caching_options(False)
+        with dsl.ParallelFor(planned.output) as group:
+            converted = convert_data(group=group)
+        return merge_data(groups=planned.output, parts=dsl.Collected(converted.outputs["parts"])).outputs["dataset"]
+
+    local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"),
+               enable_caching=True, cache_root=str(tmp_path / "cache"))
+
+    def prepared():
+        dataset = prep_only().output
+        return dataset.uri, dataset.metadata
+
+    write_day(0, 40)
+    first_uri, first = prepared()
+    again_uri, again = prepared()
+    assert again_uri == first_uri and again == first  # the cache hit: nothing changed
+    write_day(1, 20)  # the same glob now matches one more file
+    new_uri, new = prepared()
+    assert new_uri != first_uri
+    assert sum(first["rows"].values()) == 40 and sum(new["rows"].values()) == 60
+
+
+def _executor_output(run_dir: Path, task: str) -> dict:
+    (path,) = (run_dir / "kfp").glob(f"ctr-ps-training-*/{task}/executor_output.json")
+    return json.loads(path.read_text())
+
+
+def test_a_local_run_below_min_auc_shows_the_confusion_matrix_and_skips_the_export(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    objective = run(compose_config(run_dir, "experiment=tiny", "eval.min_auc=0.99", "eval.threshold=0.3"))
+    out = capsys.readouterr().out
+    assert objective < 0.99
+    assert evaluate_model.component_spec.outputs["roc"].type.startswith("system.ClassificationMetrics")
+    roc = _executor_output(run_dir, "evaluate-model")["artifacts"]["roc"]["artifacts"][0]
+    confusion = roc["metadata"]["confusionMatrix"]
+    assert [c["displayName"] for c in confusion["annotationSpecs"]] == ["no click", "click"]
+    counts = [row["row"] for row in confusion["rows"]]
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert sum(map(sum, counts)) == metrics["count"] and counts[1][0] + counts[1][1] == metrics["positives"]
+    assert roc["metadata"]["confusionMatrixThreshold"] == 0.3 and roc["metadata"]["confidenceMetrics"]
+    markdown = _executor_output(run_dir, "evaluate-model")["artifacts"]["report_markdown"]["artifacts"][0]
+    assert "## Confusion matrix at threshold 0.3000 (eval.threshold)" in Path(markdown["uri"]).read_text()
+    # The gate: no export task ran, no serving model, and the summary says why.
+    assert not list((run_dir / "kfp").glob("ctr-ps-training-*/export-model"))
+    assert not (run_dir / "serving_model").exists()
+    assert re.search(rf"serving model +not exported: test AUC {objective:.4f} < eval.min_auc 0.99\n", out)

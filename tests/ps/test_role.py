@@ -1,6 +1,10 @@
-"""What a role process does before Paddle starts: the pod's copy of the dataset."""
+"""What a role process does before Paddle starts: the pod's copy of the dataset, the configuration error status."""
 
+import pytest
+
+from components.config import to_dict
 from components.data_prep.prepare import prepare_synthetic
+from components.ps.contract import CONFIG_ERROR_EXIT, SPEC_ENV, JobSpec
 from components.ps.role import fetch_dataset
 
 
@@ -18,3 +22,37 @@ def test_a_pod_fetches_the_dataset_files_its_role_reads(tmp_path, monkeypatch):
     assert fetched == sorted(stats["shards"]["train"][1::2])
     for rel in fetched:
         assert (worker / rel).read_bytes() == (tmp_path / "remote" / rel).read_bytes()
+
+
+def _role(tmp_path, spec: str):
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT), SPEC_ENV: spec, "TRAINING_ROLE": "TRAINER"}
+    return subprocess.run([sys.executable, "-m", "components.ps.role"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=120)
+
+
+def _spec(config: dict, tmp_path) -> str:
+    return JobSpec(config=config, data_dir=str(tmp_path / "data"), workdir=str(tmp_path / "work"),
+                   staging_dir=str(tmp_path / "staging")).to_json()
+
+
+@pytest.mark.parametrize("case", ["invalid value", "unknown key", "not a job spec"])
+def test_a_role_whose_config_cannot_work_exits_with_the_config_error_status(tmp_path, config, case):
+    """Before it touches storage or starts Paddle: the launchers then fail the job at once, naming the reason."""
+    good = to_dict(config())
+    if case == "invalid value":
+        spec, reason = _spec({**good, "ps": {**good["ps"], "workers": 0}}, tmp_path), "config key 'ps.workers'"
+    elif case == "unknown key":
+        spec, reason = _spec({**good, "ps": {**good["ps"], "wrokers": 2}}, tmp_path), "Key 'wrokers' not in 'PsConfig'"
+    else:
+        spec, reason = "{not json", f"config key '${SPEC_ENV}'"
+    proc = _role(tmp_path, spec)
+    assert proc.returncode == CONFIG_ERROR_EXIT, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("configuration error: ") and reason in line
+    assert not (tmp_path / "work").exists()  # nothing fetched or written

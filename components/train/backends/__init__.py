@@ -2,7 +2,7 @@
 with the same environment (:func:`components.ps.contract.role_env`).
 
 * :mod:`~components.train.backends.local`: processes of this machine (``cluster.backend=local``);
-* :mod:`~components.train.backends.kubernetes`: a JobSet or PaddleJob created from the train step's pod, built
-  by :mod:`~components.train.backends.manifests` (pure functions);
+* :mod:`~components.train.backends.kubernetes`: a TrainJob (with its TrainingRuntime), JobSet or PaddleJob created
+  from the train step's pod, built by :mod:`~components.train.backends.manifests` (pure functions);
 * :mod:`~components.train.backends.docker_compose`: a compose file for one host (not run by the pipeline).
 """

@@ -1,15 +1,23 @@
-"""Runs a PS job on Kubernetes (``cluster.backend`` jobset | paddlejob) from inside the train step's pod.
+"""Runs a PS job on Kubernetes (``cluster.backend`` trainjob | jobset | paddlejob) from inside the train step's pod.
 
-The step creates the job's objects (:mod:`components.train.backends.manifests`: a NetworkPolicy, then the JobSet
-or PaddleJob), streams worker 0's log into its own output and ``logs/worker-0.log`` (progress, epochs and
-checkpoints are the events the local backend echoes), waits for the job's outcome and always deletes
-what it created: after success, after failure, and when the run is cancelled (Kubeflow sends the step's
-pod SIGTERM) or interrupted. The objects also carry an ownerReference to the step's pod, so they are
-garbage-collected even if the step is killed outright.
+The step creates the job's objects (:mod:`components.train.backends.manifests`: a NetworkPolicy, then a
+TrainingRuntime and its TrainJob, a JobSet or a PaddleJob), streams worker 0's log into its own output and
+``logs/worker-0.log`` (progress, epochs and checkpoints are the events the local backend echoes), waits for the
+job's outcome and always deletes what it created: after success, after failure, and when the run is cancelled
+(Kubeflow sends the step's pod SIGTERM) or interrupted. The objects also carry an ownerReference to the step's
+pod, so they are garbage-collected even if the step is killed outright.
 
-Restarts: a JobSet restarts the whole job itself (``failurePolicy.maxRestarts``); a PaddleJob has no such
-policy, so a failed one is deleted and created again under a new name, up to ``cluster.max_restarts``
-times. Either way the roles resume from the latest committed checkpoint (``PS_RESTART_ATTEMPT``).
+Restarts: a JobSet (under a TrainJob too) restarts the whole job itself (``failurePolicy``): up to
+``cluster.max_restarts`` times, without counting a restart after the cluster disrupted a pod (preemption,
+eviction), and not at all after a role's configuration error. A PaddleJob has no such policy, so the launcher
+applies the same rules: a failed one is deleted and created again under a new name. Either way the roles resume
+from the latest committed checkpoint (``PS_RESTART_ATTEMPT``).
+
+A TrainJob or JobSet waiting in a Kueue queue (suspended) is not failing to start: ``cluster.start_timeout_s``
+counts from its admission.
+
+The step's pod runs as a plain account; the launcher acts as ``cluster.service_account`` through that account's
+token, mounted at :data:`~components.train.backends.manifests.LAUNCHER_TOKEN_DIR` into the train step only.
 """
 
 from __future__ import annotations
@@ -29,6 +37,7 @@ from urllib3.exceptions import HTTPError
 
 from components.checkpoint.restore import restart_target
 from components.config import ClusterBackend, is_remote_uri
+from components.ps.contract import CONFIG_ERROR_EXIT
 from components.train.backends import manifests
 from components.train.job import EventLog, JobResult, PreparedJob, PsJobError
 
@@ -54,19 +63,30 @@ class JobCancelled(RuntimeError):
 class KubeApis:
     """The API clients the launcher calls (injected in tests)."""
 
-    custom: Any  # CustomObjectsApi: JobSet, PaddleJob
+    custom: Any  # CustomObjectsApi: TrainingRuntime, TrainJob, JobSet, PaddleJob
     core: Any  # CoreV1Api: pods and their logs
     networking: Any  # NetworkingV1Api: NetworkPolicy
 
     @classmethod
-    def from_environment(cls) -> "KubeApis":
+    def from_environment(cls, token_dir: str = manifests.LAUNCHER_TOKEN_DIR) -> "KubeApis":
+        """Clients acting as the launcher account whose token is mounted at ``token_dir``; without one, as the
+        pod's own service account, else as the kubeconfig's user (a developer's machine)."""
         from kubernetes import client, config
+        from kubernetes.config.incluster_config import InClusterConfigLoader
 
+        configuration = client.Configuration()
+        token = Path(token_dir) / "token"
         try:
-            config.load_incluster_config()  # inside the step's pod: its service account
+            if token.is_file():
+                InClusterConfigLoader(token_filename=str(token), cert_filename=str(Path(token_dir) / "ca.crt")
+                                      ).load_and_set(configuration)
+            else:
+                config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
-            config.load_kube_config()  # a developer's machine
-        return cls(custom=client.CustomObjectsApi(), core=client.CoreV1Api(), networking=client.NetworkingV1Api())
+            config.load_kube_config(client_configuration=configuration)
+        api = client.ApiClient(configuration)
+        return cls(custom=client.CustomObjectsApi(api), core=client.CoreV1Api(api),
+                   networking=client.NetworkingV1Api(api))
 
 
 # Built-in kinds go through their typed API: (KubeApis field, method suffix). Every other kind is a custom resource.
@@ -93,7 +113,7 @@ class KubeObject:
 
     def _custom_resource(self) -> tuple[str, str, str, str]:
         group, version = self.api_version.split("/")
-        return group, version, self.namespace, self.kind.lower() + "s"  # the plural of JobSet and PaddleJob
+        return group, version, self.namespace, self.kind.lower() + "s"  # the plural of each job kind
 
     def _typed(self, apis: KubeApis, verb: str) -> Optional[Callable]:
         if self.custom:
@@ -136,17 +156,45 @@ class Outcome:
     detail: str
 
 
-def _jobset_outcome(status: dict) -> Optional[Outcome]:
-    for condition in status.get("conditions") or []:
-        if condition.get("status") == "True" and condition.get("type") in ("Completed", "Failed"):
-            detail = ": ".join(filter(None, (condition.get("reason"), condition.get("message"))))
-            return Outcome(condition["type"] == "Completed", detail or condition["type"])
-    return None
+def _true_condition(status: dict, kind: str) -> Optional[dict]:
+    return next((c for c in status.get("conditions") or [] if c.get("type") == kind and c.get("status") == "True"),
+                None)
+
+
+def _condition_detail(condition: dict) -> str:
+    return ": ".join(filter(None, (condition.get("reason"), condition.get("message")))) or condition["type"]
+
+
+def _conditions_outcome(succeeded: str) -> Callable[[dict], Optional[Outcome]]:
+    """The outcome of a kind whose ``succeeded`` or ``Failed`` condition ends it."""
+    def outcome(status: dict) -> Optional[Outcome]:
+        for kind in (succeeded, "Failed"):
+            condition = _true_condition(status, kind)
+            if condition:
+                return Outcome(kind == succeeded, _condition_detail(condition))
+        return None
+
+    return outcome
+
+
+def _suspended(status: dict) -> bool:
+    """Suspended, as Kueue keeps a TrainJob or JobSet until its queue admits it."""
+    return _true_condition(status, "Suspended") is not None
+
+
+def _suspension(status: dict) -> str:
+    """A TrainJob's or JobSet's state while suspended, else ''. A TrainJob's status tells no restarts: worker 0's
+    log shows them (a new pod that resumes from a checkpoint)."""
+    suspended = _true_condition(status, "Suspended")
+    return f"suspended, waiting to be admitted ({_condition_detail(suspended)})" if suspended else ""
 
 
 def _jobset_state(status: dict) -> str:
-    restarts = int(status.get("restarts") or 0)
-    return f"restarted {restarts} time(s); the roles resume from the latest checkpoint" if restarts else ""
+    restarts, counted = int(status.get("restarts") or 0), int(status.get("restartsCountTowardsMax") or 0)
+    if _suspended(status) or not restarts:
+        return _suspension(status)
+    uncounted = f", {restarts - counted} after a disruption (not counted)" if restarts > counted else ""
+    return f"restarted {restarts} time(s){uncounted}; the roles resume from the latest checkpoint"
 
 
 # paddle-operator's PaddleJobPhase values that end a job.
@@ -169,12 +217,14 @@ def _paddlejob_state(status: dict) -> str:
 class _BackendRules:
     outcome: Callable[[dict], Optional[Outcome]]  # None while the job runs
     state: Callable[[dict], str]  # a short status line, echoed when it changes
+    queued: Callable[[dict], bool]  # waiting for admission: not failing to start
     relaunch: bool  # the launcher recreates a failed job: the kind restarts nothing itself
 
 
 _RULES = {
-    ClusterBackend.jobset: _BackendRules(_jobset_outcome, _jobset_state, relaunch=False),
-    ClusterBackend.paddlejob: _BackendRules(_paddlejob_outcome, _paddlejob_state, relaunch=True),
+    ClusterBackend.trainjob: _BackendRules(_conditions_outcome("Complete"), _suspension, _suspended, relaunch=False),
+    ClusterBackend.jobset: _BackendRules(_conditions_outcome("Completed"), _jobset_state, _suspended, relaunch=False),
+    ClusterBackend.paddlejob: _BackendRules(_paddlejob_outcome, _paddlejob_state, lambda status: False, relaunch=True),
 }
 
 
@@ -303,9 +353,7 @@ class KubernetesJob:
         if not is_remote_uri(data_uri):
             raise ValueError(f"cluster.backend={cfg.cluster.backend.value} needs the prepared dataset at a remote "
                              f"fsspec URL the pods can read (s3://...), got {data_uri!r}")
-        # KFP on MinIO names artifacts minio://bucket/...: the same object through fsspec's S3 (the endpoint
-        # comes from the storage secret's AWS_ENDPOINT_URL).
-        data_uri = str(data_uri).replace("minio://", "s3://", 1)
+        data_uri = manifests.pod_data_uri(str(data_uri))
         self.job, self.cfg, self.data_uri, self.echo, self.poll_s = job, cfg, data_uri, echo, poll_s
         self.log_dir = Path(log_dir)
         self.rules = _RULES[cfg.cluster.backend]
@@ -348,21 +396,31 @@ class KubernetesJob:
                          checkpoints=self.events.checkpoints, restored_from=self.job.restore, plan=self.job.plan)
 
     def _run_attempts(self, follower: Worker0Log) -> None:
+        """Run the job; a kind that restarts nothing itself is created again after a failure (what JobSet's
+        failurePolicy does): up to ``max_restarts`` times, after a disruption without counting, after a
+        configuration error not at all."""
         attempts = self.cfg.cluster.max_restarts + 1 if self.rules.relaunch else 1
+        counted, launch = 0, 0
         self._announce()
-        for attempt in range(attempts):
-            job = self._create(attempt)
+        while True:
+            job = self._create(launch)
             follower.selector = manifests.worker0_selector(self.cfg, job.name)
             outcome = self._wait(job)
             if outcome.succeeded:
                 self.echo(f"{job} succeeded ({outcome.detail})")
                 return
-            failure = self._failure(job, outcome)
-            if attempt + 1 == attempts:
+            failed = self._failed_pods(job)
+            failure = self._failure(job, outcome, failed)
+            disrupted = failed is not None and any(map(_disrupted, failed))
+            counted += not disrupted
+            if (not self.rules.relaunch or counted == attempts
+                    or (failed is not None and any(map(_config_error, failed)))):
                 raise failure
-            resume = restart_target(self.job.store, self.job.restore, attempt + 1, self.cfg.table.shard_num)
-            self.echo(f"{failure}\n{job} failed (attempt {attempt + 1} of {attempts}); creating it again, "
-                      f"starting from {resume.id if resume else 'scratch'}")
+            launch += 1
+            resume = restart_target(self.job.store, self.job.restore, launch, self.cfg.table.shard_num)
+            why = ("was disrupted by the cluster (not counted)" if disrupted
+                   else f"failed (attempt {counted} of {attempts})")
+            self.echo(f"{failure}\n{job} {why}; creating it again, starting from {resume.id if resume else 'scratch'}")
             self._delete_created()
 
     def _announce(self) -> None:
@@ -392,8 +450,6 @@ class KubernetesJob:
         errors, shown = 0, ""
         since, started = time.time(), False
         while True:
-            if not started:
-                started = self._check_started(job, since)
             try:
                 status = job.status(self.apis)
                 errors = 0
@@ -409,10 +465,14 @@ class KubernetesJob:
                 outcome = self.rules.outcome(status)
                 if outcome is not None:
                     return outcome
+                if self.rules.queued(status):
+                    since = time.time()  # waiting for quota is not failing to start
                 state = self.rules.state(status)
                 if state and state != shown:
                     self.echo(f"{job}: {state}")
                     shown = state
+            if not started:
+                started = self._check_started(job, since)
             time.sleep(self.poll_s)
 
     def _check_started(self, job: KubeObject, since: float) -> bool:
@@ -432,25 +492,37 @@ class KubernetesJob:
                                        f"(cluster.start_timeout_s): " + "; ".join(reasons))
         return False
 
-    def _failure(self, job: KubeObject, outcome: Outcome) -> PsJobError:
-        """The error naming the pod that failed first, quoting the last lines of its log."""
+    def _failed_pods(self, job: KubeObject) -> Optional[list]:
+        """The job's failed pods, the first to fail first; None when they cannot be listed."""
         try:
             pods = self.apis.core.list_namespaced_pod(self.namespace,
                                                       label_selector=manifests.job_pods_selector(job.name),
                                                       _request_timeout=REQUEST_TIMEOUT_S).items
         except (ApiException, HTTPError) as err:
+            self.echo(f"warning: the pods of {job} cannot be listed: {_api_reason(err, None)}")
+            return None
+        return sorted((p for p in pods if _pod_failure(p)), key=_failed_at)
+
+    def _failure(self, job: KubeObject, outcome: Outcome, failed: Optional[list]) -> PsJobError:
+        """The error naming the pod that failed first, quoting the last lines of its log."""
+        if failed is None:
             return PsJobError(job.name, f"PS job {job.name}: {job} failed ({outcome.detail}); its pods cannot be "
-                                        f"listed: {_api_reason(err, None)}")
-        failed = sorted((p for p in pods if _pod_failure(p)), key=_failed_at)
+                                        "listed")
         if not failed:
             return PsJobError(job.name, f"PS job {job.name}: {job} failed ({outcome.detail}); no failed pod is left "
                                         "to name")
         first = failed[0]
-        role = _role_name(first, job.name)
-        others = ", ".join(_role_name(p, job.name) for p in failed[1:])
+        role = self._role_name(first)
+        others = ", ".join(self._role_name(p) for p in failed[1:])
         return PsJobError(role, f"PS job {job.name}: {role} (pod {first.metadata.name}) {_pod_failure(first)} "
                                 f"[{job}: {outcome.detail}]" + (f"; also failed: {others}" if others else "")
                           + f". Last lines of its log:\n{self._log_tail(first)}")
+
+    def _role_name(self, pod: Any) -> str:
+        """``server-1`` / ``worker-0`` from the pod's role label and index; else the pod's name."""
+        role = (pod.metadata.labels or {}).get(manifests.ROLE_LABEL)
+        index = manifests.pod_index(self.cfg, pod.metadata.name, pod.metadata.labels or {})
+        return f"{role}-{index}" if role and index and index.isdigit() else pod.metadata.name
 
     def _log_tail(self, pod: Any) -> str:
         try:
@@ -499,19 +571,43 @@ def _api_reason(err: Exception, obj: Optional[KubeObject]) -> str:
         return f"{type(err).__name__}: {err}"
     reason = f"HTTP {err.status} {err.reason}"
     if err.status == 403:
-        return f"{reason}: the step's service account (cluster.service_account) lacks manifests.launcher_rbac"
+        return (f"{reason}: the launcher account (cluster.service_account, whose token the train step mounts) lacks "
+                "what the run directory's k8s/rbac.yaml grants")
     if err.status == 404 and obj is not None and obj.custom:
         return (f"{reason}: no {obj.kind} API ({obj.api_version}) in the cluster (is its CRD installed?) "
                 f"or no namespace {obj.namespace}")
     return reason
 
 
+def _disruption(pod: Any) -> Optional[Any]:
+    """The pod's DisruptionTarget condition: the cluster stopped it (preemption, eviction, node drain)."""
+    conditions = (pod.status.conditions or []) if pod.status else []
+    return next((c for c in conditions if c.type == "DisruptionTarget" and c.status == "True"), None)
+
+
+def _disrupted(pod: Any) -> bool:
+    return _disruption(pod) is not None
+
+
+def _config_error(pod: Any) -> bool:
+    """A container exited with the PS contract's configuration-error status: no restart can mend it."""
+    statuses = (pod.status.container_statuses or []) if pod.status else []
+    return any(s.state and s.state.terminated and s.state.terminated.exit_code == CONFIG_ERROR_EXIT for s in statuses)
+
+
 def _pod_failure(pod: Any) -> Optional[str]:
     """How a pod failed (a container exited non-zero, or the pod failed, e.g. evicted); None if it did not."""
+    disruption = _disruption(pod)
+    disrupted = (f"; the cluster disrupted it ({': '.join(filter(None, (disruption.reason, disruption.message)))})"
+                 if disruption else "")
     for status in (pod.status.container_statuses or []) if pod.status else []:
         terminated = status.state.terminated if status.state else None
         if terminated is not None and terminated.exit_code != 0:
-            return f"exited with code {terminated.exit_code}" + (f" ({terminated.reason})" if terminated.reason else "")
+            cause = " (a configuration error: restarting cannot mend it)" if _config_error(pod) else (
+                f" ({terminated.reason})" if terminated.reason else "")
+            return f"exited with code {terminated.exit_code}{cause}{disrupted}"
+    if disruption:
+        return disrupted[2:]
     if pod.status and pod.status.phase == "Failed":
         return f"failed: {pod.status.reason or 'unknown reason'}" + (f": {pod.status.message}" if pod.status.message else "")
     return None
@@ -535,12 +631,3 @@ def _failed_at(pod: Any) -> Any:
     times = [s.state.terminated.finished_at for s in (pod.status.container_statuses or [])
              if s.state and s.state.terminated and s.state.terminated.finished_at]
     return min(times) if times else pod.metadata.creation_timestamp
-
-
-def _role_name(pod: Any, job_name: str) -> str:
-    """``server-1`` / ``worker-0`` from the pod's role label and its name (``<job>-<ps|worker>-<i>[-...]``)."""
-    role = (pod.metadata.labels or {}).get(manifests.ROLE_LABEL)
-    parts = pod.metadata.name[len(job_name) + 1:].split("-")
-    if role and pod.metadata.name.startswith(job_name + "-") and len(parts) > 1 and parts[1].isdigit():
-        return f"{role}-{parts[1]}"
-    return pod.metadata.name

@@ -1,7 +1,15 @@
 """The Kubernetes objects of a PS job: pure functions from the config to manifests (plain dicts).
 
-Two backends fan the job out to pods:
+Three backends fan the job out to pods:
 
+* ``trainjob`` (Kubeflow Trainer v2, ``trainer.kubeflow.org/v1alpha1``): a TrainingRuntime of this job, whose
+  ``spec.template.spec`` is a JobSet spec holding a ``ps`` replicated job of server pods and the trainer-ancestor
+  ``node`` job of worker pods (each one Indexed Job), and a TrainJob referencing it with ``numNodes`` = workers,
+  ``resourcesPerNode`` and the workers' env. Trainer builds a JobSet of the same name from them, so pods are named
+  ``<job>-<ps|node>-0-<i>.<job>`` and the job behaves as the ``jobset`` one below. Trainer's admission webhook
+  requires the trainer-ancestor job to have ``replicas: 1`` and a container named ``node``, and Trainer gives
+  the TrainJob's ``numNodes``, env and resources to that job only (and to any container named ``node``, so the
+  servers' container is ``server``).
 * ``jobset`` (kubernetes-sigs JobSet ``v1alpha2``): a ``ps`` replicated job of CPU server pods and a
   ``worker`` replicated job of (GPU) worker pods. Pods get stable DNS names
   ``<job>-<ps|worker>-<i>-0.<job>``, so the Paddle environment is computed up front by the same
@@ -13,44 +21,87 @@ Two backends fan the job out to pods:
   ``intranet: Service``; the operator names pods ``<job>-<ps|worker>-<i>``, gives each a headless service
   on ports 36000-36019 and sets POD_IP (the pod name) and PADDLE_TRAINER_ID itself.
 
-Security: pods run as non-root without privilege escalation or capabilities and without an API token;
-credentials arrive only as ``secretKeyRef`` variables; images are pinned by digest when one is given; a
-NetworkPolicy admits the PS ports only from the job's own pods; ``cluster.mesh_encryption`` labels the
-pods for Istio's ambient mode (ztunnel mTLS without sidecars, which would keep Jobs from completing).
+Preemption is not failure (``trainjob``, ``jobset``): each Job's ``podFailurePolicy`` fails it at once, with a
+message naming the cause, when a pod exits with the contract's configuration-error status or is disrupted by the
+cluster (the ``DisruptionTarget`` condition: preemption, eviction, node drain); the JobSet's
+``failurePolicy.rules`` then fail the whole job for the first and restart it without using up
+``cluster.max_restarts`` for the second. Any other failure restarts it and counts.
+
+Security and multi-user namespaces: pods run as non-root without privilege escalation or capabilities and
+without an API token; credentials arrive only as ``secretKeyRef`` variables; images are pinned by digest when
+one is given and pulled with ``cluster.image_pull_secrets``; a NetworkPolicy admits the PS ports only from the
+job's own pods; the pods opt out of Istio sidecar injection (a sidecar keeps a Job's pod from completing) unless
+``cluster.mesh_encryption`` puts them in Istio's ambient mode (ztunnel mTLS without sidecars); a
+``cluster.queue_name`` puts the TrainJob or JobSet in a Kueue queue.
 """
 
 from __future__ import annotations
 
 from typing import Optional
 
-from components.config import ClusterBackend, CtrConfig, PodConfig
-from components.ps.contract import (INDEX_ENV, RESTART_ENV, SPEC_ENV, ClusterLayout, Role, host_layout,
-                                    ready_probe_command, role_env)
-from components.train.job import PreparedJob
+from components.config import ClusterBackend, ClusterConfig, CtrConfig, PodConfig, to_dict
+from components.ps.contract import (CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, ClusterLayout, JobSpec, Role,
+                                    host_layout, ready_probe_command, role_env)
+from components.train.job import PreparedJob, planned_config
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 PADDLEJOB_API = "batch.paddlepaddle.org/v1"
+TRAINER_GROUP = "trainer.kubeflow.org"
+TRAINER_API = f"{TRAINER_GROUP}/v1alpha1"
 # paddle-operator exposes PADDLE_PORT .. PADDLE_PORT+19 on each pod's service and serves gloo at +18.
 PADDLEJOB_PORT = 36000
 GLOO_PORT_OFFSET = 18
 JOB_LABEL = "ctr-ps.paddle/job"
 ROLE_LABEL = "ctr-ps.paddle/role"
 SCRATCH = "/scratch"  # an emptyDir: workdir, staged table shards, the pod's copy of its data shards
+WORKDIR, STAGING = f"{SCRATCH}/work", f"{SCRATCH}/staging"
 REPLICATED_JOB = {Role.SERVER: "ps", Role.WORKER: "worker"}
-# The pod annotations JobSet sets, read through the downward API.
+# Kubeflow Trainer patches the replicated job labelled as the trainer ancestor from the TrainJob; its webhook
+# requires that job to have replicas: 1 and a container named "node" (pkg/webhooks/trainingruntime_webhook.go).
+TRAINER_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+TRAINER_ANCESTOR = "trainer"
+TRAINER_NODE = "node"
+TRAINER_REPLICATED_JOB = {Role.SERVER: "ps", Role.WORKER: TRAINER_NODE}
+# The pod annotations JobSet (under a TrainJob too) and an Indexed Job set, read through the downward API.
 JOBSET_INDEX_FIELD = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
 JOBSET_RESTART_FIELD = "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"
+COMPLETION_INDEX_FIELD = "metadata.annotations['batch.kubernetes.io/job-completion-index']"
+COMPLETION_INDEX_LABEL = "batch.kubernetes.io/job-completion-index"
+# Istio injects no sidecar into a pod with this label "false"; a sidecar keeps a Job's pod from completing.
+SIDECAR_INJECT_LABEL = "sidecar.istio.io/inject"
+KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# The Job failure messages of the Kubernetes job controller's podFailurePolicy FailJob rules
+# (pkg/controller/job/pod_failure_policy.go), which JobSet's failurePolicy.rules match (RE2 patterns).
+CONFIG_ERROR_MESSAGE = f"failed with exit code {CONFIG_ERROR_EXIT} matching FailJob rule"
+DISRUPTION_MESSAGE = "has condition DisruptionTarget matching FailJob rule"
+# Where the train step finds the token of cluster.service_account (the launcher's; kfp.kubernetes mounts the
+# account's token Secret there): the step's pod runs as cluster.pipeline_service_account.
+LAUNCHER_TOKEN_DIR = "/var/run/secrets/ctr-ps-launcher"
 
 
 def gloo_port(cfg: CtrConfig) -> int:
     return cfg.cluster.paddle_port + GLOO_PORT_OFFSET
 
 
+def replicated_job(cfg: CtrConfig, role: Role) -> str:
+    """The name of ``role``'s replicated job (the PaddleJob spec key for a PaddleJob)."""
+    return (TRAINER_REPLICATED_JOB if cfg.cluster.backend is ClusterBackend.trainjob else REPLICATED_JOB)[role]
+
+
+def container_name(cfg: CtrConfig, role: Role) -> str:
+    """A TrainJob's workers run in the ``node`` container Trainer requires; nothing else may be so named,
+    since Trainer gives every ``node`` container the TrainJob's env and resources."""
+    return TRAINER_NODE if cfg.cluster.backend is ClusterBackend.trainjob and role is Role.WORKER else role.value
+
+
 def pod_host(cfg: CtrConfig, name: str, role: Role, index: str | int) -> str:
     """A pod's stable DNS name (``index`` may be a ``$(VAR)`` reference in an env template)."""
+    job = replicated_job(cfg, role)
     if cfg.cluster.backend is ClusterBackend.paddlejob:
-        return f"{name}-{REPLICATED_JOB[role]}-{index}"
-    return f"{name}-{REPLICATED_JOB[role]}-{index}-0.{name}"  # <jobset>-<rjob>-<job index>-<pod index>.<subdomain>
+        return f"{name}-{job}-{index}"
+    if cfg.cluster.backend is ClusterBackend.trainjob:  # one Indexed Job per replicated job: the pod index varies
+        return f"{name}-{job}-0-{index}.{name}"
+    return f"{name}-{job}-{index}-0.{name}"  # <jobset>-<rjob>-<job index>-<pod index>.<subdomain>
 
 
 def kubernetes_layout(cfg: CtrConfig, name: str) -> ClusterLayout:
@@ -60,7 +111,8 @@ def kubernetes_layout(cfg: CtrConfig, name: str) -> ClusterLayout:
 
 def role_env_template(cfg: CtrConfig, layout: ClusterLayout, role: Role) -> list[dict]:
     """One pod template's env for every index of ``role``: :func:`role_env`, with what depends on the index
-    taken from the pod (JobSet's job-index annotation; for a PaddleJob, the operator's own variables).
+    taken from the pod (JobSet's job-index annotation, an Indexed Job's completion index; for a PaddleJob, the
+    operator's own variables).
 
     Kubernetes expands ``$(VAR)`` from variables defined earlier in the list, so the index comes first.
     """
@@ -73,9 +125,10 @@ def role_env_template(cfg: CtrConfig, layout: ClusterLayout, role: Role) -> list
         templated: dict[str, Optional[str]] = {"POD_IP": None, "PADDLE_TRAINER_ID": None, INDEX_ENV: None}
         head: list[dict] = []
     else:
+        index_field = COMPLETION_INDEX_FIELD if cfg.cluster.backend is ClusterBackend.trainjob else JOBSET_INDEX_FIELD
         templated = {INDEX_ENV: None, "PADDLE_TRAINER_ID": index_ref,
                      "POD_IP": pod_host(cfg, layout.job_id, role, index_ref)}
-        head = [{"name": INDEX_ENV, "valueFrom": {"fieldRef": {"fieldPath": JOBSET_INDEX_FIELD}}}]
+        head = [{"name": INDEX_ENV, "valueFrom": {"fieldRef": {"fieldPath": index_field}}}]
     unexpected = per_index - set(templated)
     if unexpected:  # role_env grew an index-dependent variable this template cannot express
         raise ValueError(f"role_env varies with the index in {sorted(unexpected)}; template them in manifests.py")
@@ -92,7 +145,9 @@ def _secret_env(cfg: CtrConfig) -> list[dict]:
 
 def _resources(pods: PodConfig) -> dict:
     requests = {"cpu": pods.cpu, "memory": pods.memory}
-    limits = {"memory": pods.memory}  # no CPU limit: throttling a PS server stalls every worker
+    limits = {"memory": pods.memory}  # no CPU limit unless asked for: throttling a PS server stalls every worker
+    if pods.cpu_limit is not None:
+        limits["cpu"] = pods.cpu_limit
     if pods.gpus > 0:
         limits["nvidia.com/gpu"] = str(pods.gpus)
     return {"requests": requests, "limits": limits}
@@ -113,6 +168,8 @@ def pod_labels(cfg: CtrConfig, name: str, role: Role) -> dict[str, str]:
               "app.kubernetes.io/component": role.value}
     if cfg.cluster.mesh_encryption:
         labels["istio.io/dataplane-mode"] = "ambient"
+    else:
+        labels[SIDECAR_INJECT_LABEL] = "false"
     return labels
 
 
@@ -120,10 +177,10 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
     pods = cfg.cluster.servers if role is Role.SERVER else cfg.cluster.workers
     layout = kubernetes_layout(cfg, name)
     port = cfg.cluster.paddle_port
-    if cfg.cluster.backend is ClusterBackend.jobset:
-        restart = {"name": RESTART_ENV, "valueFrom": {"fieldRef": {"fieldPath": JOBSET_RESTART_FIELD}}}
-    else:  # the launcher recreates a failed PaddleJob and counts the attempts itself
+    if cfg.cluster.backend is ClusterBackend.paddlejob:  # the launcher recreates a failed one and counts the attempts
         restart = {"name": RESTART_ENV, "value": str(attempt)}
+    else:
+        restart = {"name": RESTART_ENV, "valueFrom": {"fieldRef": {"fieldPath": JOBSET_RESTART_FIELD}}}
     env = (role_env_template(cfg, layout, role) + [restart, {"name": SPEC_ENV, "value": spec_json},
                                                    {"name": "HOME", "value": SCRATCH},
                                                    {"name": "PYTHONUNBUFFERED", "value": "1"}]
@@ -132,7 +189,7 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
     if role is Role.SERVER:
         ports.append({"name": "gloo", "containerPort": gloo_port(cfg), "protocol": "TCP"})
     container = {
-        "name": role.value,
+        "name": container_name(cfg, role),
         "image": pods.image.reference,
         "command": ["python", "-m", "components.ps.role"],
         "workingDir": SCRATCH,
@@ -141,6 +198,8 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
         "resources": _resources(pods),
         "securityContext": CONTAINER_SECURITY_CONTEXT,
         "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH}],
+        # A role that fails leaves no termination message; the end of its log (its error) becomes it.
+        "terminationMessagePolicy": "FallbackToLogsOnError",
     }
     if role is Role.SERVER:
         # JobSet creates the workers once every server is Ready. Server 0 opens its PS port only after every
@@ -155,6 +214,8 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
         "containers": [container],
         "volumes": [{"name": "scratch", "emptyDir": {}}],
     }
+    if cfg.cluster.image_pull_secrets:
+        spec["imagePullSecrets"] = [{"name": secret} for secret in cfg.cluster.image_pull_secrets]
     if pods.node_selector:
         spec["nodeSelector"] = dict(pods.node_selector)
     if pods.tolerations:
@@ -162,32 +223,87 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
     return {"metadata": {"labels": pod_labels(cfg, name, role)}, "spec": spec}
 
 
-def _metadata(cfg: CtrConfig, name: str, namespace: str, owner: Optional[dict]) -> dict:
+def _metadata(cfg: CtrConfig, name: str, namespace: str, owner: Optional[dict], queued: bool = False) -> dict:
+    """``queued``: the object Kueue admits (the TrainJob or JobSet), labelled with ``cluster.queue_name``."""
     metadata = {"name": name, "namespace": namespace,
                 "labels": {JOB_LABEL: name, "app.kubernetes.io/name": "ctr-ps"}}
+    if queued and cfg.cluster.queue_name:
+        metadata["labels"][KUEUE_QUEUE_LABEL] = cfg.cluster.queue_name
     if owner:  # garbage-collected with the launcher pod, whatever happens to the launcher
         metadata["ownerReferences"] = [{**owner, "blockOwnerDeletion": False, "controller": False}]
     return metadata
 
 
-def jobset(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: Optional[dict]) -> dict:
-    def replicated(role: Role, replicas: int) -> dict:
-        job = {"parallelism": 1, "completions": 1, "backoffLimit": 0,
-               "template": pod_template(cfg, name, role, spec_json, attempt=0)}
-        return {"name": REPLICATED_JOB[role], "replicas": replicas, "template": {"spec": job}}
+def pod_failure_policy(cfg: CtrConfig, role: Role) -> dict:
+    """A Job's podFailurePolicy: a configuration error and a disruption each fail it at once, with a message
+    that says which (:data:`CONFIG_ERROR_MESSAGE`, :data:`DISRUPTION_MESSAGE`)."""
+    return {"rules": [
+        {"action": "FailJob", "onExitCodes": {"containerName": container_name(cfg, role), "operator": "In",
+                                              "values": [CONFIG_ERROR_EXIT]}},
+        {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+    ]}
 
+
+def jobset_failure_policy(cfg: CtrConfig) -> dict:
+    """Restart the whole job after a failure, up to ``cluster.max_restarts`` times; a configuration error fails
+    it at once, a disruption restarts it without counting."""
+    pod_failure = ["PodFailurePolicy"]  # the reason of a Job that a podFailurePolicy FailJob rule failed
+    return {"maxRestarts": cfg.cluster.max_restarts, "restartStrategy": "BlockingRecreate", "rules": [
+        {"name": "ConfigurationError", "action": "FailJobSet", "onJobFailureReasons": pod_failure,
+         "onJobFailureMessagePatterns": [CONFIG_ERROR_MESSAGE]},
+        {"name": "Disrupted", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": pod_failure,
+         "onJobFailureMessagePatterns": [DISRUPTION_MESSAGE]},
+    ]}
+
+
+def _replicated_job(cfg: CtrConfig, name: str, role: Role, spec_json: str, replicas: int, pods: int) -> dict:
+    """``replicas`` Jobs of ``pods`` pods each; any pod failing fails its Job (the policy decides what follows)."""
+    # Indexed: pods get their index (COMPLETION_INDEX_FIELD) and JobSet their host names from it.
+    job = {"parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 0,
+           "podFailurePolicy": pod_failure_policy(cfg, role),
+           "template": pod_template(cfg, name, role, spec_json, attempt=0)}
+    return {"name": replicated_job(cfg, role), "replicas": replicas, "template": {"spec": job}}
+
+
+def _jobset_spec(cfg: CtrConfig, name: str, replicated_jobs: list[dict]) -> dict:
     return {
-        "apiVersion": JOBSET_API,
-        "kind": "JobSet",
-        "metadata": _metadata(cfg, name, namespace, owner),
-        "spec": {
-            "network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
-            "startupPolicy": {"startupPolicyOrder": "InOrder"},
-            "successPolicy": {"operator": "All", "targetReplicatedJobs": [REPLICATED_JOB[Role.WORKER]]},
-            "failurePolicy": {"maxRestarts": cfg.cluster.max_restarts, "restartStrategy": "BlockingRecreate"},
-            "replicatedJobs": [replicated(Role.SERVER, cfg.ps.servers), replicated(Role.WORKER, cfg.ps.workers)],
-        },
+        "network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
+        "startupPolicy": {"startupPolicyOrder": "InOrder"},  # servers (listed first) before workers
+        "successPolicy": {"operator": "All", "targetReplicatedJobs": [replicated_job(cfg, Role.WORKER)]},
+        "failurePolicy": jobset_failure_policy(cfg),
+        "replicatedJobs": replicated_jobs,
     }
+
+
+def jobset(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: Optional[dict]) -> dict:
+    replicated = [_replicated_job(cfg, name, Role.SERVER, spec_json, replicas=cfg.ps.servers, pods=1),
+                  _replicated_job(cfg, name, Role.WORKER, spec_json, replicas=cfg.ps.workers, pods=1)]
+    return {"apiVersion": JOBSET_API, "kind": "JobSet", "metadata": _metadata(cfg, name, namespace, owner, queued=True),
+            "spec": _jobset_spec(cfg, name, replicated)}
+
+
+def training_runtime(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: Optional[dict]) -> dict:
+    """This job's TrainingRuntime: a JobSet template of one Indexed ``ps`` Job of the servers and the
+    trainer-ancestor ``node`` Job of the workers, whose env and resources the TrainJob gives (see :func:`trainjob`)."""
+    servers = _replicated_job(cfg, name, Role.SERVER, spec_json, replicas=1, pods=cfg.ps.servers)
+    workers = _replicated_job(cfg, name, Role.WORKER, spec_json, replicas=1, pods=cfg.ps.workers)
+    workers["template"]["metadata"] = {"labels": {TRAINER_ANCESTOR_LABEL: TRAINER_ANCESTOR}}
+    node = workers["template"]["spec"]["template"]["spec"]["containers"][0]
+    del node["env"], node["resources"]  # given by the TrainJob (trainer.env, resourcesPerNode), as Trainer intends
+    return {"apiVersion": TRAINER_API, "kind": "TrainingRuntime", "metadata": _metadata(cfg, name, namespace, owner),
+            "spec": {"mlPolicy": {"numNodes": cfg.ps.workers},
+                     "template": {"spec": _jobset_spec(cfg, name, [servers, workers])}}}
+
+
+def trainjob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: Optional[dict]) -> dict:
+    """The TrainJob running :func:`training_runtime` (of the same name): ``numNodes`` workers with the workers'
+    resources and env (the pod template's, which Trainer puts on the ``node`` container)."""
+    node = pod_template(cfg, name, Role.WORKER, spec_json, attempt=0)["spec"]["containers"][0]
+    return {"apiVersion": TRAINER_API, "kind": "TrainJob",
+            "metadata": _metadata(cfg, name, namespace, owner, queued=True),
+            "spec": {"runtimeRef": {"apiGroup": TRAINER_GROUP, "kind": "TrainingRuntime", "name": name},
+                     "trainer": {"numNodes": cfg.ps.workers, "resourcesPerNode": node["resources"],
+                                 "env": node["env"]}}}
 
 
 def paddlejob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: Optional[dict], attempt: int) -> dict:
@@ -216,19 +332,46 @@ def network_policy(cfg: CtrConfig, name: str, namespace: str, owner: Optional[di
     }
 
 
-def job_manifests(job: PreparedJob, *, name: str, namespace: str, data_uri: str, attempt: int = 0,
-                  owner: Optional[dict] = None) -> list[dict]:
-    """The objects to create, in order: the NetworkPolicy (if enabled), then the JobSet or PaddleJob."""
-    cfg = job.cfg
-    spec_json = job.spec(data_uri, f"{SCRATCH}/work", f"{SCRATCH}/staging").to_json()
+def _job_objects(cfg: CtrConfig, spec_json: str, *, name: str, namespace: str, attempt: int,
+                 owner: Optional[dict]) -> list[dict]:
     objects = [network_policy(cfg, name, namespace, owner)] if cfg.cluster.network_policy else []
-    if cfg.cluster.backend is ClusterBackend.jobset:
+    if cfg.cluster.backend is ClusterBackend.trainjob:
+        objects += [training_runtime(cfg, name, namespace, spec_json, owner),
+                    trainjob(cfg, name, namespace, spec_json, owner)]
+    elif cfg.cluster.backend is ClusterBackend.jobset:
         objects.append(jobset(cfg, name, namespace, spec_json, owner))
     elif cfg.cluster.backend is ClusterBackend.paddlejob:
         objects.append(paddlejob(cfg, name, namespace, spec_json, owner, attempt))
     else:
         raise ValueError(f"cluster.backend {cfg.cluster.backend.value!r} does not run on Kubernetes")
     return objects
+
+
+def job_manifests(job: PreparedJob, *, name: str, namespace: str, data_uri: str, attempt: int = 0,
+                  owner: Optional[dict] = None) -> list[dict]:
+    """The objects to create, in order: the NetworkPolicy (if enabled), then the job: a TrainingRuntime and the
+    TrainJob running it, a JobSet or a PaddleJob. The job object (the one to follow) is the last."""
+    spec_json = job.spec(data_uri, WORKDIR, STAGING).to_json()
+    return _job_objects(job.cfg, spec_json, name=name, namespace=namespace, attempt=attempt, owner=owner)
+
+
+def pod_data_uri(dataset_uri: str) -> str:
+    """Where pods read the Dataset artifact: KFP on MinIO names artifacts minio://bucket/..., the same object
+    through fsspec's S3 (the endpoint comes from the storage secret's AWS_ENDPOINT_URL)."""
+    return dataset_uri.replace("minio://", "s3://", 1)
+
+
+REVIEW_NAME = "ctr-ps-review"
+
+
+def review_manifests(cfg: CtrConfig, data_uri: str) -> list[dict]:
+    """The objects the train step creates for ``cfg`` in ``cluster.namespace``, written before any run for a
+    platform team to review (``kubectl apply --dry-run=server -f``). What only the run decides differs: the name
+    (``ctr-ps-<random>``), ``data_uri`` (the run's Dataset artifact), the restore target of ``checkpoint.resume``
+    (read from the store when the step starts; none here) and the owner (the step's pod)."""
+    spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=pod_data_uri(data_uri), workdir=WORKDIR,
+                   staging_dir=STAGING)
+    return _job_objects(cfg, spec.to_json(), name=REVIEW_NAME, namespace=cfg.cluster.namespace, attempt=0, owner=None)
 
 
 def job_pods_selector(name: str) -> str:
@@ -238,23 +381,52 @@ def job_pods_selector(name: str) -> str:
 def worker0_selector(cfg: CtrConfig, name: str) -> str:
     if cfg.cluster.backend is ClusterBackend.paddlejob:
         return f"paddle-res-name={name}-worker-0"  # the operator's per-pod label
-    return (f"jobset.sigs.k8s.io/jobset-name={name},jobset.sigs.k8s.io/replicatedjob-name=worker,"
-            "jobset.sigs.k8s.io/job-index=0")
+    jobset_pods = f"jobset.sigs.k8s.io/jobset-name={name},jobset.sigs.k8s.io/replicatedjob-name="
+    if cfg.cluster.backend is ClusterBackend.trainjob:  # Trainer's JobSet has the TrainJob's name
+        return f"{jobset_pods}{TRAINER_NODE},{COMPLETION_INDEX_LABEL}=0"
+    return f"{jobset_pods}worker,jobset.sigs.k8s.io/job-index=0"
+
+
+def pod_index(cfg: CtrConfig, pod_name: str, labels: dict[str, str]) -> Optional[str]:
+    """A pod's index among its role (``None`` if the pod is not one of this job's roles)."""
+    if cfg.cluster.backend is ClusterBackend.trainjob:
+        return labels.get(COMPLETION_INDEX_LABEL)
+    if cfg.cluster.backend is ClusterBackend.jobset:
+        return labels.get("jobset.sigs.k8s.io/job-index")
+    return labels.get("paddle-res-name", pod_name).rpartition("-")[2] or None  # <job>-<ps|worker>-<i>
+
+
+# The API resources of each backend's job objects: what the launcher creates, follows and deletes.
+JOB_RESOURCES = {
+    ClusterBackend.trainjob: (TRAINER_GROUP, ["trainingruntimes", "trainjobs"]),
+    ClusterBackend.jobset: ("jobset.x-k8s.io", ["jobsets"]),
+    ClusterBackend.paddlejob: ("batch.paddlepaddle.org", ["paddlejobs"]),
+}
+
+
+def launcher_token_secret(cluster: ClusterConfig) -> str:
+    """The Secret holding ``cluster.service_account``'s token (k8s/rbac.yaml creates it; the train step mounts it)."""
+    return f"{cluster.service_account}-token"
 
 
 def launcher_rbac(cfg: CtrConfig) -> list[dict]:
-    """What the train step's service account needs to run PS jobs in its namespace (apply once)."""
+    """What the train step needs to run PS jobs of ``cluster.backend`` in its namespace (apply once): the launcher
+    account, its Role and binding, and the account's token Secret, which only the train step mounts."""
     namespace, account = cfg.cluster.namespace, cfg.cluster.service_account
     role_name = "ctr-ps-launcher"
-    manage = ["create", "get", "list", "watch", "delete"]
+    group, resources = JOB_RESOURCES[cfg.cluster.backend]
     rules = [
-        {"apiGroups": ["jobset.x-k8s.io"], "resources": ["jobsets"], "verbs": manage},
-        {"apiGroups": ["batch.paddlepaddle.org"], "resources": ["paddlejobs"], "verbs": manage},
+        {"apiGroups": [group], "resources": resources, "verbs": ["create", "get", "list", "watch", "delete"]},
         {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create", "get", "delete"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     ]
     return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace},
+         "automountServiceAccountToken": False},
+        {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
+         "metadata": {"name": launcher_token_secret(cfg.cluster), "namespace": namespace,
+                      "annotations": {"kubernetes.io/service-account.name": account}}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": role_name, "namespace": namespace}, "rules": rules},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",

@@ -1,6 +1,8 @@
-"""The Kubernetes launcher's lifecycle against an in-memory Kubernetes API that plays the JobSet / PaddleJob
-controllers: objects created and always deleted, worker 0's log streamed (across restarts and cut streams),
-failures named, cancellation by SIGTERM, PaddleJob relaunches. The manifests are the real ones."""
+"""The Kubernetes launcher's lifecycle against an in-memory Kubernetes API that plays the Trainer / JobSet /
+PaddleJob controllers: objects created and always deleted, worker 0's log streamed (across restarts and cut
+streams), failures named, cancellation by SIGTERM, restarts (a disruption not counted, a configuration error not
+restarted), PaddleJob relaunches, Kueue's suspension. The manifests are the real ones; what the controllers make
+of them comes from :mod:`tests.train.backends.kube_controllers`."""
 
 import datetime as dt
 import json
@@ -13,24 +15,37 @@ from typing import Callable, Optional
 
 import pytest
 from kubernetes.client import (V1Container, V1ContainerState, V1ContainerStateRunning, V1ContainerStateTerminated,
-                               V1ContainerStateWaiting, V1ContainerStatus, V1ObjectMeta, V1Pod, V1PodList, V1PodSpec, V1PodStatus)
+                               V1ContainerStateWaiting, V1ContainerStatus, V1ObjectMeta, V1Pod, V1PodCondition,
+                               V1PodList, V1PodSpec, V1PodStatus)
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
 from components.config import validate
-from components.ps.contract import RESTART_ENV
+from components.ps.contract import CONFIG_ERROR_EXIT, RESTART_ENV
 from components.train import step
 from components.train.backends import kubernetes as kubernetes_job
 from components.train.backends import manifests
 from components.train.backends.kubernetes import JobCancelled, KubeApis, KubernetesJob
 from components.train.job import PsJobError, prepare_job
+from tests.train.backends.kube_controllers import jobset_action, jobset_after_failure, job_failure, trainjob_jobset
 
 NAMESPACE = "team-a"
 DATA_URI = "s3://ctr/kfp/prepare/dataset"
 POLL_S = 0.01
-COMPLETED = {"conditions": [{"type": "Completed", "status": "True", "reason": "AllJobsCompleted"}]}
 JOBSET_FAILED = {"conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs",
                                  "message": "jobset failed: reached max restarts"}]}
+# The backends whose job is a JobSet: the launcher's own, or the one Kubeflow Trainer makes of a TrainJob.
+JOBSET_BACKENDS = ["jobset", "trainjob"]
+JOB_KINDS = {"jobset": "JobSet", "trainjob": "TrainJob", "paddlejob": "PaddleJob"}
+
+
+def _completed(body: dict) -> dict:
+    """A finished job's status: JobSet's Completed condition, which Trainer copies to its TrainJob as Complete;
+    a PaddleJob's phase."""
+    if body["kind"] == "PaddleJob":
+        return {"phase": "Completed"}
+    kind = "Complete" if body["kind"] == "TrainJob" else "Completed"
+    return {"conditions": [{"type": kind, "status": "True", "reason": "AllJobsCompleted"}]}
 
 
 def _cfg(config, *overrides):
@@ -67,6 +82,7 @@ class FakePod:
         self.exit_code: Optional[int] = None
         self.reason: Optional[str] = None
         self.finished_at: Optional[dt.datetime] = None
+        self.disruption: Optional[str] = None  # the reason of its DisruptionTarget condition
         self.lines: list[tuple[str, str]] = []  # (timestamp, text)
         self.gone = False
         self.follows = 0  # log streams opened
@@ -92,7 +108,14 @@ class FakePod:
             self.cond.notify_all()
         return self
 
+    def disrupt(self, reason: str = "PreemptionByScheduler") -> "FakePod":
+        """What preemption does: the DisruptionTarget condition, then SIGTERM ends the container."""
+        self.disruption = reason
+        return self.end(143, "Error")
+
     def model(self) -> V1Pod:
+        conditions = [V1PodCondition(type="DisruptionTarget", status="True", reason=self.disruption,
+                                     message="Preempted in order to admit critical pod")] if self.disruption else None
         ended = self.phase in ("Succeeded", "Failed")
         if self.phase == "Pending":  # ``reason``: why its container waits (ImagePullBackOff, ...)
             state = V1ContainerState(waiting=V1ContainerStateWaiting(reason=self.reason, message="back-off pulling"))
@@ -106,7 +129,7 @@ class FakePod:
         return V1Pod(metadata=V1ObjectMeta(name=self.name, namespace=NAMESPACE, uid=self.uid, labels=self.labels,
                                            creation_timestamp=self.created),
                      spec=V1PodSpec(containers=[V1Container(name=self.container)]),
-                     status=V1PodStatus(phase=self.phase, container_statuses=[status]))
+                     status=V1PodStatus(phase=self.phase, container_statuses=[status], conditions=conditions))
 
 
 class FakeLogStream:
@@ -152,10 +175,8 @@ class FakeLogStream:
         pass
 
 
-def _pod_templates(body: dict) -> dict[str, dict]:
-    if body["kind"] == "JobSet":
-        return {rj["name"]: rj["template"]["spec"]["template"] for rj in body["spec"]["replicatedJobs"]}
-    return {key: body["spec"][key]["template"] for key in ("ps", "worker")}
+def _replicated_jobs(jobset: dict) -> dict[str, dict]:
+    return {rj["name"]: rj for rj in jobset["spec"]["replicatedJobs"]}
 
 
 def _matches(labels: dict, selector: str) -> bool:
@@ -172,6 +193,7 @@ class FakeCluster:
         self.created: list[tuple[str, str]] = []
         self.deleted: list[tuple[str, str, str]] = []  # kind, name, propagation
         self.statuses: dict[str, Callable[[], dict]] = {}
+        self.jobset_status: dict[str, dict] = {}  # what fail_pod made of each JobSet's failures
         self.pods: list[FakePod] = []
         self.get_hook: Optional[Callable[[], None]] = None
         self._clock = dt.datetime(2026, 11, 29, 16, 45, 19, tzinfo=dt.timezone.utc)
@@ -185,15 +207,37 @@ class FakeCluster:
             self._clock += dt.timedelta(milliseconds=50)
             return self._clock
 
+    def jobset(self, body: dict) -> Optional[dict]:
+        """The JobSet that runs a job object: the JobSet itself, the one Trainer builds for a TrainJob; None for
+        a PaddleJob."""
+        if body["kind"] == "TrainJob":
+            return trainjob_jobset(self.objects[("trainingruntimes", body["spec"]["runtimeRef"]["name"])], body)
+        return body if body["kind"] == "JobSet" else None
+
+    def pod_templates(self, body: dict) -> dict[str, dict]:
+        """A job object's pod templates by role: ``ps``, ``worker``."""
+        jobset = self.jobset(body)
+        if jobset is None:
+            return {key: body["spec"][key]["template"] for key in ("ps", "worker")}
+        rjobs = _replicated_jobs(jobset)
+        return {"ps": rjobs["ps"]["template"]["spec"]["template"],
+                "worker": rjobs["node" if body["kind"] == "TrainJob" else "worker"]["template"]["spec"]["template"]}
+
     def add_pod(self, body: dict, role: str, index: int) -> FakePod:
-        """A pod as the controller names and labels it."""
+        """A pod of ``role`` (ps | worker) as the controllers name and label it."""
         name = body["metadata"]["name"]
-        template = _pod_templates(body)[role]
+        template = self.pod_templates(body)[role]
         labels = dict(template["metadata"]["labels"])
+        suffix = uuid.uuid4().hex[:5]
         if body["kind"] == "JobSet":
-            pod_name = f"{name}-{role}-{index}-0-{uuid.uuid4().hex[:5]}"
+            pod_name = f"{name}-{role}-{index}-0-{suffix}"
             labels.update({"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": role,
                            "jobset.sigs.k8s.io/job-index": str(index)})
+        elif body["kind"] == "TrainJob":  # one Indexed Job per replicated job
+            rjob = "node" if role == "worker" else role
+            pod_name = f"{name}-{rjob}-0-{index}-{suffix}"
+            labels.update({"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                           "jobset.sigs.k8s.io/job-index": "0", "batch.kubernetes.io/job-completion-index": str(index)})
         else:
             pod_name = f"{name}-{role}-{index}"
             labels["paddle-res-name"] = pod_name
@@ -201,11 +245,30 @@ class FakeCluster:
         self.pods.append(pod)
         return pod
 
+    def fail_pod(self, body: dict, pod: FakePod, exit_code: int) -> str:
+        """``pod`` ends with ``exit_code`` (and its disruption, if any): its Job fails as the Job controller fails it,
+        JobSet applies its failurePolicy, and the job object's status shows the result. Returns the action."""
+        pod.end(exit_code, "Error")
+        jobset = self.jobset(body)
+        rjob_name = pod.labels["jobset.sigs.k8s.io/replicatedjob-name"]
+        reason, message = job_failure(_replicated_jobs(jobset)[rjob_name]["template"]["spec"], NAMESPACE, pod.name,
+                                      pod.container, exit_code, ("DisruptionTarget",) if pod.disruption else ())
+        action, _ = jobset_action(jobset["spec"]["failurePolicy"], rjob_name, reason, message)
+        name = body["metadata"]["name"]
+        status = jobset_after_failure(self.jobset_status.get(name, {}), jobset["spec"]["failurePolicy"], action,
+                                      failed_job=f"{name}-{rjob_name}-0")
+        self.jobset_status[name] = status
+        # A TrainJob shows the JobSet's end (Trainer copies its Failed condition), not its restarts.
+        shown = {k: v for k, v in status.items() if k == "conditions"} if body["kind"] == "TrainJob" else status
+        self.statuses[name] = lambda: shown
+        return action
+
     # CustomObjectsApi
     def create_namespaced_custom_object(self, group, version, namespace, plural, body, **_):
         assert (f"{group}/{version}", namespace, plural) == (body["apiVersion"], NAMESPACE, body["kind"].lower() + "s")
         self._store(body)
-        self.on_create(self, body)
+        if body["kind"] != "TrainingRuntime":  # a runtime is a template: its TrainJob starts the pods
+            self.on_create(self, body)
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name, **_):
         if self.get_hook:
@@ -262,7 +325,7 @@ def _succeeding_controller(bodies: list[dict]) -> Callable[[FakeCluster, dict], 
     def controller(cluster, body):
         bodies.append(body)
         cluster.add_pod(body, "worker", 0).end(0)
-        cluster.statuses[body["metadata"]["name"]] = lambda: COMPLETED
+        cluster.statuses[body["metadata"]["name"]] = lambda: _completed(body)
 
     return controller
 
@@ -284,8 +347,9 @@ def launcher_pod(monkeypatch):
     monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
 
 
-def test_success_streams_worker0_returns_its_events_and_deletes_the_objects(config, tmp_path, launcher_pod):
-    cfg = _cfg(config)
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_success_streams_worker0_returns_its_events_and_deletes_the_objects(config, tmp_path, launcher_pod, backend):
+    cfg = _cfg(config, f"cluster.backend={backend}")
     progress = _event("@progress", role="worker", index=0, epoch=1, examples=500, examples_per_s=250.0,
                       loss=0.5, auc=0.68)
 
@@ -294,7 +358,7 @@ def test_success_streams_worker0_returns_its_events_and_deletes_the_objects(conf
         worker0.log(progress, "I1129 fleet init done", _epoch(1), _checkpoint(1), _event("@done")).end(0)
         cluster.add_pod(body, "worker", 1).log(_epoch(1)).end(0)  # only worker 0's log is followed
         cluster.add_pod(body, "ps", 0).end(0)
-        cluster.statuses[body["metadata"]["name"]] = lambda: COMPLETED  # before worker 0's log is read
+        cluster.statuses[body["metadata"]["name"]] = lambda: _completed(body)  # before worker 0's log is read
 
     cluster, echoed = FakeCluster(controller), []
     job = _launcher(cfg, tmp_path, cluster, echoed)
@@ -310,24 +374,32 @@ def test_success_streams_worker0_returns_its_events_and_deletes_the_objects(conf
     assert "== checkpoint ckpt-1 committed to s3://ctr/ckpt" in echoed
 
     name = job.job_name(0)
-    assert cluster.created == [("NetworkPolicy", f"{name}-ps"), ("JobSet", name)]
-    assert cluster.deleted == [("JobSet", name, "Background"), ("NetworkPolicy", f"{name}-ps", "Background")]
+    kinds = ["TrainingRuntime", "TrainJob"] if backend == "trainjob" else ["JobSet"]
+    assert cluster.created == [("NetworkPolicy", f"{name}-ps")] + [(kind, name) for kind in kinds]
+    assert cluster.deleted == ([(kind, name, "Background") for kind in reversed(kinds)]
+                               + [("NetworkPolicy", f"{name}-ps", "Background")])
     assert cluster.objects == {}
     assert len(f"{name}-worker-{cfg.ps.workers - 1}-0") <= 63  # worker pods' hostnames
 
 
-def test_objects_are_owned_by_the_launcher_pod(config, tmp_path, launcher_pod):
-    bodies = []
-    controller = _succeeding_controller(bodies)
-    _launcher(_cfg(config), tmp_path, FakeCluster(controller), []).run()
-    (jobset,) = bodies
-    assert jobset["metadata"]["namespace"] == NAMESPACE
-    (owner,) = jobset["metadata"]["ownerReferences"]
-    assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", "ctr-run-train-x7k2p",
-                                                            "1b2c3d4e-0000-1111-2222-333344445555")
+@pytest.mark.parametrize("backend", JOB_KINDS)
+def test_objects_are_owned_by_the_launcher_pod(config, tmp_path, launcher_pod, backend):
+    cluster = FakeCluster(_succeeding_controller([]))
+    job = _launcher(_cfg(config, f"cluster.backend={backend}"), tmp_path, cluster, [])
+    owned = []
+    original_create = cluster._store
+    cluster._store = lambda body: (owned.append(body), original_create(body))
+    job.run()
+    assert [body["kind"] for body in owned][-1] == JOB_KINDS[backend]
+    for body in owned:
+        assert body["metadata"]["namespace"] == NAMESPACE
+        (owner,) = body["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", "ctr-run-train-x7k2p",
+                                                                "1b2c3d4e-0000-1111-2222-333344445555")
 
 
-def test_worker_failure_names_the_pod_that_failed_first_and_quotes_its_log(config, tmp_path, launcher_pod):
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_worker_failure_names_the_pod_that_failed_first_and_quotes_its_log(config, tmp_path, launcher_pod, backend):
     def controller(cluster, body):
         worker0 = cluster.add_pod(body, "worker", 0).log(_epoch(1))  # listed first, fails second
         worker1 = cluster.add_pod(body, "worker", 1)
@@ -339,16 +411,17 @@ def test_worker_failure_names_the_pod_that_failed_first_and_quotes_its_log(confi
 
     cluster, echoed = FakeCluster(controller), []
     with pytest.raises(PsJobError) as failed:
-        _launcher(_cfg(config), tmp_path, cluster, echoed).run()
+        _launcher(_cfg(config, f"cluster.backend={backend}"), tmp_path, cluster, echoed).run()
     assert failed.value.role == "worker-1"
     message = str(failed.value)
     assert "worker-1 (pod " in message and "exited with code 1 (Error)" in message
     assert "reached max restarts" in message and "also failed: worker-0" in message
     assert "    MemoryError: out of memory" in message and "    Traceback (most recent call last):" in message
-    assert cluster.objects == {} and len(cluster.deleted) == 2
+    assert cluster.objects == {} and len(cluster.deleted) == len(cluster.created)
 
 
-def test_sigterm_deletes_the_job_raises_cancelled_and_restores_the_handler(config, tmp_path, launcher_pod):
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_sigterm_deletes_the_job_raises_cancelled_and_restores_the_handler(config, tmp_path, launcher_pod, backend):
     def controller(cluster, body):
         cluster.add_pod(body, "ps", 0)
         cluster.add_pod(body, "worker", 0).log(_epoch(1))  # runs until deleted; the job never ends
@@ -365,12 +438,13 @@ def test_sigterm_deletes_the_job_raises_cancelled_and_restores_the_handler(confi
                                                   os.kill(os.getpid(), signal.SIGTERM)))
         sender.start()
         with pytest.raises(JobCancelled, match="cancelled \\(SIGTERM\\)"):
-            _launcher(_cfg(config), tmp_path, cluster, []).run()
+            _launcher(_cfg(config, f"cluster.backend={backend}"), tmp_path, cluster, []).run()
         sender.join()
         assert signal.getsignal(signal.SIGTERM) is previous_handler
     finally:
         signal.signal(signal.SIGTERM, original)
-    assert cluster.objects == {} and {kind for kind, _, _ in cluster.deleted} == {"JobSet", "NetworkPolicy"}
+    assert cluster.objects == {} and {kind for kind, _, _ in cluster.deleted} == {kind for kind, _ in cluster.created}
+    assert JOB_KINDS[backend] in {kind for kind, _, _ in cluster.deleted}
     assert not any(t.name == "worker-0-log" and t.is_alive() for t in threading.enumerate())
     assert _log_lines(tmp_path)[1:] == [_epoch(1)]
 
@@ -407,7 +481,7 @@ def test_a_cut_log_stream_is_reattached_without_losing_or_repeating_lines(config
 
         def finish():  # once the re-attached stream caught up: the rest of the run
             worker0.log(*later).end(0)
-            cluster.statuses[name] = lambda: COMPLETED
+            cluster.statuses[name] = lambda: _completed(body)
 
         worker0.on_read_to_end = lambda: finish() if worker0.follows >= 2 else None
         cluster.statuses[name] = dict
@@ -423,46 +497,133 @@ def test_a_cut_log_stream_is_reattached_without_losing_or_repeating_lines(config
         "[worker-0] line b", "[worker-0] line c"]
 
 
-def test_jobset_restart_follows_the_new_worker0_pod(config, tmp_path, launcher_pod):
+def _restart_controller(fail: Callable[[FakeCluster, dict, FakePod], None]):
+    """A JobSet (or TrainJob) whose worker 0 commits ckpt-1 and then ``fail(cluster, body, worker1)`` ends its
+    first attempt; unless that failed the job, JobSet recreates the pods and worker 0 finishes from ckpt-1."""
+
     def controller(cluster, body):
         name = body["metadata"]["name"]
         attempt1 = cluster.add_pod(body, "worker", 0).log(_epoch(1), _checkpoint(1))
-        polls_after_restart = []
-
-        def after_restart():
-            polls_after_restart.append(1)
-            done = len(polls_after_restart) > 1 and attempt2.follows > 0
-            return {"restarts": 1, **(COMPLETED if done else {})}
-
-        def restart():  # worker 0 fails after its first checkpoint; JobSet recreates the pods
-            nonlocal attempt2
-            attempt1.end(1, "Error")
-            attempt2 = cluster.add_pod(body, "worker", 0).log("resuming from ckpt-1", _epoch(2), _checkpoint(2)).end(0)
-            cluster.statuses[name] = after_restart
-
-        attempt2 = None
-        attempt1.on_read_to_end = restart
+        worker1 = cluster.add_pod(body, "worker", 1)
         cluster.statuses[name] = dict
 
-    cluster, echoed = FakeCluster(controller), []
-    job = _launcher(_cfg(config), tmp_path, cluster, echoed)
+        def restart():
+            fail(cluster, body, worker1)
+            if "conditions" in cluster.jobset_status[name]:  # the job failed: no second attempt
+                return
+            attempt1.end(143, "Error")  # JobSet deletes the first attempt's pods
+            attempt2 = cluster.add_pod(body, "worker", 0).log("resuming from ckpt-1", _epoch(2), _checkpoint(2)).end(0)
+            restarted = dict(cluster.jobset_status[name]) if body["kind"] == "JobSet" else {}
+            polls = []
+
+            def after_restart():  # complete once the new worker 0's log is followed
+                polls.append(1)
+                return {**restarted, **(_completed(body) if len(polls) > 1 and attempt2.follows else {})}
+
+            cluster.statuses[name] = after_restart
+
+        attempt1.on_read_to_end = restart
+
+    return controller
+
+
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_a_restart_follows_the_new_worker0_pod(config, tmp_path, launcher_pod, backend):
+    def worker_fails(cluster, body, worker1):
+        assert cluster.fail_pod(body, worker1, 1) == "RestartJobSet"
+
+    cluster, echoed = FakeCluster(_restart_controller(worker_fails)), []
+    job = _launcher(_cfg(config, f"cluster.backend={backend}", "cluster.max_restarts=1"), tmp_path, cluster, echoed)
     result = job.run()
     assert [e["epoch"] for e in result.epochs] == [1, 2]
     assert [c["id"] for c in result.checkpoints] == ["ckpt-1", "ckpt-2"]
     headers = [line for line in _log_lines(tmp_path) if line.startswith("----- pod")]
-    assert headers == [f"----- pod {cluster.pods[0].name} -----", f"----- pod {cluster.pods[1].name} -----"]
-    assert f"JobSet {job.job_name(0)}: restarted 1 time(s); the roles resume from the latest checkpoint" in echoed
+    worker0_pods = [p.name for p in cluster.pods if p.labels[manifests.ROLE_LABEL] == "worker" and
+                    manifests.pod_index(job.cfg, p.name, p.labels) == "0"]
+    assert headers == [f"----- pod {name} -----" for name in worker0_pods] and len(worker0_pods) == 2
+    if backend == "jobset":  # a TrainJob's status shows no restarts
+        assert f"JobSet {job.job_name(0)}: restarted 1 time(s); the roles resume from the latest checkpoint" in echoed
 
 
-def _paddlejob_controller(fail_attempts: int, restart_env: list[str]):
-    """A PaddleJob whose first ``fail_attempts`` attempts fail in worker 1; records each attempt's PS_RESTART_ATTEMPT."""
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_a_preempted_pod_restarts_the_job_without_using_up_max_restarts(config, tmp_path, launcher_pod, backend):
+    def preempted(cluster, body, worker1):
+        worker1.disruption = "PreemptionByScheduler"
+        assert cluster.fail_pod(body, worker1, 143) == "RestartJobSetAndIgnoreMaxRestarts"
+
+    cluster, echoed = FakeCluster(_restart_controller(preempted)), []
+    job = _launcher(_cfg(config, f"cluster.backend={backend}", "cluster.max_restarts=0"), tmp_path, cluster, echoed)
+    result = job.run()
+    assert [c["id"] for c in result.checkpoints] == ["ckpt-1", "ckpt-2"]
+    assert cluster.jobset_status[job.job_name(0)] == {"restarts": 1, "restartsCountTowardsMax": 0}
+    if backend == "jobset":
+        assert (f"JobSet {job.job_name(0)}: restarted 1 time(s), 1 after a disruption (not counted); the roles "
+                "resume from the latest checkpoint") in echoed
+
+
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_a_failure_that_is_not_a_preemption_uses_up_max_restarts(config, tmp_path, launcher_pod, backend):
+    cluster = FakeCluster(_restart_controller(lambda cluster, body, worker1: cluster.fail_pod(body, worker1, 1)))
+    with pytest.raises(PsJobError) as failed:
+        _launcher(_cfg(config, f"cluster.backend={backend}", "cluster.max_restarts=0"), tmp_path, cluster, []).run()
+    assert failed.value.role == "worker-1" and "ReachedMaxRestarts" in str(failed.value)
+    assert "exited with code 1 (Error)" in str(failed.value)
+
+
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_a_configuration_error_fails_the_job_at_once_with_its_reason(config, tmp_path, launcher_pod, backend):
+    def config_error(cluster, body, worker1):
+        worker1.log("configuration error: config key 'ps.workers' has value 0; allowed: a number > 0")
+        assert cluster.fail_pod(body, worker1, CONFIG_ERROR_EXIT) == "FailJobSet"
+
+    cluster = FakeCluster(_restart_controller(config_error))
+    with pytest.raises(PsJobError) as failed:
+        _launcher(_cfg(config, f"cluster.backend={backend}", "cluster.max_restarts=2"), tmp_path, cluster, []).run()
+    message = str(failed.value)
+    assert failed.value.role == "worker-1"
+    assert f"exited with code {CONFIG_ERROR_EXIT} (a configuration error: restarting cannot mend it)" in message
+    assert "FailJobSetAction" in message and "config key 'ps.workers' has value 0" in message
+    assert len([p for p in cluster.pods if p.labels[manifests.ROLE_LABEL] == "worker"]) == 2  # never restarted
+    assert cluster.objects == {}
+
+
+def test_kueue_suspension_does_not_count_as_failing_to_start(config, tmp_path, launcher_pod):
+    queued_polls = []
 
     def controller(cluster, body):
         name = body["metadata"]["name"]
-        env = {e["name"]: e.get("value") for e in _pod_templates(body)["worker"]["spec"]["containers"][0]["env"]}
+
+        def status():  # Kueue holds the TrainJob suspended for a while, then admits it
+            queued_polls.append(1)
+            if len(queued_polls) < 40:
+                return {"conditions": [{"type": "Suspended", "status": "True", "reason": "Suspended",
+                                        "message": "Workload is waiting for quota in LocalQueue team-a-queue"}]}
+            cluster.add_pod(body, "worker", 0).end(0)
+            cluster.statuses[name] = lambda: _completed(body)
+            return {}
+
+        cluster.statuses[name] = status
+
+    cluster, echoed = FakeCluster(controller), []
+    job = _launcher(_cfg(config, "cluster.backend=trainjob", "cluster.queue_name=team-a-queue",
+                         "cluster.start_timeout_s=0.1"), tmp_path, cluster, echoed)
+    job.run()  # 40 polls of 10 ms exceed the start timeout: only the time since admission counts
+    assert len(queued_polls) >= 40
+    assert (f"TrainJob {job.job_name(0)}: suspended, waiting to be admitted (Suspended: Workload is waiting for "
+            "quota in LocalQueue team-a-queue)") in echoed
+
+
+def _paddlejob_controller(fail_attempts: int, restart_env: list[str],
+                          fail: Callable[[FakePod], object] = lambda pod: pod.end(1, "Error")):
+    """A PaddleJob whose first ``fail_attempts`` attempts fail in worker 1 (``fail`` ends it); records each
+    attempt's PS_RESTART_ATTEMPT."""
+
+    def controller(cluster, body):
+        name = body["metadata"]["name"]
+        env = {e["name"]: e.get("value") for e in cluster.pod_templates(body)["worker"]["spec"]["containers"][0]["env"]}
         restart_env.append(env[RESTART_ENV])
         if len(restart_env) <= fail_attempts:
-            cluster.add_pod(body, "worker", 1).log("connecting to servers", "RuntimeError: brpc timeout").end(1, "Error")
+            fail(cluster.add_pod(body, "worker", 1).log("connecting to servers", "RuntimeError: brpc timeout"))
             cluster.statuses[name] = lambda: {"phase": "Failed"}
         else:
             cluster.add_pod(body, "worker", 0).log(_epoch(1), _checkpoint(1)).end(0)
@@ -495,14 +656,35 @@ def test_paddlejob_gives_up_after_max_restarts(config, tmp_path, launcher_pod):
     assert len(cluster.deleted) == 4 and cluster.objects == {}
 
 
-def test_a_missing_crd_is_a_clear_error_and_leaves_nothing_behind(config, tmp_path, launcher_pod):
+def test_a_preempted_paddlejob_is_recreated_without_using_up_max_restarts(config, tmp_path, launcher_pod):
+    restart_env = []
+    cluster, echoed = FakeCluster(_paddlejob_controller(2, restart_env, fail=FakePod.disrupt)), []
+    job = _launcher(_cfg(config, "cluster.backend=paddlejob", "cluster.max_restarts=0"), tmp_path, cluster, echoed)
+    result = job.run()
+    assert restart_env == ["0", "1", "2"] and [c["id"] for c in result.checkpoints] == ["ckpt-1"]
+    disrupted = [line for line in echoed if "was disrupted by the cluster (not counted)" in line]
+    assert len(disrupted) == 2 and "the cluster disrupted it (PreemptionByScheduler" in disrupted[0]
+    assert cluster.objects == {}
+
+
+def test_a_paddlejob_configuration_error_is_not_recreated(config, tmp_path, launcher_pod):
+    restart_env = []
+    cluster = FakeCluster(_paddlejob_controller(1, restart_env, fail=lambda pod: pod.end(CONFIG_ERROR_EXIT, "Error")))
+    with pytest.raises(PsJobError, match="a configuration error: restarting cannot mend it"):
+        _launcher(_cfg(config, "cluster.backend=paddlejob", "cluster.max_restarts=2"), tmp_path, cluster, []).run()
+    assert restart_env == ["0"] and cluster.objects == {}
+
+
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_a_missing_crd_is_a_clear_error_and_leaves_nothing_behind(config, tmp_path, launcher_pod, backend):
     class NoJobSetCrd(FakeCluster):
         def create_namespaced_custom_object(self, *args, **kwargs):
             raise ApiException(status=404, reason="Not Found")
 
     cluster = NoJobSetCrd(lambda cluster, body: None)
-    with pytest.raises(RuntimeError, match=r"cannot create JobSet .*HTTP 404.*is its CRD installed"):
-        _launcher(_cfg(config), tmp_path, cluster, []).run()
+    first = "TrainingRuntime" if backend == "trainjob" else "JobSet"
+    with pytest.raises(RuntimeError, match=rf"cannot create {first} .*HTTP 404.*is its CRD installed"):
+        _launcher(_cfg(config, f"cluster.backend={backend}"), tmp_path, cluster, []).run()
     assert cluster.objects == {} and cluster.deleted == [("NetworkPolicy", cluster.created[0][1], "Background")]
 
 
@@ -519,23 +701,37 @@ def _wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
         threading.Event().wait(0.005)
 
 
-def test_clients_come_from_the_pods_service_account_else_the_kubeconfig(monkeypatch):
+def test_clients_act_as_the_launcher_token_else_the_pods_account_else_the_kubeconfig(monkeypatch, tmp_path):
     from kubernetes import client, config
 
     loaded = []
 
-    def no_service_account():
+    def no_service_account(client_configuration=None):
         raise config.ConfigException("Service host/port is not set.")
 
     monkeypatch.setattr(config, "load_incluster_config", no_service_account)
-    monkeypatch.setattr(config, "load_kube_config", lambda: loaded.append("kubeconfig"))
-    apis = kubernetes_job.KubeApis.from_environment()
+    monkeypatch.setattr(config, "load_kube_config", lambda client_configuration=None: loaded.append("kubeconfig"))
+    apis = kubernetes_job.KubeApis.from_environment(token_dir=str(tmp_path / "not-mounted"))
     assert loaded == ["kubeconfig"]
     assert (type(apis.custom), type(apis.core), type(apis.networking)) == (
         client.CustomObjectsApi, client.CoreV1Api, client.NetworkingV1Api)
 
+    # In the train step: the launcher account's token Secret, mounted; every client sends its token.
+    (tmp_path / "token").write_text("launcher-token")
+    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    apis = kubernetes_job.KubeApis.from_environment(token_dir=str(tmp_path))
+    assert loaded == ["kubeconfig"]  # not asked again
+    for api in (apis.custom, apis.core, apis.networking):
+        configuration = api.api_client.configuration
+        assert configuration.host == "https://10.96.0.1:443"
+        assert configuration.api_key["authorization"] == "bearer launcher-token"
+        assert configuration.ssl_ca_cert == str(tmp_path / "ca.crt")
 
-def test_a_job_whose_pods_never_start_fails_with_the_reason_and_is_deleted(config, tmp_path, launcher_pod):
+
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_a_job_whose_pods_never_start_fails_with_the_reason_and_is_deleted(config, tmp_path, launcher_pod, backend):
     def controller(cluster, body):
         for role, index in (("ps", 0), ("worker", 0), ("worker", 1)):
             pod = cluster.add_pod(body, role, index)
@@ -544,15 +740,23 @@ def test_a_job_whose_pods_never_start_fails_with_the_reason_and_is_deleted(confi
 
     cluster = FakeCluster(controller)
     with pytest.raises(PsJobError) as failed:
-        _launcher(_cfg(config, "cluster.start_timeout_s=0.2"), tmp_path, cluster, []).run()
+        cfg = _cfg(config, f"cluster.backend={backend}", "cluster.start_timeout_s=0.2")
+        _launcher(cfg, tmp_path, cluster, []).run()
     assert "no pod started within 0s (cluster.start_timeout_s): ImagePullBackOff: back-off pulling" in str(failed.value)
     assert cluster.objects == {}
 
 
-def test_pods_read_a_minio_artifact_through_s3(config, tmp_path, launcher_pod):
-    bodies = []
-    controller = _succeeding_controller(bodies)
-    KubernetesJob(prepare_job(_cfg(config), None), "minio://mlpipeline/v2/artifacts/ctr/prepare-data/dataset", tmp_path / "logs",
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_pods_read_a_minio_artifact_through_s3(config, tmp_path, launcher_pod, backend):
+    bodies, workers = [], []
+    succeed = _succeeding_controller(bodies)
+
+    def controller(cluster, body):
+        workers.append(cluster.pod_templates(body)["worker"])
+        succeed(cluster, body)
+
+    KubernetesJob(prepare_job(_cfg(config, f"cluster.backend={backend}"), None),
+                  "minio://mlpipeline/v2/artifacts/ctr/prepare-data/dataset", tmp_path / "logs",
                   echo=lambda line: None, apis=FakeCluster(controller).apis(), poll_s=POLL_S).run()
-    env = {e["name"]: e.get("value") for e in _pod_templates(bodies[0])["worker"]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in workers[0]["spec"]["containers"][0]["env"]}
     assert json.loads(env["PS_JOB_SPEC"])["data_dir"] == "s3://mlpipeline/v2/artifacts/ctr/prepare-data/dataset"

@@ -1,6 +1,9 @@
-"""The Kubernetes objects of a PS job, checked offline: against the Kubernetes client's models, the JobSet and
-PaddleJob CRD schemas (../shared/schemas), and against the env the local backend gives the same roles."""
+"""The Kubernetes objects of a PS job, checked offline: against the Kubernetes client's models, the Trainer, JobSet
+and PaddleJob CRD schemas (../shared/schemas), Trainer's webhook rules and what Trainer, the Job controller and
+JobSet make of the objects (:mod:`tests.train.backends.kube_controllers`), and against the env the local backend
+gives the same roles."""
 
+import copy
 import json
 import re
 from pathlib import Path
@@ -12,16 +15,20 @@ from kubernetes.client import ApiClient
 
 from components.checkpoint.restore import RestoreTarget
 from components.checkpoint.store import CheckpointStore
-from components.config import from_dict, to_dict, validate
-from components.ps.contract import INDEX_ENV, RESTART_ENV, SPEC_ENV, Role, role_env
+from components.config import ConfigError, from_dict, to_dict, validate
+from components.ps.contract import CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, Role, role_env
 from components.train.backends import manifests
 from components.train.job import PreparedJob, planned_config
 from tests.conftest import ROOT, SCHEMAS, needs_schemas
+from tests.train.backends.kube_controllers import (job_failure, jobset_action, training_runtime_errors,
+                                                   trainjob_jobset)
 
 DIGEST = "sha256:" + "ab" * 32
 OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "ctr-run-train-abc", "uid": "1b2c3d4e-0000-1111-2222-333344445555"}
 # What a pod gets besides the Paddle environment of its role.
 EXTRA_ENV = {RESTART_ENV, SPEC_ENV, "HOME", "PYTHONUNBUFFERED", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
+BACKENDS = ["trainjob", "jobset", "paddlejob"]
+JOBSET_BACKENDS = ["trainjob", "jobset"]  # a JobSet runs the job: the launcher's own, or the one Trainer builds
 
 
 @pytest.fixture
@@ -57,10 +64,29 @@ def _round_trip(obj: dict, model: str) -> dict:
     return client.sanitize_for_serialization(client.deserialize(response, model))
 
 
+def _running(objects: list[dict]) -> dict:
+    """What runs the job: the JobSet, the JobSet Trainer builds from the TrainingRuntime and TrainJob, the PaddleJob."""
+    if objects[-1]["kind"] == "TrainJob":
+        return trainjob_jobset(objects[-2], objects[-1])
+    return objects[-1]
+
+
+def _replicated_jobs(jobset):
+    return {rj["name"]: rj for rj in jobset["spec"]["replicatedJobs"]}
+
+
 def _pod_templates(obj):
+    """Pod templates by role (``ps``, ``worker``) of what runs the job."""
     if obj["kind"] == "JobSet":
-        return {rj["name"]: rj["template"]["spec"]["template"] for rj in obj["spec"]["replicatedJobs"]}
+        templates = {name: rj["template"]["spec"]["template"] for name, rj in _replicated_jobs(obj).items()}
+        return {"ps": templates["ps"], "worker": templates.get("worker") or templates["node"]}
     return {key: obj["spec"][key]["template"] for key in ("ps", "worker")}
+
+
+def _index_fields(backend: str, index: int) -> dict:
+    """The downward-API fields a pod of index ``index`` reads."""
+    field = manifests.COMPLETION_INDEX_FIELD if backend == "trainjob" else manifests.JOBSET_INDEX_FIELD
+    return {field: str(index), manifests.JOBSET_RESTART_FIELD: "0"}
 
 
 def _kubelet_env(container_env, fields, appended=(), env_from=None):
@@ -78,48 +104,102 @@ def _kubelet_env(container_env, fields, appended=(), env_from=None):
     return env
 
 
-@pytest.mark.parametrize("backend", ["jobset", "paddlejob"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_objects_fit_the_kubernetes_models(prod, backend):
     cfg = prod(f"cluster.backend={backend}")
-    policy, job = _objects(cfg)
+    policy, *jobs = _objects(cfg)
     assert _round_trip(policy, "V1NetworkPolicy") == policy
-    for template in _pod_templates(job).values():
+    running = _running(jobs)
+    for template in _pod_templates(running).values():
         assert _round_trip(template, "V1PodTemplateSpec") == template
+    if running["kind"] == "JobSet":  # each replicated job's Job, its podFailurePolicy included
+        for rjob in running["spec"]["replicatedJobs"]:
+            assert _round_trip(rjob["template"]["spec"], "V1JobSpec") == rjob["template"]["spec"]
+    if backend == "trainjob":
+        trainer = jobs[-1]["spec"]["trainer"]
+        assert _round_trip(trainer["resourcesPerNode"], "V1ResourceRequirements") == trainer["resourcesPerNode"]
+        assert [_round_trip(e, "V1EnvVar") for e in trainer["env"]] == trainer["env"]
     for obj in manifests.launcher_rbac(cfg):
         assert _round_trip(obj, f"V1{obj['kind']}") == obj
 
 
+CRDS = {"JobSet": "jobset.x-k8s.io_jobsets.yaml", "PaddleJob": "batch.paddlepaddle.org_paddlejobs.yaml",
+        "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
+        "TrainJob": "trainer.kubeflow.org_trainjobs.yaml"}
+
+
 @needs_schemas
-@pytest.mark.parametrize("backend", ["jobset", "paddlejob"])
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_objects_fit_the_crd_schemas(prod, backend):
-    _, job = _objects(prod(f"cluster.backend={backend}"))
-    schema = _crd_schema("jobset.x-k8s.io_jobsets.yaml" if backend == "jobset"
-                         else "batch.paddlepaddle.org_paddlejobs.yaml")
-    jsonschema.validate(job, schema)
+    _, *jobs = _objects(prod(f"cluster.backend={backend}"))
+    for job in jobs + ([_running(jobs)] if backend == "trainjob" else []):  # and the JobSet Trainer makes
+        jsonschema.validate(job, _crd_schema(CRDS[job["kind"]]))
+    job = jobs[0]
     with pytest.raises(jsonschema.ValidationError):  # the schema is strict enough to catch a wrong type
-        broken = json.loads(json.dumps(job))
-        (broken["spec"]["replicatedJobs"][0] if backend == "jobset" else broken["spec"]["ps"])["replicas"] = "two"
-        jsonschema.validate(broken, schema)
+        broken = copy.deepcopy(job)
+        replicated = (broken["spec"]["template"]["spec"] if job["kind"] == "TrainingRuntime" else broken["spec"])
+        (replicated["replicatedJobs"][0] if "replicatedJobs" in replicated else replicated["ps"])["replicas"] = "two"
+        jsonschema.validate(broken, _crd_schema(CRDS[job["kind"]]))
 
 
+def test_training_runtime_passes_trainers_webhook_and_trainer_patches_only_the_node_job(prod):
+    cfg = prod("cluster.backend=trainjob", "ps.servers=3", "ps.workers=4", "cluster.workers.cpu=6")
+    _, runtime, trainjob = _objects(cfg)
+    assert training_runtime_errors(runtime) == []
+    rjobs = _replicated_jobs(runtime["spec"]["template"])
+    assert list(rjobs) == ["ps", "node"]  # servers first (InOrder)
+    assert rjobs["node"]["replicas"] == 1 and rjobs["node"]["template"]["metadata"]["labels"] == {
+        manifests.TRAINER_ANCESTOR_LABEL: manifests.TRAINER_ANCESTOR}
+    assert [c["name"] for c in rjobs["node"]["template"]["spec"]["template"]["spec"]["containers"]] == ["node"]
+    # Trainer gives every container named node the TrainJob's env and resources: the servers' is not one.
+    assert [c["name"] for c in rjobs["ps"]["template"]["spec"]["template"]["spec"]["containers"]] == ["server"]
+    assert "metadata" not in rjobs["ps"]["template"]
+    assert trainjob["spec"]["runtimeRef"] == {"apiGroup": "trainer.kubeflow.org", "kind": "TrainingRuntime",
+                                              "name": runtime["metadata"]["name"]}
+    assert trainjob["spec"]["trainer"]["numNodes"] == 4
+    assert trainjob["spec"]["trainer"]["resourcesPerNode"]["requests"] == {"cpu": "6", "memory": "32Gi"}
+
+    built = _replicated_jobs(trainjob_jobset(runtime, trainjob))
+    assert (built["node"]["replicas"], built["node"]["template"]["spec"]["parallelism"]) == (1, 4)
+    assert (built["ps"]["replicas"], built["ps"]["template"]["spec"]["parallelism"]) == (1, 3)
+    server = built["ps"]["template"]["spec"]["template"]["spec"]["containers"][0]
+    assert server["resources"]["requests"] == {"cpu": "8", "memory": "32Gi"}
+    assert {e["name"]: e.get("value") for e in server["env"]}["TRAINING_ROLE"] == "PSERVER"
+
+    # The webhook's rules, as the checker applies them, refuse what they should.
+    for breaks in (lambda rj: rj.update(replicas=2),
+                   lambda rj: rj["template"]["spec"]["template"]["spec"]["containers"][0].update(name="worker")):
+        broken = copy.deepcopy(runtime)
+        breaks(broken["spec"]["template"]["spec"]["replicatedJobs"][1])
+        assert len(training_runtime_errors(broken)) == 1
+
+
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
 @pytest.mark.parametrize("servers,workers", [(2, 2), (3, 1)])
-def test_jobset_pod_env_equals_the_local_backends_env(prod, servers, workers):
-    cfg = prod(f"ps.servers={servers}", f"ps.workers={workers}")
-    _, job = _objects(cfg)
+def test_jobset_pod_env_equals_the_local_backends_env(prod, backend, servers, workers):
+    cfg = prod(f"cluster.backend={backend}", f"ps.servers={servers}", f"ps.workers={workers}")
+    running = _running(_objects(cfg)[1:])
     layout = manifests.kubernetes_layout(cfg, "ctr-1a2b3c")
-    templates = _pod_templates(job)
+    templates = _pod_templates(running)
     for role, count in ((Role.SERVER, servers), (Role.WORKER, workers)):
-        container = templates[manifests.REPLICATED_JOB[role]]["spec"]["containers"][0]
+        container = templates[REPLICATED_ROLE[role]]["spec"]["containers"][0]
         for index in range(count):
-            fields = {manifests.JOBSET_INDEX_FIELD: str(index), manifests.JOBSET_RESTART_FIELD: "0"}
-            env = _kubelet_env(container["env"], fields)
+            env = _kubelet_env(container["env"], _index_fields(backend, index))
             expected = role_env(layout, role, index)
             assert {k: env[k] for k in expected} == expected
             assert set(env) - set(expected) == EXTRA_ENV
-    # The endpoints are the pods' stable DNS names: <jobset>-<replicated job>-<job index>-<pod index>.<subdomain>
-    assert layout.server_endpoints[0] == "ctr-1a2b3c-ps-0-0.ctr-1a2b3c:36000"
-    assert layout.gloo_endpoint == "ctr-1a2b3c-ps-0-0.ctr-1a2b3c:36018"
-    assert job["spec"]["network"]["subdomain"] == "ctr-1a2b3c"
+    # The endpoints are the pods' stable DNS names: <jobset>-<replicated job>-<job index>-<pod index>.<subdomain>;
+    # Trainer's replicated jobs are one Job each, whose pod index is the role index.
+    if backend == "trainjob":
+        assert layout.server_endpoints == tuple(f"ctr-1a2b3c-ps-0-{i}.ctr-1a2b3c:36000" for i in range(servers))
+        assert layout.worker_endpoints == tuple(f"ctr-1a2b3c-node-0-{i}.ctr-1a2b3c:36000" for i in range(workers))
+    else:
+        assert layout.server_endpoints == tuple(f"ctr-1a2b3c-ps-{i}-0.ctr-1a2b3c:36000" for i in range(servers))
+    assert layout.gloo_endpoint == f"{layout.server_endpoints[0].rsplit(':', 1)[0]}:36018"
+    assert running["spec"]["network"]["subdomain"] == running["metadata"]["name"] == "ctr-1a2b3c"
+
+
+REPLICATED_ROLE = {Role.SERVER: "ps", Role.WORKER: "worker"}  # _pod_templates' keys
 
 
 def test_paddlejob_pod_env_with_the_operators_variables_equals_the_local_backends_env(prod):
@@ -143,11 +223,11 @@ def test_paddlejob_pod_env_with_the_operators_variables_equals_the_local_backend
     assert job["spec"]["intranet"] == "Service"
 
 
-def test_pod_spec_carries_the_job_and_nothing_secret(prod):
-    cfg = prod("ps.epochs=7")
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_pod_spec_carries_the_job_and_nothing_secret(prod, backend):
+    cfg = prod(f"cluster.backend={backend}", "ps.epochs=7")
     restore = RestoreTarget("s3://ctr/ckpt", "x", resume=True, shard_num=12)
-    _, job = _objects(cfg, restore=restore)
-    container = _pod_templates(job)["worker"]["spec"]["containers"][0]
+    container = _pod_templates(_running(_objects(cfg, restore=restore)[1:]))["worker"]["spec"]["containers"][0]
     env = {e["name"]: e for e in container["env"]}
     spec = json.loads(env[SPEC_ENV]["value"])
     assert spec["data_dir"] == "s3://ctr/kfp/prepare/dataset" and spec["restore"]["id"] == "x"
@@ -162,10 +242,11 @@ def test_pod_spec_carries_the_job_and_nothing_secret(prod):
     assert env[RESTART_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == manifests.JOBSET_RESTART_FIELD
 
 
-def test_pods_are_unprivileged_and_sized_by_role(prod):
-    cfg = prod(f"cluster.workers.image.digest={DIGEST}", "+cluster.servers.node_selector.pool=cpu-highmem")
-    _, job = _objects(cfg)
-    templates = _pod_templates(job)
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pods_are_unprivileged_and_sized_by_role(prod, backend):
+    cfg = prod(f"cluster.backend={backend}", f"cluster.workers.image.digest={DIGEST}",
+               "+cluster.servers.node_selector.pool=cpu-highmem")
+    templates = _pod_templates(_running(_objects(cfg)[1:]))
     for name, template in templates.items():
         spec = template["spec"]
         assert spec["securityContext"]["runAsNonRoot"] is True and spec["securityContext"]["runAsUser"] == 1000
@@ -179,24 +260,47 @@ def test_pods_are_unprivileged_and_sized_by_role(prod):
     assert server["containers"][0]["image"] == "registry.example.com/paddle-ps-pipelines:0.1.0"
     assert worker["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
     assert "nvidia.com/gpu" not in server["containers"][0]["resources"]["limits"]
+    assert "cpu" not in server["containers"][0]["resources"]["limits"]  # unless cluster.servers.cpu_limit
     assert worker["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert server["nodeSelector"] == {"pool": "cpu-highmem"} and "nodeSelector" not in worker
     # Ready once the rendezvous store on server 0 listens: its PS port opens only after the workers joined.
     probe = server["containers"][0]["readinessProbe"]["exec"]["command"]
-    assert probe[-1] == "ctr-1a2b3c-ps-0-0.ctr-1a2b3c:36018"
+    assert probe[-1] == manifests.kubernetes_layout(cfg, "ctr-1a2b3c").gloo_endpoint
 
 
-def test_jobset_order_success_restarts_and_ownership(prod):
-    cfg = prod("cluster.max_restarts=4")
-    policy, job = _objects(cfg)
-    spec = job["spec"]
-    assert [rj["name"] for rj in spec["replicatedJobs"]] == ["ps", "worker"]  # InOrder: servers first
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_jobset_order_success_restarts_and_ownership(prod, backend):
+    cfg = prod(f"cluster.backend={backend}", "cluster.max_restarts=4")
+    policy, *jobs = _objects(cfg)
+    spec = _running(jobs)["spec"]
+    workers = "node" if backend == "trainjob" else "worker"
+    assert [rj["name"] for rj in spec["replicatedJobs"]] == ["ps", workers]  # InOrder: servers first
     assert spec["startupPolicy"] == {"startupPolicyOrder": "InOrder"}
-    assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["worker"]}
+    assert spec["successPolicy"] == {"operator": "All", "targetReplicatedJobs": [workers]}
     assert spec["failurePolicy"]["maxRestarts"] == 4
-    for obj in (policy, job):
+    for obj in (policy, *jobs):
         (owner,) = obj["metadata"]["ownerReferences"]
         assert owner["uid"] == OWNER["uid"] and owner["kind"] == "Pod"
+
+
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+@pytest.mark.parametrize("role", ["ps", "worker"])
+def test_a_configuration_error_fails_the_job_and_a_disruption_restarts_it_without_counting(prod, backend, role):
+    """What the Job controller and JobSet make of a pod's failure, by these manifests' policies."""
+    running = _running(_objects(prod(f"cluster.backend={backend}"))[1:])
+    rjob = _replicated_jobs(running)["node" if (backend, role) == ("trainjob", "worker") else role]
+    job = rjob["template"]["spec"]
+    container = job["template"]["spec"]["containers"][0]["name"]
+
+    def action(exit_code, *conditions):
+        reason, message = job_failure(job, "team-a", f"{rjob['name']}-0-x", container, exit_code, conditions)
+        return jobset_action(running["spec"]["failurePolicy"], rjob["name"], reason, message)
+
+    assert action(CONFIG_ERROR_EXIT) == ("FailJobSet", "ConfigurationError")
+    assert action(143, "DisruptionTarget") == ("RestartJobSetAndIgnoreMaxRestarts", "Disrupted")
+    assert action(1) == ("RestartJobSet", None)  # counts towards maxRestarts
+    assert action(137) == ("RestartJobSet", None)  # e.g. OOM-killed: a restart may get past it
+    assert job["backoffLimit"] == 0 and job["template"]["spec"]["restartPolicy"] == "Never"
 
 
 def test_network_policy_admits_ps_ports_only_from_the_jobs_pods(prod):
@@ -213,11 +317,36 @@ def test_network_policy_admits_ps_ports_only_from_the_jobs_pods(prod):
     assert len(_objects(prod("cluster.network_policy=false"))) == 1
 
 
-def test_mesh_encryption_opts_pods_into_istio_ambient_mode(prod):
-    _, job = _objects(prod("cluster.mesh_encryption=true"))
-    for template in _pod_templates(job).values():
-        assert template["metadata"]["labels"]["istio.io/dataplane-mode"] == "ambient"
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_pods_opt_out_of_sidecars_unless_mesh_encryption_puts_them_in_ambient_mode(prod, backend):
+    for template in _pod_templates(_running(_objects(prod(f"cluster.backend={backend}"))[1:])).values():
+        labels = template["metadata"]["labels"]
+        assert labels[manifests.SIDECAR_INJECT_LABEL] == "false" and "istio.io/dataplane-mode" not in labels
+    meshed = _running(_objects(prod(f"cluster.backend={backend}", "cluster.mesh_encryption=true"))[1:])
+    for template in _pod_templates(meshed).values():
+        labels = template["metadata"]["labels"]
+        assert labels["istio.io/dataplane-mode"] == "ambient" and manifests.SIDECAR_INJECT_LABEL not in labels
         assert not any(c["name"] == "istio-proxy" for c in template["spec"]["containers"])
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_multi_user_namespaces_pull_secrets_cpu_limits_and_a_kueue_queue(prod, backend):
+    queue = [] if backend == "paddlejob" else ["cluster.queue_name=team-a-queue"]
+    policy, *jobs = _objects(prod(f"cluster.backend={backend}", "cluster.image_pull_secrets=[regcred,mirror]",
+                                  "cluster.servers.cpu_limit=8", *queue))
+    for role, template in _pod_templates(_running(jobs)).items():
+        assert template["spec"]["imagePullSecrets"] == [{"name": "regcred"}, {"name": "mirror"}]
+        limits = template["spec"]["containers"][0]["resources"]["limits"]
+        assert limits.get("cpu") == ("8" if role == "ps" else None)
+    queued = [obj["kind"] for obj in (policy, *jobs)
+              if obj["metadata"]["labels"].get(manifests.KUEUE_QUEUE_LABEL) == "team-a-queue"]
+    assert queued == {"trainjob": ["TrainJob"], "jobset": ["JobSet"], "paddlejob": []}[backend]
+
+
+def test_kueue_cannot_queue_a_paddlejob(prod):
+    with pytest.raises(ConfigError) as err:
+        prod("cluster.backend=paddlejob", "cluster.queue_name=team-a-queue")
+    assert err.value.key == "cluster.queue_name"
 
 
 def test_paddlejob_restart_attempt_is_a_value_the_launcher_sets(prod):
@@ -229,6 +358,9 @@ def test_paddlejob_restart_attempt_is_a_value_the_launcher_sets(prod):
 def test_worker0_selector_matches_the_labels_the_controllers_set(prod):
     jobset = manifests.worker0_selector(prod(), "ctr-1a2b3c")
     assert "jobset.sigs.k8s.io/replicatedjob-name=worker" in jobset and "job-index=0" in jobset
+    trainjob = manifests.worker0_selector(prod("cluster.backend=trainjob"), "ctr-1a2b3c")
+    assert trainjob == ("jobset.sigs.k8s.io/jobset-name=ctr-1a2b3c,jobset.sigs.k8s.io/replicatedjob-name=node,"
+                        "batch.kubernetes.io/job-completion-index=0")
     paddle = manifests.worker0_selector(prod("cluster.backend=paddlejob"), "ctr-1a2b3c")
     assert paddle == "paddle-res-name=ctr-1a2b3c-worker-0"
 
@@ -248,3 +380,36 @@ def test_the_readiness_probe_passes_exactly_when_the_store_listens(prod):
         probe = [sys.executable, *command[1:-1], endpoint]
         assert subprocess.run(probe, cwd=ROOT).returncode == 0
     assert subprocess.run(probe, cwd=ROOT).returncode != 0
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rbac_grants_the_launcher_the_kinds_of_its_backend_only(prod, backend):
+    cfg = prod(f"cluster.backend={backend}")
+    account, token, role, binding = manifests.launcher_rbac(cfg)
+    assert (account["kind"], account["metadata"]["name"]) == ("ServiceAccount", "ctr-ps-launcher")
+    assert token["type"] == "kubernetes.io/service-account-token"
+    assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "ctr-ps-launcher"}
+    granted = {(group, resource) for rule in role["rules"] for group in rule["apiGroups"]
+               for resource in rule["resources"]}
+    kinds = {obj["kind"] for obj in _objects(cfg)}
+    plural = {f"{kind.lower()}s" for kind in kinds}
+    assert plural - {"networkpolicys"} <= {resource for _, resource in granted}  # every kind it creates
+    jobs = {"jobsets", "paddlejobs", "trainjobs", "trainingruntimes"}
+    assert {resource for _, resource in granted} & jobs == plural & jobs  # and no other backend's
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ctr-ps-launcher", "namespace": "kubeflow"}]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_review_manifests_are_the_objects_of_a_run_without_its_own_names(prod, backend):
+    cfg = prod(f"cluster.backend={backend}", "cluster.namespace=team-a")
+    review = manifests.review_manifests(cfg, "s3://ctr/kfp/<run>/dataset")
+    run = _objects(cfg)
+    assert [obj["kind"] for obj in review] == [obj["kind"] for obj in run]
+    for obj in review:
+        assert obj["metadata"]["namespace"] == "team-a" and "ownerReferences" not in obj["metadata"]
+        assert obj["metadata"]["name"].startswith(manifests.REVIEW_NAME)
+    worker = _pod_templates(_running(review[1:]))["worker"]["spec"]["containers"][0]
+    env = {e["name"]: e.get("value") for e in worker["env"]}
+    assert json.loads(env[SPEC_ENV])["data_dir"] == "s3://ctr/kfp/<run>/dataset"
+    if backend == "trainjob":
+        assert training_runtime_errors(review[1]) == []
