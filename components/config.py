@@ -225,6 +225,9 @@ class ClusterConfig:
     network_policy: bool = True  # admit the PS ports only from this job's pods
     mesh_encryption: bool = False  # opt in to Istio ambient mode (ztunnel mTLS, no sidecars) for PS traffic
     run_as_user: int = 1000
+    # The cosign public key (PEM file on the compiling machine) the images are signed with: when set, the run
+    # directory gets k8s/image-policy.yaml, a sigstore policy-controller policy admitting only signed images.
+    image_signing_key: Optional[str] = None
 
 
 @dataclass

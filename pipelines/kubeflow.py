@@ -6,6 +6,7 @@ The run directory gets::
     pipeline.yaml       the compiled pipeline (IR YAML + Kubernetes platform spec): submitted, or to upload
     config.yaml         the config compiled into it (storage credentials appear only as secret names)
     k8s/rbac.yaml       what the steps' service account needs to run PS jobs (``kubectl apply -f``, once)
+    k8s/image-policy.yaml  with cluster.image_signing_key: admit only images signed with that key
     kubeflow_run.json   after a submission: the run id, its URL, the experiment and the run parameters
     metrics.json        with cluster.wait, after the run succeeded: its test metrics (as a local run writes)
 
@@ -37,6 +38,7 @@ from pipelines.pipeline import PIPELINE_NAME, compile_pipeline, compiled_config
 PIPELINE_FILE = "pipeline.yaml"
 CONFIG_FILE = "config.yaml"
 RBAC_FILE = "k8s/rbac.yaml"
+IMAGE_POLICY_FILE = "k8s/image-policy.yaml"
 RUN_FILE = "kubeflow_run.json"
 METRICS_FILE = "metrics.json"
 # Per socket operation: a host that drops packets fails in seconds, not after the OS's connect timeout.
@@ -97,14 +99,18 @@ class _PlainDumper(yaml.SafeDumper):
 
 def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
     """Compile the pipeline and write the run directory's files; returns the pipeline YAML's path."""
+    from components.train.backends.image_policy import job_image_policy, to_yaml
     from components.train.backends.manifests import launcher_rbac
 
+    image_policy = job_image_policy(cfg)  # reads the signing key: a bad one fails before anything is compiled
     run_dir.mkdir(parents=True, exist_ok=True)
     pipeline_path = Path(compile_pipeline(cfg, run_dir / PIPELINE_FILE))
     (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(compiled_config(cfg)))))
     rbac = run_dir / RBAC_FILE
     rbac.parent.mkdir(exist_ok=True)
     rbac.write_text(yaml.dump_all(launcher_rbac(cfg), Dumper=_PlainDumper, sort_keys=False))
+    if image_policy:
+        (run_dir / IMAGE_POLICY_FILE).write_text(to_yaml(image_policy))
     return pipeline_path
 
 
@@ -254,6 +260,8 @@ def run_kubeflow(cfg: CtrConfig) -> float:
     pipeline_path = write_run_files(cfg, run_dir)
     files = [("pipeline", str(pipeline_path)), ("config", str(run_dir / CONFIG_FILE)),
              ("rbac", f"{run_dir / RBAC_FILE} (kubectl apply -f it once per namespace)")]
+    if cfg.cluster.image_signing_key:
+        files.append(("image policy", f"{run_dir / IMAGE_POLICY_FILE} (kubectl apply -f it once; sigstore policy-controller)"))
     if not cfg.cluster.submit:
         _print_rows("== Kubeflow pipeline compiled (cluster.submit=false: not submitted)", [
             *files, ("upload", "Kubeflow UI > Pipelines > Upload pipeline, then Create run"),
