@@ -85,9 +85,11 @@ for package in "${needed[@]}"; do
     dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
 done
 if [ ${#missing[@]} -gt 0 ]; then
-    echo "apt-get install ${missing[*]}"
+    t0=$(date +%s)
     apt-get update > "$LOGS/apt.log" 2>&1 && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
         "${missing[@]}" >> "$LOGS/apt.log" 2>&1 || fail "apt-get install failed: see $LOGS/apt.log"
+    echo "apt-get install ${missing[*]}: $(since "$t0") s"
+    record apt_seconds "$(since "$t0")"
 fi
 podman --version
 # No change under /etc: runc (crun refuses hybrid cgroups), ulimits within this sandbox's hard limits (no
@@ -144,6 +146,7 @@ the wheels for the image must be built by the same version"
             > "$LOGS/wheels.log" 2>&1 || fail "pip wheel failed: see $LOGS/wheels.log"
         printf '%s\n' "$requirements" > containers/wheels/.requirements
         echo "wheels for Python $host_python: $(since "$t0") s"
+        record wheels_seconds "$(since "$t0")"
     fi
 fi
 echo "base: $BASE"

@@ -44,12 +44,12 @@ def repository(image: str) -> str:
     return f"{DOCKER_HUB}/{path if '/' in path else 'library/' + path}"
 
 
-def image_globs(images: Iterable[str]) -> list[str]:
+def image_globs(images: Iterable[str]) -> list[dict]:
     """One glob per repository, matching its tags and digests (``repo:tag``, ``repo@sha256:...``).
 
-    policy-controller's ``*`` matches any characters but ``/``, and its globs cannot hold ``@``, so ``repo*``
-    also covers sibling repositories whose name starts with the same characters (``repo-gpu``): they then
-    need the same signature, which is stricter, never looser.
+    policy-controller's ``*`` matches any characters but ``/``, so ``repo*`` matches both; it also covers
+    sibling repositories whose name starts with the same characters (``repo-gpu``): they then need the same
+    signature, which is stricter, never looser.
     """
     return [{"glob": f"{repo}*"} for repo in sorted({repository(image) for image in images})]
 
@@ -100,13 +100,16 @@ def job_image_policy(cfg: CtrConfig) -> Optional[dict]:
     return cluster_image_policy(images, key)
 
 
-def to_yaml(policy: dict) -> str:
-    class Literal(yaml.SafeDumper):
-        """Multi-line strings (the PEM key) as ``|`` blocks, as a person would write them."""
+class _BlockDumper(yaml.SafeDumper):
+    """Multi-line strings (the PEM key) as ``|`` blocks, as a person would write them."""
 
-    Literal.add_representer(str, lambda dumper, text: dumper.represent_scalar(
-        "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
-    return yaml.dump(policy, Dumper=Literal, sort_keys=False)
+
+_BlockDumper.add_representer(str, lambda dumper, text: dumper.represent_scalar(
+    "tag:yaml.org,2002:str", text, style="|" if "\n" in text else None))
+
+
+def to_yaml(policy: dict) -> str:
+    return yaml.dump(policy, Dumper=_BlockDumper, sort_keys=False)
 
 
 def main(argv: list[str]) -> int:
