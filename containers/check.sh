@@ -153,11 +153,15 @@ echo "base: $BASE"
 
 # -- 3. image and compose file ---------------------------------------------------------------------------------
 say "build $IMAGE"
+previous=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
 t0=$(date +%s)
 podman build -f containers/Dockerfile --build-arg FLAVOR=cpu --build-arg CPU_BASE="$BASE" --build-arg GPU_BASE="$BASE" \
     --build-arg PIP_NO_INDEX=$PIP_NO_INDEX -t "$IMAGE" . > "$LOGS/build.log" 2>&1 \
     || { tail -30 "$LOGS/build.log"; fail "podman build failed: see $LOGS/build.log"; }
 build_s=$(since "$t0")
+# The image this build replaced, now untagged (kept only while a container or another tag uses it).
+[ -n "$previous" ] && [ "$previous" != "$(podman image inspect --format '{{.Id}}' "$IMAGE")" ] \
+    && podman rmi "$previous" > /dev/null 2>&1 || true
 image_bytes=$(podman image inspect --format '{{.Size}}' "$IMAGE")
 image_gb=$(awk -v b="$image_bytes" 'BEGIN {printf "%.2f", b / 1e9}')
 echo "built in ${build_s} s, ${image_gb} GB"
