@@ -281,6 +281,9 @@ class ClusterConfig:
     mesh_encryption: bool = False  # opt in to Istio ambient mode (ztunnel mTLS, no sidecars) for PS traffic
     run_as_user: int = 1000
     queue_name: Optional[str] = None  # a Kueue LocalQueue: the TrainJob or JobSet waits there for quota
+    # The cosign public key (PEM file on the compiling machine) the images are signed with: when set, the run
+    # directory gets k8s/image-policy.yaml, a sigstore policy-controller policy admitting only signed images.
+    image_signing_key: Optional[str] = None
 
 
 @dataclass

@@ -7,6 +7,7 @@ The run directory gets::
     config.yaml         the config compiled into it (storage credentials appear only as secret names)
     k8s/rbac.yaml       the launcher account the train step acts as, and what it may do (``kubectl apply -f``, once)
     k8s/ps-job.yaml     the objects the train step will create, for review (``kubectl apply --dry-run=server -f``)
+    k8s/image-policy.yaml  with cluster.image_signing_key: admit only images signed with that key
     kubeflow_run.json   after a submission: the run id, its URL, the experiment and the run parameters
     metrics.json        with cluster.wait, after the run succeeded: its test metrics (as a local run writes)
 
@@ -39,6 +40,7 @@ PIPELINE_FILE = "pipeline.yaml"
 CONFIG_FILE = "config.yaml"
 RBAC_FILE = "k8s/rbac.yaml"
 PS_JOB_FILE = "k8s/ps-job.yaml"
+IMAGE_POLICY_FILE = "k8s/image-policy.yaml"
 RUN_FILE = "kubeflow_run.json"
 METRICS_FILE = "metrics.json"
 # KFP's default artifact store (MinIO) when no cluster.pipeline_root is given.
@@ -107,8 +109,10 @@ def review_data_uri(cfg: CtrConfig) -> str:
 
 def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
     """Compile the pipeline and write the run directory's files; returns the pipeline YAML's path."""
+    from components.train.backends.image_policy import job_image_policy, to_yaml
     from components.train.backends.manifests import REVIEW_NAME, launcher_rbac, review_manifests
 
+    image_policy = job_image_policy(cfg)  # reads the signing key: a bad one fails before anything is compiled
     run_dir.mkdir(parents=True, exist_ok=True)
     pipeline_path = Path(compile_pipeline(cfg, run_dir / PIPELINE_FILE))
     (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(compiled_config(cfg)))))
@@ -121,6 +125,8 @@ def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
               "# train step's pod).\n")
     objects = review_manifests(compiled_config(cfg), review_data_uri(cfg))  # the config the train step gets
     (run_dir / PS_JOB_FILE).write_text(header + yaml.dump_all(objects, Dumper=_PlainDumper, sort_keys=False))
+    if image_policy:
+        (run_dir / IMAGE_POLICY_FILE).write_text(to_yaml(image_policy))
     return pipeline_path
 
 
@@ -273,6 +279,9 @@ def run_kubeflow(cfg: CtrConfig) -> float:
              ("rbac", f"{run_dir / RBAC_FILE} (kubectl apply -f it once per namespace)"),
              ("ps job", f"{run_dir / PS_JOB_FILE} (what the train step creates, to review: "
                         "kubectl apply --dry-run=server -f)")]
+    if cfg.cluster.image_signing_key:
+        files.append(("image policy", f"{run_dir / IMAGE_POLICY_FILE} (kubectl apply -f it once; sigstore "
+                                      "policy-controller)"))
     if not cfg.cluster.submit:
         _print_rows("== Kubeflow pipeline compiled (cluster.submit=false: not submitted)", [
             *files, ("upload", "Kubeflow UI > Pipelines > Upload pipeline, then Create run"),

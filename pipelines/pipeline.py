@@ -54,8 +54,9 @@ Outputs = NamedTuple("Outputs", [("checkpoint", Model), ("logs", Artifact), ("me
 
 
 def compiled_config(cfg: CtrConfig) -> CtrConfig:
-    """The config a pipeline carries: ``run_dir`` is the driver's folder (Hydra's), which no step uses."""
-    return dataclasses.replace(cfg, run_dir=".")
+    """The config a pipeline carries, without what only the driver uses: ``run_dir`` (Hydra's folder) and
+    ``cluster.image_signing_key`` (a file on the driver's machine, read into ``k8s/image-policy.yaml``)."""
+    return dataclasses.replace(cfg, run_dir=".", cluster=dataclasses.replace(cfg.cluster, image_signing_key=None))
 
 
 def display_names(cfg: CtrConfig) -> dict[str, str]:

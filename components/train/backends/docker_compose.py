@@ -1,20 +1,25 @@
-"""A docker-compose file for one PS job on one host, generated from the config.
+"""A docker-compose file for one PS job on one host, generated from the config, and its job spec file.
 
-    python -m components.train.backends.docker_compose [overrides...] [--out containers/docker-compose.yaml]
+    python -m components.train.backends.docker_compose [overrides...] --out containers/docker-compose.yaml
     docker compose -f containers/docker-compose.yaml up --abort-on-container-failure
 
 Services: ``prep`` builds the dataset into the ``dataset`` volume and exits; ``ps-<i>`` servers start once it
-succeeded; ``worker-<i>`` workers start once every server is ready for them (:func:`ready_endpoints`).
-Servers and workers run ``python -m components.ps.role`` with exactly the environment
-:func:`components.ps.contract.role_env` gives their role (endpoints are the compose service names) plus the job
-spec in ``PS_JOB_SPEC``. Checkpoints go to
-the ``checkpoints`` volume (``checkpoint.uri`` = :data:`CHECKPOINT_MOUNT`) unless the config names a remote store.
-The mount points are directories of the image (``containers/Dockerfile``), owned by the non-root user.
+succeeded; ``worker-<i>`` workers start once every server is ready for them (:func:`ready_endpoints`);
+``evaluate`` scores the last checkpoint on the test split once every server and worker exited 0, writing the
+report into the ``evaluation`` volume and ``EVALUATION.json`` into the store. Servers and workers run
+``python -m components.ps.role`` with exactly the environment :func:`components.ps.contract.role_env` gives
+their role (endpoints are the compose service names). The job spec is one file beside the compose file
+(:func:`spec_path`), mounted read-only into every service at :data:`SPEC_MOUNT` and named on its command line.
+Checkpoints go to the ``checkpoints`` volume (``checkpoint.uri`` = :data:`CHECKPOINT_MOUNT`) unless the config
+names a remote store. The mount points are directories of the image (``containers/Dockerfile``), owned by the
+non-root user. No service restarts itself: the job decides (a failed role fails the job; resume with
+``python -m pipelines.ctr``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path, PurePosixPath
 from typing import Optional
@@ -23,7 +28,7 @@ import yaml
 
 from components.config import (ConfigError, CtrConfig, DataSource, from_dict, is_remote_uri, register_configs,
                                to_dict, validate)
-from components.ps.contract import SPEC_ENV, ClusterLayout, JobSpec, Role, host_layout, ready_probe_command, role_env
+from components.ps.contract import ClusterLayout, JobSpec, Role, host_layout, ready_probe_command, role_env
 # The container contract the pods use too: the scratch directory and the gloo port rule.
 from components.train.backends.manifests import SCRATCH, gloo_port
 from components.train.job import planned_config
@@ -31,10 +36,13 @@ from components.train.job import planned_config
 PROJECT = "ctr-ps"  # the compose project name, also the job id the gloo store prefixes its keys with
 DATA_MOUNT = "/data"
 CHECKPOINT_MOUNT = "/checkpoints"
+EVALUATION_MOUNT = "/evaluation"
+SPEC_MOUNT = "/etc/ctr-ps/job-spec.json"
 # A sub-directory, not the mount itself: data prep stages a sibling directory and renames it into place.
 DATA_DIR = f"{DATA_MOUNT}/dataset"
 HEALTHCHECK_INTERVAL_S = 2
 PREPARE_COMMAND = "prepare-data"
+EVALUATE_COMMAND = "evaluate"
 REGENERATE = "python -m components.train.backends.docker_compose --out containers/docker-compose.yaml"
 
 
@@ -81,37 +89,49 @@ def _escape(value: str) -> str:
     return value.replace("$", "$$")  # compose interpolates ${...}; $$ is a literal $
 
 
-def compose_file(cfg: CtrConfig, image: str, gpu_image: str) -> dict:
-    """The compose document for ``cfg``: data prep, ``ps.servers`` servers, ``ps.workers`` workers.
+def spec_path(compose_path: Path) -> Path:
+    """The job spec file that goes with a compose file: beside it, named after it."""
+    return compose_path.with_name(f"{compose_path.stem}.job-spec.json")
 
-    Workers run ``gpu_image`` and reserve ``cluster.workers.gpus`` GPUs each (distinct devices) when that is
-    > 0, else ``image``. Storage credentials are passed through from the shell running ``docker compose`` by
-    name only (``cluster.storage_secrets`` keys), never written into the file.
+
+def job_spec(cfg: CtrConfig) -> str:
+    """The spec every service reads, as the file holds it (indented: it is the readable record of the job)."""
+    # A compose job always starts fresh (_check), so nothing is restored and the shard count is the planner's.
+    spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=DATA_DIR, workdir=f"{SCRATCH}/work",
+                   staging_dir=f"{SCRATCH}/staging")
+    return json.dumps(json.loads(spec.to_json()), indent=2, sort_keys=True) + "\n"
+
+
+def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> dict:
+    """The compose document for ``cfg``: data prep, ``ps.servers`` servers, ``ps.workers`` workers, evaluation.
+
+    ``spec_file`` is the job spec's path relative to the compose file (compose resolves it from there). Workers
+    run ``gpu_image`` and reserve ``cluster.workers.gpus`` GPUs each (distinct devices) when that is > 0, else
+    ``image``. Storage credentials are passed through from the shell running ``docker compose`` by name only
+    (``cluster.storage_secrets`` keys), never written into the file.
     """
     _check(cfg)
     layout = compose_layout(cfg)
-    # A compose job always starts fresh (_check), so nothing is restored and the shard count is the planner's.
-    spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=DATA_DIR, workdir=f"{SCRATCH}/work",
-                   staging_dir=f"{SCRATCH}/staging").to_json()
     credentials = {name: None for secret in cfg.cluster.storage_secrets for name in secret.keys}
-    store_is_local = _local_path(cfg.checkpoint.uri) is not None
-    role_volumes = [f"dataset:{DATA_MOUNT}:ro"] + ([f"checkpoints:{CHECKPOINT_MOUNT}"] if store_is_local else [])
-    common = {
-        "user": str(cfg.cluster.run_as_user),
-        # An init as PID 1 forwards `docker compose down`'s SIGTERM and reaps Paddle's helper processes.
-        "init": True,
-    }
+    store = [f"checkpoints:{CHECKPOINT_MOUNT}"] if _local_path(cfg.checkpoint.uri) is not None else []
+    spec_volume = f"./{spec_file}:{SPEC_MOUNT}:ro"
+
+    def service(service_image: str, command: list[str], env: dict, volumes: list[str]) -> dict:
+        return {"image": service_image, "user": str(cfg.cluster.run_as_user),
+                # An init as PID 1 forwards `docker compose down`'s SIGTERM and reaps Paddle's helper processes.
+                "init": True,
+                "restart": "no",  # the job decides: a failed role fails the job
+                "command": [*command, SPEC_MOUNT],
+                **({"environment": {**{k: _escape(v) for k, v in env.items()}, **credentials}}
+                   if env or credentials else {}),
+                "volumes": [spec_volume, *volumes]}
 
     def role_service(role: Role, index: int, service_image: str) -> dict:
-        env = {**role_env(layout, role, index), SPEC_ENV: spec}
-        return {"image": service_image, **common, "command": ["python", "-m", "components.ps.role"],
-                "environment": {**{k: _escape(v) for k, v in env.items()}, **credentials},
-                "volumes": list(role_volumes)}
+        return service(service_image, ["python", "-m", "components.ps.role"], role_env(layout, role, index),
+                       [f"dataset:{DATA_MOUNT}:ro", *store])
 
-    services = {"prep": {"image": image, **common,
-                         "command": ["python", "-m", "components.train.backends.docker_compose", PREPARE_COMMAND],
-                         "environment": {SPEC_ENV: _escape(spec), **credentials},
-                         "volumes": [f"dataset:{DATA_MOUNT}"]}}
+    module = ["python", "-m", "components.train.backends.docker_compose"]
+    services = {"prep": service(image, [*module, PREPARE_COMMAND], {}, [f"dataset:{DATA_MOUNT}"])}
     for i in range(cfg.ps.servers):
         server = role_service(Role.SERVER, i, image)
         server["depends_on"] = {"prep": {"condition": "service_completed_successfully"}}
@@ -131,7 +151,13 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str) -> dict:
             worker["deploy"] = {"resources": {"reservations": {"devices": [
                 {"driver": "nvidia", "device_ids": device_ids, "capabilities": ["gpu"]}]}}}
         services[f"worker-{i}"] = worker
-    volumes = {"dataset": {}, **({"checkpoints": {}} if store_is_local else {})}
+    evaluate = service(image, [*module, EVALUATE_COMMAND], {},
+                       [f"dataset:{DATA_MOUNT}:ro", *store, f"evaluation:{EVALUATION_MOUNT}"])
+    # Only a job whose every process exited 0 is evaluated.
+    evaluate["depends_on"] = {name: {"condition": "service_completed_successfully"}
+                              for name in services if name != "prep"}
+    services["evaluate"] = evaluate
+    volumes = {"dataset": {}, **({"checkpoints": {}} if store else {}), "evaluation": {}}
     return {"name": PROJECT, "services": services, "volumes": volumes}
 
 
@@ -149,48 +175,70 @@ def load_config(overrides: list[str]) -> CtrConfig:
     return cfg
 
 
-def generate(overrides: list[str], image: Optional[str] = None, gpu_image: Optional[str] = None) -> str:
-    """The compose YAML; images default to the config's ``cluster.servers`` / ``cluster.workers`` image
-    references (``name@digest`` when ``*.image.digest`` is set)."""
+def generate(overrides: list[str], out: Path, image: Optional[str] = None,
+             gpu_image: Optional[str] = None) -> dict[Path, str]:
+    """The compose YAML for ``out`` and its job spec file (:func:`spec_path`), by path; images default to the
+    config's ``cluster.servers`` / ``cluster.workers`` image references (``name@digest`` when
+    ``*.image.digest`` is set)."""
     cfg = load_config(overrides)
+    spec = spec_path(out)
     doc = compose_file(cfg, image or cfg.cluster.servers.image.reference,
-                       gpu_image or cfg.cluster.workers.image.reference)
+                       gpu_image or cfg.cluster.workers.image.reference, spec.name)
     command = " ".join(["python -m components.train.backends.docker_compose", *overrides])
     header = f"# Generated by `{command}`; do not edit, regenerate.\n"
-    return header + yaml.safe_dump(doc, sort_keys=False, width=1 << 20)
+    return {out: header + yaml.safe_dump(doc, sort_keys=False, width=1 << 20), spec: job_spec(cfg)}
 
 
-def prepare_from_spec() -> dict:
-    """The ``prep`` service: build the dataset the job spec in ``$PS_JOB_SPEC`` describes at its ``data_dir``."""
+def prepare_from_spec(spec_file: str) -> dict:
+    """The ``prep`` service: build the dataset the job spec describes at its ``data_dir``."""
     from components.data_prep.step import prepare_dataset
 
-    spec = JobSpec.load(None)
+    spec = JobSpec.load(spec_file)
     return prepare_dataset(spec.config, spec.data_dir)
 
 
+def evaluate_from_spec(spec_file: str, out_dir: str = EVALUATION_MOUNT) -> str:
+    """The ``evaluate`` service: score the store's latest checkpoint on the test split into ``out_dir``
+    (and ``EVALUATION.json`` at the store's root); returns the one-line summary it prints."""
+    from components.checkpoint.store import CheckpointStore
+    from components.evaluate.step import evaluate_checkpoint
+
+    spec = JobSpec.load(spec_file)
+    uri = spec.config["checkpoint"]["uri"]
+    ckpt_id = CheckpointStore(uri).latest()
+    if ckpt_id is None:
+        raise SystemExit(f"error: no committed checkpoint in {uri}: the training services committed none")
+    metrics, _ = evaluate_checkpoint(spec.config, spec.data_dir, "", {"uri": uri, "id": ckpt_id}, out_dir)
+    line = f"test auc={metrics['auc']:.4f} logloss={metrics['logloss']:.4f}"
+    if "auc_ratio_to_bayes" in metrics:
+        line += f" ({metrics['auc_ratio_to_bayes']:.3f} x Bayes auc {metrics['bayes_auc']:.4f})"
+    return f"{line}, checkpoint {ckpt_id}; report: {out_dir}/report.html"
+
+
 def main(argv: list[str]) -> int:
-    if argv[:1] == [PREPARE_COMMAND]:
-        stats = prepare_from_spec()
-        rows = stats["rows"]
+    if argv[:1] == [PREPARE_COMMAND] and len(argv) == 2:
+        rows = prepare_from_spec(argv[1])["rows"]
         print(f"dataset ready: {rows['train']:,} train + {rows['test']:,} test rows", flush=True)
+        return 0
+    if argv[:1] == [EVALUATE_COMMAND] and len(argv) == 2:
+        print(f"evaluation: {evaluate_from_spec(argv[1])}", flush=True)
         return 0
     parser = argparse.ArgumentParser(prog="python -m components.train.backends.docker_compose", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for python -m pipelines.ctr")
-    parser.add_argument("--out", help="file to write (default: stdout)")
+    parser.add_argument("--out", required=True, type=Path,
+                        help="the compose file to write; its job spec goes beside it (<name>.job-spec.json)")
     parser.add_argument("--image", help="prep and server image (default: cluster.servers.image)")
     parser.add_argument("--gpu-image",
                         help="worker image when cluster.workers.gpus > 0 (default: cluster.workers.image)")
     args = parser.parse_args(argv)
     try:
-        text = generate(args.overrides, args.image, args.gpu_image)
+        files = generate(args.overrides, args.out, args.image, args.gpu_image)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    if args.out:
-        Path(args.out).write_text(text)
-    else:
-        sys.stdout.write(text)
+    for path, text in files.items():
+        path.write_text(text)
     return 0
 
 

@@ -1,39 +1,40 @@
 """The container build (containers/Dockerfile, .dockerignore) and the generated docker-compose file.
 
-No Docker engine runs these tests: the Dockerfile is parsed for what it promises (official Paddle 2.6.2 bases,
-a non-root user that matches cluster.run_as_user, no credentials), and the compose document is checked for the
-keys and references this project relies on, not against the full compose specification. The slow test runs
-the committed file's services as local processes, each in a private mount namespace standing in for its container.
+No container engine runs these tests: the Dockerfile is parsed for what it promises (official Paddle 2.6.2 bases,
+a non-root user that matches cluster.run_as_user, no credentials), the compose document is checked for the keys
+and references this project relies on (not against the full compose specification), and the commands of the
+prep and evaluate services run here on their job spec. `containers/check.sh` builds the image and runs the
+committed layout in real containers (CI runs it).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import shlex
-import shutil
-import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
 
+from components.checkpoint.evaluation import read_evaluation
 from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, SecretEnv, from_dict, to_dict, validate
+from components.data_prep.prepare import prepare_synthetic
 from components.ps.contract import SPEC_ENV, ClusterLayout, Role, role_env
 from components.train.backends import docker_compose as compose
 from components.train.job import planned_config
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET
+from tests.evaluate.test_serving import build_checkpoint
 
 from tests.conftest import ROOT
 DOCKERFILE = ROOT / "containers" / "Dockerfile"
 COMPOSE_YAML = ROOT / "containers" / "docker-compose.yaml"
+SPEC_JSON = ROOT / "containers" / "docker-compose.job-spec.json"
 PADDLE_BASE = re.compile(r"^paddlepaddle/paddle:2\.6\.2(?P<gpu>-gpu-cuda[\d.]+-cudnn[\d.]+(-trt[\d.]+)?)?$")
 SECRET_NAME = re.compile(r"AWS|SECRET|PASSWORD|TOKEN|CREDENTIAL|ACCESS_KEY", re.IGNORECASE)
 DEPENDENCY_CONDITIONS = {"service_started", "service_healthy", "service_completed_successfully"}
@@ -116,7 +117,7 @@ def test_dockerfile_scratch_and_volume_mount_points_match_the_compose_file():
     assert [args for keyword, args in instructions if keyword == "WORKDIR"][-1] == compose.SCRATCH
     # The directories must exist in the image, owned by the app user, for named volumes to be writable.
     run = " ".join(args for keyword, args in instructions if keyword == "RUN" and "chown" in args)
-    for path in (compose.SCRATCH, compose.DATA_MOUNT, compose.CHECKPOINT_MOUNT):
+    for path in (compose.SCRATCH, compose.DATA_MOUNT, compose.CHECKPOINT_MOUNT, compose.EVALUATION_MOUNT):
         assert re.search(rf"mkdir -p [^&]*{path}\b", run) and re.search(rf"chown [^&]*{path}\b", run), path
 
 
@@ -138,7 +139,7 @@ def test_dockerignore_keeps_local_state_out_of_the_build_context():
 
 def container_env(service: dict) -> dict:
     """What the process sees: compose turns ``$$`` into ``$``; a null value is passed through from the shell."""
-    return {k: v.replace("$$", "$") if isinstance(v, str) else v for k, v in service["environment"].items()}
+    return {k: v.replace("$$", "$") if isinstance(v, str) else v for k, v in service.get("environment", {}).items()}
 
 
 def role_services(doc: dict) -> list[tuple[Role, int, dict]]:
@@ -152,12 +153,23 @@ def role_services(doc: dict) -> list[tuple[Role, int, dict]]:
 
 def generated(*overrides: str, image: str = "cpu:1", gpu_image: str = "gpu:1") -> tuple[CtrConfig, dict]:
     cfg = compose.load_config(list(overrides))
-    return cfg, compose.compose_file(cfg, image, gpu_image)
+    return cfg, compose.compose_file(cfg, image, gpu_image, "job.json")
 
 
-def test_committed_compose_file_is_what_the_default_config_generates():
-    assert COMPOSE_YAML.read_text() == compose.generate([]), (
-        f"{COMPOSE_YAML.relative_to(ROOT)} is stale: regenerate it with `{compose.REGENERATE}`")
+def mounts(service: dict) -> dict[str, tuple[str, list[str]]]:
+    """target -> (source, options) of a service's volumes."""
+    found = {}
+    for volume in service["volumes"]:
+        source, target, *options = volume.split(":")
+        found[target] = (source, options[0].split(",") if options else [])
+    return found
+
+
+def test_committed_compose_file_and_job_spec_are_what_the_default_config_generates():
+    files = compose.generate([], COMPOSE_YAML)
+    assert set(files) == {COMPOSE_YAML, SPEC_JSON}
+    for path, text in files.items():
+        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: regenerate it with `{compose.REGENERATE}`"
 
 
 @pytest.mark.parametrize("servers,workers", [(2, 2), (3, 1), (1, 4)])
@@ -171,18 +183,17 @@ def test_every_ps_service_gets_exactly_the_role_env_of_its_role(servers, workers
     assert sorted((role.value, i) for role, i, _ in found) == sorted(
         [("server", i) for i in range(servers)] + [("worker", i) for i in range(workers)])
     for role, index, service in found:
-        env = container_env(service)
-        expected = role_env(layout, role, index)
-        assert set(env) - set(expected) == {SPEC_ENV}  # the only documented extra key without storage secrets
-        assert {k: env[k] for k in expected} == expected
-        assert service["command"] == ["python", "-m", "components.ps.role"]  # reads $PS_JOB_SPEC
+        assert container_env(service) == role_env(layout, role, index)  # nothing else without storage secrets
+        assert service["command"] == ["python", "-m", "components.ps.role", compose.SPEC_MOUNT]
 
 
-def test_job_spec_in_the_committed_file_rebuilds_a_valid_config():
+def test_the_job_spec_is_one_file_every_service_mounts_read_only():
     doc = yaml.safe_load(COMPOSE_YAML.read_text())
-    specs = {json.dumps(json.loads(container_env(s)[SPEC_ENV]), sort_keys=True) for s in doc["services"].values()}
-    assert len(specs) == 1, "prep, servers and workers must share one job spec"
-    spec = json.loads(specs.pop())
+    for name, service in doc["services"].items():
+        assert SPEC_ENV not in container_env(service), name  # not a JSON blob in every environment
+        assert mounts(service)[compose.SPEC_MOUNT] == (f"./{SPEC_JSON.name}", ["ro"]), name
+        assert service["command"][-1] == compose.SPEC_MOUNT, name
+    spec = json.loads(SPEC_JSON.read_text())
     cfg = from_dict(spec["config"])
     validate(cfg)
     assert to_dict(cfg) == to_dict(planned_config(compose.load_config([]), None)[0])  # shard_num resolved
@@ -193,21 +204,25 @@ def test_job_spec_in_the_committed_file_rebuilds_a_valid_config():
     assert PurePosixPath(cfg.checkpoint.uri).is_relative_to(compose.CHECKPOINT_MOUNT)
     assert PurePosixPath(spec["workdir"]).is_relative_to(compose.SCRATCH)
     for _, _, service in role_services(doc):
-        assert {v.split(":")[1] for v in service["volumes"]} == {compose.DATA_MOUNT, compose.CHECKPOINT_MOUNT}
+        assert set(mounts(service)) == {compose.SPEC_MOUNT, compose.DATA_MOUNT, compose.CHECKPOINT_MOUNT}
+    assert SPEC_JSON.read_text().startswith('{\n  "config": {\n')  # indented: the readable record of the job
 
 
 def test_compose_document_structure():
     doc = yaml.safe_load(COMPOSE_YAML.read_text())
     assert set(doc) == {"name", "services", "volumes"}
     services = doc["services"]
+    assert list(services) == ["prep", "ps-0", "ps-1", "worker-0", "worker-1", "evaluate"]
     for name, service in services.items():
         assert isinstance(service["image"], str) and service["image"]
         assert all(isinstance(part, str) for part in service["command"])
         assert service["user"] == str(CtrConfig().cluster.run_as_user)
-        assert all(isinstance(v, str) for v in service["environment"].values())
-        for volume in service["volumes"]:
-            source, target, *mode = volume.split(":")
-            assert source in doc["volumes"] and target.startswith("/") and mode in ([], ["ro"]), volume
+        # An init reaps Paddle's helper processes and forwards SIGTERM; the job, not compose, decides on restarts.
+        assert service["init"] is True and service["restart"] == "no"
+        assert all(isinstance(v, str) for v in service.get("environment", {}).values())
+        for target, (source, options) in mounts(service).items():
+            assert target.startswith("/") and set(options) <= {"ro"}, (name, target)
+            assert source in doc["volumes"] or (target == compose.SPEC_MOUNT and source.startswith("./")), source
         for target, dependency in service.get("depends_on", {}).items():
             assert target in services and dependency["condition"] in DEPENDENCY_CONDITIONS, (name, target)
             if dependency["condition"] == "service_healthy":
@@ -215,6 +230,11 @@ def test_compose_document_structure():
     assert "ports" not in str(doc)  # the PS ports stay on the job's own network
     assert services["ps-0"]["depends_on"] == {"prep": {"condition": "service_completed_successfully"}}
     assert services["worker-1"]["depends_on"] == {f"ps-{i}": {"condition": "service_healthy"} for i in range(2)}
+    # Only a job whose every process exited 0 is evaluated.
+    assert services["evaluate"]["depends_on"] == {
+        name: {"condition": "service_completed_successfully"} for name in ("ps-0", "ps-1", "worker-0", "worker-1")}
+    assert mounts(services["evaluate"])[compose.DATA_MOUNT][1] == ["ro"]
+    assert mounts(services["evaluate"])[compose.EVALUATION_MOUNT] == ("evaluation", [])
 
 
 def test_server_healthcheck_passes_only_while_the_ps_port_accepts_tcp():
@@ -244,11 +264,11 @@ def test_workers_reserve_distinct_gpus_iff_configured(gpus):
         assert device["device_ids"] == [str(d) for d in range(index * gpus, (index + 1) * gpus)]
 
 
-def test_no_secret_values_in_the_committed_file():
-    text = COMPOSE_YAML.read_text()
-    assert not re.search(r"AKIA[0-9A-Z]{16}|-----BEGIN|aws_secret_access_key\s*[:=]", text, re.IGNORECASE)
-    for service in yaml.safe_load(text)["services"].values():
-        assert not [k for k in service["environment"] if SECRET_NAME.search(k)]
+def test_no_secret_values_in_the_committed_files():
+    for path in (COMPOSE_YAML, SPEC_JSON):
+        assert not re.search(r"AKIA[0-9A-Z]{16}|-----BEGIN|aws_secret_access_key\s*[:=]", path.read_text(), re.IGNORECASE)
+    for service in yaml.safe_load(COMPOSE_YAML.read_text())["services"].values():
+        assert not [k for k in service.get("environment", {}) if SECRET_NAME.search(k)]
 
 
 def test_storage_credentials_pass_through_by_name_only(monkeypatch):
@@ -257,15 +277,15 @@ def test_storage_credentials_pass_through_by_name_only(monkeypatch):
     cfg = compose.load_config(["checkpoint.uri=s3://bucket/ctr"])
     secret = SecretEnv(name="ctr-storage", keys={"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret"})
     cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, storage_secrets=[secret]))
-    doc = compose.compose_file(cfg, "cpu:1", "gpu:1")
-    text = yaml.safe_dump(doc)
+    doc = compose.compose_file(cfg, "cpu:1", "gpu:1", "job.json")
+    text = yaml.safe_dump(doc) + compose.job_spec(cfg)
     assert FAKE_SECRET not in text and FAKE_KEY_ID not in text
     for service in doc["services"].values():
         env = service["environment"]
         assert env["AWS_ACCESS_KEY_ID"] is None and env["AWS_SECRET_ACCESS_KEY"] is None  # from the shell
     # A remote store needs no checkpoints volume.
     assert "checkpoints" not in doc["volumes"]
-    assert all(compose.CHECKPOINT_MOUNT not in str(s["volumes"]) for s in doc["services"].values())
+    assert all(compose.CHECKPOINT_MOUNT not in mounts(s) for s in doc["services"].values())
 
 
 @pytest.mark.parametrize("override,key", [
@@ -276,120 +296,61 @@ def test_storage_credentials_pass_through_by_name_only(monkeypatch):
 def test_cli_refuses_what_a_compose_file_cannot_run(override, key, tmp_path, capsys):
     out = tmp_path / "compose.yaml"
     assert compose.main([override, "--out", str(out)]) == 2
-    assert f"config key '{key}'" in capsys.readouterr().err and not out.exists()
+    assert f"config key '{key}'" in capsys.readouterr().err and not list(tmp_path.iterdir())
 
 
 def test_cli_refuses_data_files_on_this_machine(tmp_path, capsys):
     (tmp_path / "day_0.tsv").write_text("")
-    assert compose.main(["data=criteo", f"data.uri={tmp_path}/day_0.tsv"]) == 2
+    assert compose.main(["data=criteo", f"data.uri={tmp_path}/day_0.tsv", "--out", str(tmp_path / "c.yaml")]) == 2
     assert "config key 'data.uri'" in capsys.readouterr().err
 
 
-def test_cli_writes_the_overridden_layout(tmp_path):
-    out = tmp_path / "compose.yaml"
+def test_cli_writes_the_overridden_layout_and_its_spec_beside_it(tmp_path):
+    out = tmp_path / "my-compose.yaml"
     assert compose.main(["ps.servers=3", "ps.workers=1", "--image", "reg/x@sha256:" + "0" * 64, "--out", str(out)]) == 0
     doc = yaml.safe_load(out.read_text())
-    assert list(doc["services"]) == ["prep", "ps-0", "ps-1", "ps-2", "worker-0"]
+    assert list(doc["services"]) == ["prep", "ps-0", "ps-1", "ps-2", "worker-0", "evaluate"]
     assert {s["image"] for s in doc["services"].values()} == {"reg/x@sha256:" + "0" * 64}
     assert out.read_text().startswith("# Generated by `python -m components.train.backends.docker_compose ps.servers=3 ps.workers=1`")
+    spec = tmp_path / "my-compose.job-spec.json"
+    assert mounts(doc["services"]["ps-2"])[compose.SPEC_MOUNT][0] == f"./{spec.name}"
+    assert from_dict(json.loads(spec.read_text())["config"]).ps.servers == 3
 
 
-def test_prep_service_builds_the_dataset_its_job_spec_names(tmp_path, monkeypatch):
-    _, doc = generated("data.rows=2000")
-    prep = doc["services"]["prep"]
-    assert prep["command"][-1] == compose.PREPARE_COMMAND
-    spec = json.loads(container_env(prep)[SPEC_ENV])
+def test_prep_service_builds_the_dataset_its_job_spec_names(tmp_path):
+    cfg = compose.load_config(["data.rows=2000"])
+    spec = json.loads(compose.job_spec(cfg))
     spec["data_dir"] = str(tmp_path / "data" / "dataset")  # the volume's stand-in
-    monkeypatch.setenv(SPEC_ENV, json.dumps(spec))
-    assert compose.main([compose.PREPARE_COMMAND]) == 0
+    spec_file = tmp_path / "job.json"
+    spec_file.write_text(json.dumps(spec))
+    prep = compose.compose_file(cfg, "cpu:1", "gpu:1", "job.json")["services"]["prep"]
+    assert prep["command"][-2:] == [compose.PREPARE_COMMAND, compose.SPEC_MOUNT]
+    assert compose.main([compose.PREPARE_COMMAND, str(spec_file)]) == 0
     stats = json.loads((tmp_path / "data" / "dataset" / "stats.json").read_text())
-    cfg = from_dict(spec["config"])
     assert sum(stats["rows"].values()) == 2000
     assert len(stats["shards"]["train"]) == cfg.ps.workers * cfg.data.shards_per_worker
 
 
-# -- the committed file, run: each service a local process in its own mount namespace ----------------------
-
-class EmulatedHost:
-    """Stands in for Docker on this machine: a service runs its command with exactly its environment in a private
-    mount namespace where /etc/hosts maps the service names to distinct loopback addresses, /scratch is its own,
-    and each volume is one shared directory (read-only where the file says ``:ro``)."""
-
-    MOUNT_POINTS = (compose.SCRATCH, compose.DATA_MOUNT, compose.CHECKPOINT_MOUNT)
-
-    def __init__(self, doc: dict, root: Path):
-        self.doc, self.root, self.processes = doc, root, []
-        names = [n for n in doc["services"] if n != "prep"]
-        self.hosts = root / "hosts"
-        self.hosts.write_text(Path("/etc/hosts").read_text()  # keeps this machine's own name: gloo resolves it
-                              + "".join(f"127.0.0.{i + 2} {name}\n" for i, name in enumerate(names)))
-        self.volumes = {name: root / f"volume-{name}" for name in doc["volumes"]}
-        for path in self.volumes.values():
-            path.mkdir()
-        self.created = [p for p in self.MOUNT_POINTS if not Path(p).exists()]
-        for path in self.created:
-            Path(path).mkdir()
-
-    def start(self, name: str, command: list[str] | None = None, log: str | None = None) -> subprocess.Popen:
-        service = self.doc["services"][name]
-        scratch = self.root / f"scratch-{name}"
-        scratch.mkdir(exist_ok=True)
-        steps = [f"mount --bind {self.hosts} /etc/hosts", f"mount --bind {scratch} {compose.SCRATCH}"]
-        for volume in service["volumes"]:
-            source, target, *mode = volume.split(":")
-            steps.append(f"mount --bind {self.volumes[source]} {target}")
-            steps += [f"mount -o remount,bind,ro {target}"] if mode else []
-        steps += [f"cd {compose.SCRATCH}", "exec " + shlex.join(command or service["command"])]
-        env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin", "PYTHONUNBUFFERED": "1",
-               "HOME": compose.SCRATCH, "TMPDIR": compose.SCRATCH, **container_env(service)}
-        with open(self.root / (log or f"{name}.log"), "w") as out:
-            process = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c", " && ".join(steps)],
-                                       env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-        self.processes.append(process)
-        return process
-
-    def log(self, name: str) -> str:
-        return (self.root / f"{name}.log").read_text()[-3000:]
-
-    def close(self) -> None:
-        for process in self.processes:
-            try:
-                os.killpg(process.pid, signal.SIGKILL)  # Paddle leaves helper processes in the group
-            except ProcessLookupError:
-                pass
-            process.wait()
-        for path in self.created:
-            Path(path).rmdir()
+def test_evaluate_service_scores_the_latest_checkpoint_into_its_volume(tmp_path):
+    data = tmp_path / "data"
+    prepare_synthetic(data, rows=2000, test_fraction=0.25, num_shards=2, vocab_size=5000, seed=3)
+    store = build_checkpoint(tmp_path / "checkpoint", data, "dnn").parent  # committed as a train job does
+    spec = json.loads(compose.job_spec(compose.load_config([])))
+    spec["config"]["checkpoint"]["uri"], spec["data_dir"] = str(store), str(data)
+    spec_file = tmp_path / "job.json"
+    spec_file.write_text(json.dumps(spec))
+    line = compose.evaluate_from_spec(str(spec_file), str(tmp_path / "evaluation"))
+    latest = CheckpointStore(str(store)).latest()
+    metrics = json.loads((tmp_path / "evaluation" / "metrics.json").read_text())
+    assert line.startswith(f"test auc={metrics['auc']:.4f} logloss={metrics['logloss']:.4f} (")
+    assert f"checkpoint {latest}" in line and (tmp_path / "evaluation" / "report.html").exists()
+    assert read_evaluation(str(store)) == {"checkpoint": latest, "metrics": metrics}
 
 
-def _can_emulate() -> bool:
-    return (os.geteuid() == 0 and shutil.which("unshare") is not None
-            and subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode == 0)
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not _can_emulate(), reason="needs root and unshare (private mount namespaces)")
-def test_committed_compose_services_train_and_checkpoint_together(tmp_path):
-    """What `docker compose up` does with the committed file, ordering included: prep, then the servers, then
-    the workers once every server's healthcheck passes; every process exits 0 and a checkpoint is committed."""
-    doc = yaml.safe_load(COMPOSE_YAML.read_text())
-    host = EmulatedHost(doc, tmp_path)
-    try:
-        assert host.start("prep").wait(300) == 0, host.log("prep")
-        servers = {name: host.start(name) for name in doc["services"] if name.startswith("ps-")}
-        for name, server in servers.items():
-            deadline = time.time() + 120
-            while host.start(name, doc["services"][name]["healthcheck"]["test"][1:], f"{name}-probe.log").wait():
-                assert server.poll() is None and time.time() < deadline, host.log(name)
-                time.sleep(1)
-        processes = {**servers, **{name: host.start(name) for name in doc["services"] if name.startswith("worker-")}}
-        deadline = time.time() + 600
-        while any(p.poll() is None for p in processes.values()):
-            failed = [name for name, p in processes.items() if p.poll() not in (None, 0)]
-            assert not failed and time.time() < deadline, "\n".join(f"{n}:\n{host.log(n)}" for n in failed or processes)
-            time.sleep(1)
-    finally:
-        host.close()
-    store = CheckpointStore(str(host.volumes["checkpoints"]))
-    assert store.latest() and (host.volumes["checkpoints"] / store.latest() / "MANIFEST.json").exists()
-    assert "@done" in host.log("worker-0") and "@done" in host.log("ps-1")
+def test_evaluate_service_fails_in_one_line_without_a_checkpoint(tmp_path):
+    spec = json.loads(compose.job_spec(compose.load_config([])))
+    spec["config"]["checkpoint"]["uri"] = str(tmp_path / "empty")
+    spec_file = tmp_path / "job.json"
+    spec_file.write_text(json.dumps(spec))
+    with pytest.raises(SystemExit, match=r"^error: no committed checkpoint in .*empty"):
+        compose.evaluate_from_spec(str(spec_file), str(tmp_path / "evaluation"))

@@ -1,0 +1,271 @@
+#!/usr/bin/env python3
+"""``docker compose up --abort-on-container-failure`` for podman hosts whose tools cannot do it themselves.
+
+    containers/compose_up.py containers/docker-compose.yaml
+
+podman-compose 1.0.x (Debian 12) starts every service at once, ignoring ``depends_on`` conditions, and podman
+runs a container's healthcheck only from systemd timers, which a host without systemd (a CI container) lacks.
+So this script starts the services itself: podman-compose creates the project (network, volumes, containers:
+``up --no-start``), then each service starts once its ``depends_on`` conditions hold:
+
+* ``service_started``: the dependency was started;
+* ``service_healthy``: its healthcheck, run with ``podman healthcheck run`` every ``interval``, passed, before
+  ``retries`` failures in a row;
+* ``service_completed_successfully``: it exited 0.
+
+Every container's output is printed as it comes, prefixed with its service name. As soon as a container exits
+non-zero, fails its healthcheck, or the whole run exceeds ``--timeout``, the running containers are stopped and
+the script says what failed, where, and how long the others took to stop. Exit status: 0 when every service
+exited 0, 1 otherwise. Needs only the standard library and PyYAML (a dependency of podman-compose). Remove the
+project afterwards with ``podman-compose -p PROJECT -f FILE down -v`` and ``podman network rm PROJECT_default``
+(podman-compose 1.0 leaves the network behind).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+POLL_S = 0.5
+STOP_TIMEOUT_S = 10  # SIGTERM, then SIGKILL, as `docker compose` stops containers
+
+
+def seconds(duration: str) -> float:
+    """A compose duration (``2s``, ``1m30s``, ``500ms``) in seconds."""
+    parts = re.findall(r"(\d+(?:\.\d+)?)(ms|us|s|m|h)", duration)
+    if not parts or "".join(n + u for n, u in parts) != duration:
+        raise ValueError(f"not a compose duration: {duration!r}")
+    scale = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+    return sum(float(n) * scale[u] for n, u in parts)
+
+
+@dataclass
+class Service:
+    name: str
+    container: str
+    depends_on: dict[str, str]  # dependency -> condition
+    healthcheck: Optional[dict]
+    logs: Optional[subprocess.Popen] = None  # `podman logs --follow`: ends when the container exits
+    started_at: Optional[float] = None
+    exit_code: Optional[int] = None
+    exited_at: Optional[float] = None
+    healthy: bool = False
+    probe_failures: int = 0
+    next_probe: float = 0.0
+
+    @property
+    def started(self) -> bool:
+        return self.logs is not None
+
+    @property
+    def running(self) -> bool:
+        return self.started and self.exit_code is None
+
+
+def start_order(doc: dict) -> list[str]:
+    """The services in an order that starts every dependency first (compose refuses cycles too)."""
+    services = doc["services"]
+    order: list[str] = []
+
+    def visit(name: str, path: tuple[str, ...]) -> None:
+        if name in order:
+            return
+        if name in path:
+            raise ValueError(f"dependency cycle: {' -> '.join(path + (name,))}")
+        for dependency in services[name].get("depends_on", {}):
+            if dependency not in services:
+                raise ValueError(f"service {name!r} depends on {dependency!r}, which the file does not define")
+            visit(dependency, path + (name,))
+        order.append(name)
+
+    for name in services:
+        visit(name, ())
+    return order
+
+
+def load(path: Path) -> tuple[str, list[Service]]:
+    doc = yaml.safe_load(path.read_text())
+    project = doc.get("name") or path.parent.resolve().name
+    services = []
+    for name in start_order(doc):
+        spec = doc["services"][name]
+        depends = spec.get("depends_on", {})
+        if isinstance(depends, list):  # the short form means service_started
+            depends = {d: {"condition": "service_started"} for d in depends}
+        services.append(Service(name, spec.get("container_name", f"{project}_{name}_1"),
+                                {d: c.get("condition", "service_started") for d, c in depends.items()},
+                                spec.get("healthcheck")))
+    return project, services
+
+
+def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, check=check)
+
+
+class Run:
+    def __init__(self, services: list[Service]):
+        self.services = {s.name: s for s in services}
+        self.lock = threading.Lock()
+        self.width = max(len(name) for name in self.services)
+
+    def say(self, line: str) -> None:
+        with self.lock:
+            print(line, flush=True)
+
+    def start(self, service: Service) -> Optional[str]:
+        """Start the container and relay its output; the reason it could not start, if so."""
+        # Not `start --attach`: podman's own complaints (no systemd for healthcheck timers, no syslog) would be
+        # mixed into the service's output.
+        started = podman("start", service.container, check=False)
+        if started.returncode != 0:
+            return f"{service.name} could not start: {started.stderr.strip()}"
+        service.started_at = time.monotonic()
+        service.logs = subprocess.Popen(["podman", "logs", "--follow", service.container],
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        threading.Thread(target=self._relay, args=(service,), daemon=True).start()
+        return None
+
+    def _relay(self, service: Service) -> None:
+        for line in service.logs.stdout:
+            self.say(f"{service.name:<{self.width}} | {line.rstrip()}")
+
+    def poll_exits(self) -> None:
+        for service in self.services.values():
+            if service.running and service.logs.poll() is not None:
+                state = podman("inspect", "--format", "{{.State.Status}} {{.State.ExitCode}}", service.container)
+                status, code = state.stdout.split()
+                if status in ("exited", "stopped"):
+                    service.exit_code = int(code)
+                    service.exited_at = time.monotonic()
+
+    def probe(self, service: Service, now: float) -> Optional[str]:
+        """Run a due healthcheck; the reason the service can never become healthy, if so."""
+        check = service.healthcheck
+        if service.healthy or not service.running or now < service.next_probe:
+            return None
+        service.next_probe = now + seconds(check.get("interval", "30s"))
+        if podman("healthcheck", "run", service.container, check=False).returncode == 0:
+            service.healthy = True
+            self.say(f"{service.name:<{self.width}} | (healthy after {now - service.started_at:.1f}s)")
+            return None
+        service.probe_failures += 1
+        retries = int(check.get("retries", 3))
+        if service.probe_failures >= retries:
+            return f"{service.name} failed its healthcheck {retries} times in a row"
+        return None
+
+    def blocked(self, service: Service) -> tuple[bool, Optional[str]]:
+        """(whether ``service`` may start now, the reason it never can)."""
+        ready = True
+        for name, condition in service.depends_on.items():
+            dependency = self.services[name]
+            if condition == "service_completed_successfully":
+                if dependency.exit_code not in (None, 0):
+                    return False, f"{name} exited with code {dependency.exit_code}"
+                ready &= dependency.exit_code == 0
+            elif condition == "service_healthy":
+                if dependency.exit_code is not None and not dependency.healthy:
+                    return False, f"{name} exited with code {dependency.exit_code} before it was healthy"
+                ready &= dependency.healthy
+            else:
+                ready &= dependency.started
+        return ready, None
+
+    def failure(self) -> Optional[str]:
+        failed = [s for s in self.services.values() if s.exit_code not in (None, 0)]
+        if failed:
+            first = min(failed, key=lambda s: s.exited_at)
+            return f"{first.name} exited with code {first.exit_code}{signal_note(first.exit_code)}"
+        return None
+
+    def up(self, timeout_s: float) -> Optional[str]:
+        """Run every service to its end; the reason the run failed, or None."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            now = time.monotonic()
+            self.poll_exits()
+            reason = self.failure()
+            for service in self.services.values():
+                if reason:
+                    break
+                if not service.started:
+                    ready, reason = self.blocked(service)
+                    if ready:
+                        reason = self.start(service)
+                elif service.healthcheck:
+                    reason = self.probe(service, now)
+            if reason:
+                return reason
+            if all(s.exit_code == 0 for s in self.services.values()):
+                return None
+            if now > deadline:
+                pending = [s.name for s in self.services.values() if s.exit_code is None]
+                return f"not done within {timeout_s:.0f}s: {', '.join(pending)} still pending or running"
+            time.sleep(POLL_S)
+
+    def stop_all(self) -> list[str]:
+        """Stop every running container; a line per container saying how it ended."""
+        stopping_at = time.monotonic()
+        running = [s for s in self.services.values() if s.running]
+        if running:
+            podman("stop", "--time", str(STOP_TIMEOUT_S), *[s.container for s in running], check=False)
+        for service in running:
+            service.logs.wait()
+        self.poll_exits()
+        lines = []
+        for service in self.services.values():
+            if not service.started:
+                lines.append(f"{service.name}: not started")
+            elif service in running:
+                lines.append(f"{service.name}: stopped {service.exited_at - stopping_at:.1f}s after the failure "
+                             f"(exit code {service.exit_code})")
+            else:
+                lines.append(f"{service.name}: exited with code {service.exit_code}")
+        return lines
+
+
+def signal_note(code: int) -> str:
+    names = {137: "SIGKILL", 143: "SIGTERM", 139: "SIGSEGV", 134: "SIGABRT"}
+    return f" ({names[code]})" if code in names else ""
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("file", type=Path, help="the compose file")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole run may take")
+    parser.add_argument("--podman-compose", default="podman-compose", help="the podman-compose command")
+    args = parser.parse_args(argv)
+    project, services = load(args.file)
+    # -p: podman-compose 1.0 ignores the file's `name` and would name the project after the folder.
+    created = subprocess.run([args.podman_compose, "-p", project, "-f", str(args.file), "up", "--no-start"],
+                             capture_output=True, text=True)
+    missing = [s.container for s in services if podman("container", "exists", s.container, check=False).returncode]
+    if created.returncode != 0 or missing:  # podman-compose 1.0 exits 0 when a `podman create` failed
+        print(created.stdout + created.stderr, file=sys.stderr)
+        print(f"{project}: podman-compose did not create {', '.join(missing) or 'the project'} from {args.file}",
+              file=sys.stderr)
+        return 1
+    run = Run(services)
+    reason = run.up(args.timeout)
+    if reason is None:
+        run.say(f"{project}: every service exited 0")
+        for service in services:
+            run.say(f"{project}:   {service.name}: ran {service.exited_at - service.started_at:.1f}s")
+        return 0
+    run.say(f"{project}: FAILED: {reason}; stopping the running containers")
+    for line in run.stop_all():
+        run.say(f"{project}:   {line}")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

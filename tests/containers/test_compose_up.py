@@ -1,0 +1,97 @@
+"""containers/compose_up.py, the podman driver of the compose file: the start order and the depends_on
+conditions it enforces (no container engine runs here; containers/check.sh runs the driver for real)."""
+
+import importlib.util
+import sys
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT
+
+COMPOSE_YAML = ROOT / "containers" / "docker-compose.yaml"
+_spec = importlib.util.spec_from_file_location("compose_up", ROOT / "containers" / "compose_up.py")
+compose_up = sys.modules["compose_up"] = importlib.util.module_from_spec(_spec)  # dataclasses look it up there
+_spec.loader.exec_module(compose_up)
+STARTED = object()  # stands for the log follower of a started container
+
+
+def run_of_committed_file():
+    _, services = compose_up.load(COMPOSE_YAML)
+    return compose_up.Run(services)
+
+
+def test_services_start_after_their_dependencies_under_podman_compose_names():
+    project, services = compose_up.load(COMPOSE_YAML)
+    assert project == "ctr-ps"
+    assert [s.name for s in services] == ["prep", "ps-0", "ps-1", "worker-0", "worker-1", "evaluate"]
+    assert {s.name: s.container for s in services}["ps-1"] == "ctr-ps_ps-1_1"
+    worker = {s.name: s for s in services}["worker-0"]
+    assert worker.depends_on == {"ps-0": "service_healthy", "ps-1": "service_healthy"}
+
+
+def test_cycles_and_unknown_dependencies_are_refused():
+    with pytest.raises(ValueError, match="dependency cycle: a -> b -> a"):
+        compose_up.start_order({"services": {"a": {"depends_on": ["b"]}, "b": {"depends_on": ["a"]}}})
+    with pytest.raises(ValueError, match="'a' depends on 'c', which the file does not define"):
+        compose_up.start_order({"services": {"a": {"depends_on": {"c": {"condition": "service_started"}}}}})
+
+
+@pytest.mark.parametrize("text,seconds", [("2s", 2.0), ("1m30s", 90.0), ("500ms", 0.5), ("1h", 3600.0)])
+def test_compose_durations(text, seconds):
+    assert compose_up.seconds(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["2", "2x", "s", "2s junk"])
+def test_bad_durations_are_refused(text):
+    with pytest.raises(ValueError, match="not a compose duration"):
+        compose_up.seconds(text)
+
+
+def test_a_server_starts_only_once_prep_exited_0_and_never_after_it_failed():
+    run = run_of_committed_file()
+    prep, server = run.services["prep"], run.services["ps-0"]
+    assert run.blocked(server) == (False, None)  # prep not started
+    prep.logs = STARTED
+    assert run.blocked(server) == (False, None)  # running
+    prep.exit_code = 0
+    assert run.blocked(server) == (True, None)
+    prep.exit_code = 1
+    assert run.blocked(server) == (False, "prep exited with code 1")
+
+
+def test_a_worker_waits_for_every_server_to_be_healthy():
+    run = run_of_committed_file()
+    worker = run.services["worker-1"]
+    for name in ("ps-0", "ps-1"):
+        run.services[name].logs = STARTED
+    run.services["ps-0"].healthy = True
+    assert run.blocked(worker) == (False, None)
+    run.services["ps-1"].healthy = True
+    assert run.blocked(worker) == (True, None)
+
+
+def test_a_server_that_exits_before_it_was_healthy_blocks_the_workers_for_good():
+    run = run_of_committed_file()
+    server = run.services["ps-1"]
+    server.logs, server.exit_code = STARTED, 137
+    assert run.blocked(run.services["worker-0"]) == (False, "ps-1 exited with code 137 before it was healthy")
+
+
+def test_the_first_failure_is_the_one_reported():
+    run = run_of_committed_file()
+    for name, code, at in (("worker-0", 143, 12.0), ("ps-1", 137, 10.0), ("prep", 0, 1.0)):
+        service = run.services[name]
+        service.logs, service.exit_code, service.exited_at = STARTED, code, at
+    assert run.failure() == "ps-1 exited with code 137 (SIGKILL)"
+
+
+def test_the_committed_file_is_what_the_driver_reads():
+    # The driver honours only what the generator writes: depends_on conditions and CMD healthchecks.
+    doc = yaml.safe_load(COMPOSE_YAML.read_text())
+    conditions = {c["condition"] for s in doc["services"].values() for c in s.get("depends_on", {}).values()}
+    assert conditions <= {"service_started", "service_healthy", "service_completed_successfully"}
+    for service in doc["services"].values():
+        if "healthcheck" in service:
+            assert compose_up.seconds(service["healthcheck"]["interval"]) > 0
+            assert int(service["healthcheck"]["retries"]) > 0
