@@ -82,7 +82,8 @@ def net(cfg: ModelConfig, feeds: Feeds, lookup: Lookup, embedding_dim: int, trai
 
     looked_up = [paddle.reshape(lookup(slot), [-1, embedding_dim]) for slot in feeds.sparse]
     pooled = [paddle.static.nn.sequence_pool(rows, "sum") for rows in looked_up]
-    squares = paddle.add_n([paddle.static.nn.sequence_pool(paddle.sum(paddle.square(rows), axis=1, keepdim=True), "sum")
+    # Pool first, then sum over the dimension: a reduction over axis 1 would drop the rows' LoD that pooling needs.
+    squares = paddle.add_n([paddle.sum(paddle.static.nn.sequence_pool(paddle.square(rows), "sum"), axis=1, keepdim=True)
                             for rows in looked_up]) if cfg.embedding_l2 and training else None
     rows = paddle.stack(pooled, axis=1)  # [batch, slots, dim]
     dense = [feeds.dense] if feeds.dense is not None else []

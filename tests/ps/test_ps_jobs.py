@@ -353,7 +353,8 @@ def test_the_real_criteo_samples_run_through_every_model(tmp_path, model):
     data_dir = tmp_path / "data"
     stats = prepare_files(data_dir, uri=str(CRITEO / "raw_criteo_sample.tsv"), fmt="raw", test_fraction=0.3,
                           valid_fraction=0.2, num_shards=1, vocab_size=1 << 20, seed=0, max_malformed_fraction=0.0)
-    cfg = _config(tmp_path, epochs=1, model={"name": model})
+    # With both regularizers: their ops must build inside the PS program of every model.
+    cfg = _config(tmp_path, epochs=1, model={"name": model, "embedding_l2": 1e-4, "dropout": 0.2})
     result = launch_ps_job(cfg, data_dir, tmp_path / "logs", echo=lambda line: None)
     assert result.checkpoints[-1]["validation"]["count"] == stats["rows"]["valid"]
     metrics = _score(cfg.checkpoint.uri, result.checkpoints[-1]["id"], data_dir, tmp_path / "eval")
