@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -255,11 +256,18 @@ class ConfigError(ValueError):
         super().__init__(message + (f". {hint}" if hint else ""))
 
 
+# Tells apart runs started in the same second: ``${run_token:}`` in conf/config.yaml's run and sweep directories.
+RUN_TOKEN = uuid.uuid4().hex[:6]
+
+
 def register_configs() -> None:
-    """Register the schema so that ``conf/config.yaml`` can name it first in its defaults list."""
+    """Register the schema so that ``conf/config.yaml`` can name it first in its defaults list, and the
+    ``run_token`` resolver its run directories use."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="ctr_schema", node=CtrConfig)
+    if not OmegaConf.has_resolver("run_token"):
+        OmegaConf.register_new_resolver("run_token", lambda: RUN_TOKEN)
 
 
 def ints_from_struct(value: Any) -> Any:

@@ -157,11 +157,14 @@ def test_prune_keeps_last_and_never_latest(store_uri, src):
 def test_resolve(store_uri, src):
     store = CheckpointStore(store_uri)
     assert store.resolve("none") is None and store.resolve(None) is None
-    assert store.resolve("latest") is None
+    # latest on an empty store is an error (a resume must not quietly start from scratch); auto starts fresh
+    with pytest.raises(ckpt_io.CheckpointError, match="holds no committed checkpoint.*checkpoint.resume=auto"):
+        store.resolve("latest")
+    assert store.resolve("auto") is None
     with pytest.raises(ckpt_io.CheckpointError, match=r"committed: \(none\)"):
         store.resolve(make_id(0, 0))
     a, b = save(store, src, 0), save(store, src, 1)
-    assert store.resolve("latest") == b and store.resolve("LATEST") == b
+    assert store.resolve("latest") == b and store.resolve("LATEST") == b and store.resolve("auto") == b
     assert store.resolve(a) == a
     with pytest.raises(ckpt_io.CheckpointError) as err:
         store.resolve("20990101T000000000000Z-e0001-s0000000000")

@@ -360,7 +360,8 @@ class KubernetesJob:
             failure = self._failure(job, outcome)
             if attempt + 1 == attempts:
                 raise failure
-            resume = restart_target(self.job.store, self.job.restore, attempt + 1, self.cfg.table.shard_num)
+            resume = restart_target(self.job.store, self.job.restore, attempt + 1, self.cfg.table.shard_num,
+                                    self.job.run_id)
             self.echo(f"{failure}\n{job} failed (attempt {attempt + 1} of {attempts}); creating it again, "
                       f"starting from {resume.id if resume else 'scratch'}")
             self._delete_created()

@@ -15,7 +15,7 @@ Two backends fan the job out to pods:
 
 Security: pods run as non-root without privilege escalation or capabilities and without an API token;
 credentials arrive only as ``secretKeyRef`` variables; images are pinned by digest when one is given; a
-NetworkPolicy admits the PS ports only from the job's own pods; ``cluster.mesh_encryption`` labels the
+NetworkPolicy admits TCP between the job's own pods only; ``cluster.mesh_encryption`` labels the
 pods for Istio's ambient mode (ztunnel mTLS without sidecars, which would keep Jobs from completing).
 """
 
@@ -204,15 +204,25 @@ def paddlejob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: 
     }
 
 
+# Istio ambient's mTLS tunnel (HBONE): ztunnel carries the pods' traffic to this port of the receiving pod.
+HBONE_PORT = 15008
+
+
 def network_policy(cfg: CtrConfig, name: str, namespace: str, owner: Optional[dict]) -> dict:
-    """Only this job's pods may reach its PS and gloo ports (and every other port of its pods is closed)."""
-    ports = [{"protocol": "TCP", "port": cfg.cluster.paddle_port}, {"protocol": "TCP", "port": gloo_port(cfg)}]
+    """The job's pods take TCP from each other on any port, and nothing from anyone else.
+
+    Any port, not only the PS and gloo ports: gloo's worker-to-worker transport listens on ephemeral ports
+    (34077 in one local run). With ``cluster.mesh_encryption`` the policy also admits Istio ambient's tunnel
+    port from anywhere, as Istio documents: ztunnel authenticates that traffic by mTLS identity.
+    """
+    ingress = [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: name}}}], "ports": [{"protocol": "TCP"}]}]
+    if cfg.cluster.mesh_encryption:
+        ingress.append({"ports": [{"protocol": "TCP", "port": HBONE_PORT}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _metadata(cfg, f"{name}-ps", namespace, owner),
-        "spec": {"podSelector": {"matchLabels": {JOB_LABEL: name}}, "policyTypes": ["Ingress"],
-                 "ingress": [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: name}}}], "ports": ports}]},
+        "spec": {"podSelector": {"matchLabels": {JOB_LABEL: name}}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 

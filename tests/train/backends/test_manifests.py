@@ -199,14 +199,15 @@ def test_jobset_order_success_restarts_and_ownership(prod):
         assert owner["uid"] == OWNER["uid"] and owner["kind"] == "Pod"
 
 
-def test_network_policy_admits_ps_ports_only_from_the_jobs_pods(prod):
+def test_network_policy_admits_tcp_only_between_the_jobs_pods(prod):
+    """Every TCP port between the job's pods (gloo's transport listens on ephemeral ports), nothing from others."""
     cfg = prod()
     policy, job = _objects(cfg)
     selector = {manifests.JOB_LABEL: "ctr-1a2b3c"}
-    assert policy["spec"]["podSelector"] == {"matchLabels": selector}
+    assert policy["spec"]["podSelector"] == {"matchLabels": selector} and policy["spec"]["policyTypes"] == ["Ingress"]
     (rule,) = policy["spec"]["ingress"]
     assert rule["from"] == [{"podSelector": {"matchLabels": selector}}]
-    assert sorted(p["port"] for p in rule["ports"]) == [36000, 36018]
+    assert rule["ports"] == [{"protocol": "TCP"}]  # a port entry without a port: all ports of that protocol
     for template in _pod_templates(job).values():  # the policy selects every pod of the job
         assert template["metadata"]["labels"][manifests.JOB_LABEL] == "ctr-1a2b3c"
         assert "istio.io/dataplane-mode" not in template["metadata"]["labels"]
@@ -214,7 +215,10 @@ def test_network_policy_admits_ps_ports_only_from_the_jobs_pods(prod):
 
 
 def test_mesh_encryption_opts_pods_into_istio_ambient_mode(prod):
-    _, job = _objects(prod("cluster.mesh_encryption=true"))
+    policy, job = _objects(prod("cluster.mesh_encryption=true"))
+    # Istio ambient tunnels the pods' traffic through port 15008 of the receiving pod: the policy admits it.
+    assert policy["spec"]["ingress"][1] == {"ports": [{"protocol": "TCP", "port": 15008}]}
+    assert _round_trip(policy, "V1NetworkPolicy") == policy
     for template in _pod_templates(job).values():
         assert template["metadata"]["labels"]["istio.io/dataplane-mode"] == "ambient"
         assert not any(c["name"] == "istio-proxy" for c in template["spec"]["containers"])
