@@ -447,6 +447,8 @@ class CheckpointStore:
         """
         rel = f"{PROBE_PREFIX}{uuid.uuid4().hex[:12]}.json"
         payload = {"probe": rel}
+        # A local store's directories that do not exist yet: made by the write, removed again afterwards.
+        missing = [p for p in (Path(self.root), *Path(self.root).parents) if not p.exists()] if self._local else []
         try:
             self.write_json(None, rel, payload)
             back = self.read_json(None, rel)
@@ -458,6 +460,12 @@ class CheckpointStore:
                 self.remove(rel)
             except CheckpointStoreError as e:
                 log.warning("cannot delete the probe file: %s", e)
+            for directory in missing:  # deepest first
+                try:
+                    directory.rmdir()
+                except OSError:
+                    break
+            self._made_dirs.clear()
 
     def read_json(self, ckpt_id: str | None, rel: str) -> Any:
         """A small control file's content, or ``None`` if it does not exist."""

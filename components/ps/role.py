@@ -21,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -480,4 +481,13 @@ def serve(cfg: CtrConfig, job: JobSpec, fleet, paddle) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else None)
+    try:
+        main(sys.argv[1] if len(sys.argv) > 1 else None)
+    except BaseException:  # noqa: BLE001 - reported, then the process ends either way
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Not a normal exit: with a worker's client still running, Paddle's threads crash the interpreter's
+        # teardown (SIGSEGV in BrpcPsClient::PushSparseTaskConsume, seen after a store error), and the launcher
+        # would report that instead of this error.
+        os._exit(1)

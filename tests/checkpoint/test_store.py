@@ -342,3 +342,51 @@ def test_manifest_file_lists_the_commit_check(store_uri, src):
     with pytest.raises(CheckpointStoreError, match="part-999-00000.gz was not uploaded"):
         store.commit(ckpt_id, files, META)
     assert store.committed() == [] and store.read_json(None, cs.LATEST) is None
+
+
+def test_create_json_is_exclusive(store_uri):
+    """Two writers of one control file: exactly one creates it (a hard link locally, If-None-Match on S3)."""
+    store = CheckpointStore(store_uri)
+    results: list[bool] = []
+    start = threading.Barrier(8)
+
+    def create(i: int) -> None:
+        start.wait()
+        results.append(store.create_json("_lease.json", {"writer": i}))
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [False] * 7 + [True]
+    assert store.read_json(None, "_lease.json")["writer"] in range(8)  # one writer's whole file
+    store.remove("_lease.json")
+    assert store.read_json(None, "_lease.json") is None
+    store.remove("_lease.json")  # missing is fine
+
+
+def test_probe_writes_reads_and_deletes(store_uri):
+    store = CheckpointStore(store_uri)
+    store.probe()
+    store.fs.invalidate_cache()
+    assert store.fs.glob(f"{store.root}/{cs.PROBE_PREFIX}*") == []  # deleted
+
+
+def test_probe_of_a_new_local_store_leaves_no_directory_behind(tmp_path):
+    CheckpointStore(str(tmp_path / "run" / "checkpoint")).probe()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_probe_fails_in_one_line_naming_the_store(tmp_path, moto_endpoint):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(CheckpointStoreError) as err:
+        CheckpointStore(str(not_a_dir / "ckpt")).probe()
+    assert str(not_a_dir / "ckpt") in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(CheckpointStoreError) as err:
+        CheckpointStore("s3://no-such-bucket-for-the-probe/ctr").probe()
+    message = str(err.value)
+    assert "s3://no-such-bucket-for-the-probe/ctr/_probe-" in message and "FileNotFoundError" in message
+    assert "failed after" not in message  # a missing bucket is not retried
+    assert FAKE_SECRET not in message and FAKE_KEY_ID not in message
