@@ -31,7 +31,8 @@ class Driver:
     def __init__(self, run_dir: Path, *overrides: str):
         self.run_dir = run_dir
         self.popen = subprocess.Popen([*CLI, *overrides, f"hydra.run.dir={run_dir}"], cwd=ROOT, env=_env(),
-                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                      start_new_session=True)  # its own process group, as from a terminal
         self.lines: list[str] = []
         self.sockets: set[tuple[str, int]] = set()
         self._done = threading.Event()
@@ -57,11 +58,16 @@ class Driver:
             time.sleep(0.1)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL], ids=["SIGTERM", "SIGKILL"])
-def test_stopping_or_killing_the_driver_mid_training_leaves_no_process_and_no_port(tmp_path, sig):
+@pytest.mark.parametrize("sig,group", [(signal.SIGTERM, False), (signal.SIGKILL, False),
+                                       pytest.param(signal.SIGKILL, True, marks=pytest.mark.slow)],
+                         ids=["SIGTERM", "SIGKILL", "SIGKILL-to-the-process-group"])
+def test_stopping_or_killing_the_driver_mid_training_leaves_no_process_and_no_port(tmp_path, sig, group):
     """SIGTERM (a closed terminal, ``timeout``, a CI cancel) or SIGKILL of the driver while the PS job trains:
     within 10 s no process of the run is left and none of its ports takes a connection. Meanwhile, nothing of
-    the run listened on every interface (0.0.0.0, ::): every socket was bound to ps.host."""
+    the run listened on every interface (0.0.0.0, ::): every socket was bound to ps.host.
+
+    SIGKILL to the driver's whole process group also kills the train step (the PS job's launcher) at once:
+    then the roles, their sidecars and what Paddle forked die with their parents (PR_SET_PDEATHSIG)."""
     run_dir = tmp_path / "run"
     driver = Driver(run_dir, "experiment=tiny", "ps.epochs=500", "ps.progress_period_s=1")
     driver.wait_for("== epoch 2 done")
@@ -71,7 +77,10 @@ def test_stopping_or_killing_the_driver_mid_training_leaves_no_process_and_no_po
     assert len(sockets) >= 3, sockets
     assert {address for address, _ in sockets} == {"127.0.0.1"}, sockets
 
-    os.kill(driver.popen.pid, sig)
+    if group:
+        os.killpg(driver.popen.pid, sig)
+    else:
+        os.kill(driver.popen.pid, sig)
     stopped_at = time.time()
     while job_processes(str(run_dir)) and time.time() - stopped_at < 10:
         time.sleep(0.1)
@@ -81,8 +90,8 @@ def test_stopping_or_killing_the_driver_mid_training_leaves_no_process_and_no_po
     assert code == (128 + sig if sig == signal.SIGTERM else -sig), "".join(driver.lines[-20:])
     if sig == signal.SIGTERM:
         assert "error: stopped by SIGTERM: the running step and its processes have ended" in "".join(driver.lines)
-    # The store's lease went with the job: a new run on the same store is not refused.
-    assert not (run_dir / "checkpoint" / "_lease.json").exists()
+    if not group:  # the step stopped its job in order, and gave the store's lease back
+        assert not (run_dir / "checkpoint" / "_lease.json").exists()
 
 
 def test_resume_latest_on_an_empty_store_exits_2_before_data_prep_and_runs_get_their_own_directories(tmp_path):
