@@ -125,3 +125,19 @@ def test_a_missing_s3_bucket_exits_2_before_data_prep(tmp_path, moto_endpoint):
                            "a store this machine can write, read and delete in.")
     assert "s3://no-such-bucket-here/ctr/_probe-" in line and "FileNotFoundError" in line
     assert not (run_dir / "kfp").exists()
+
+
+def test_a_store_another_run_holds_is_refused_before_anything_starts(tmp_path, config):
+    from components.checkpoint.lease import StoreLease
+    from components.checkpoint.store import CheckpointStore
+    from components.config import ConfigError
+    from components.resolve.step import check_checkpoint_store
+
+    cfg = config(f"checkpoint.uri={tmp_path / 'store'}")
+    check_checkpoint_store(cfg)
+    with StoreLease(CheckpointStore(str(tmp_path / "store")), "run-first"):
+        with pytest.raises(ConfigError) as err:
+            check_checkpoint_store(cfg)
+    assert err.value.key == "checkpoint.uri" and "allowed: a store no other run is using" in str(err.value)
+    assert f"is in use by run run-first (pid {os.getpid()}" in str(err.value)
+    check_checkpoint_store(cfg)  # given back
