@@ -117,14 +117,20 @@ def test_a_worker_stopped_longer_than_the_stall_timeout_fails_the_job_naming_it(
     assert not job_processes(str(tmp_path))  # the stopped worker too
 
 
-def test_a_3s_s3_outage_during_a_pass_keeps_every_checkpoint(tmp_path, datasets, moto_endpoint, s3_endpoint):
-    """The endpoint goes away for 3 s while pass 2 trains: the server's uploader, worker 0 and the launcher's
-    lease all ride it out, and every pass's checkpoint is committed and verifies."""
-    data_dir, stats = datasets[1]
-    cfg = _config(tmp_path, epochs=3, checkpoint={"uri": s3_endpoint})
+def _s3_job_training_pass_2(tmp_path, datasets, uri, epochs):
+    """A 1 server / 1 worker job (with its store lease) checkpointing to ``uri``, once it trains pass 2."""
+    data_dir, _ = datasets[1]
+    cfg = _config(tmp_path, epochs=epochs, checkpoint={"uri": uri})
     lines = []
     running = Running(lambda: launch_ps_job(cfg, data_dir, tmp_path / "logs", echo=lines.append))
     _wait_for(lambda: any("[worker 0] epoch 2 |" in line for line in lines), what="pass 2")
+    return running
+
+
+def test_a_3s_s3_outage_during_a_pass_keeps_every_checkpoint(tmp_path, datasets, moto_endpoint, s3_endpoint):
+    """The endpoint goes away for 3 s while pass 2 trains: the server's uploader, worker 0 and the launcher's
+    lease all ride it out, and every pass's checkpoint is committed and verifies."""
+    running = _s3_job_training_pass_2(tmp_path, datasets, s3_endpoint, epochs=3)
     moto_endpoint.stop()
     time.sleep(3)
     moto_endpoint.start()
@@ -140,11 +146,7 @@ def test_a_3s_s3_outage_during_a_pass_keeps_every_checkpoint(tmp_path, datasets,
 
 def test_an_s3_endpoint_gone_for_good_fails_the_job_within_60s_naming_the_store_error(
         tmp_path, datasets, moto_endpoint, s3_endpoint):
-    data_dir, _ = datasets[1]
-    cfg = _config(tmp_path, epochs=100, checkpoint={"uri": s3_endpoint})
-    lines = []
-    running = Running(lambda: launch_ps_job(cfg, data_dir, tmp_path / "logs", echo=lines.append))
-    _wait_for(lambda: any("[worker 0] epoch 2 |" in line for line in lines), what="pass 2")
+    running = _s3_job_training_pass_2(tmp_path, datasets, s3_endpoint, epochs=100)
     moto_endpoint.stop()
     stopped_at = time.time()
     running.join(120)
