@@ -10,7 +10,9 @@ Paddle 2.6.2 binds two kinds of sockets of its own choosing:
   machine's host name resolves to (on many machines the LAN address). It is given the interface that holds
   ``POD_IP``'s address instead.
 
-The brpc PS servers bind ``POD_IP:PADDLE_PORT`` themselves.
+The brpc PS servers bind ``POD_IP:PADDLE_PORT`` themselves. A host that does not resolve to an address of the
+machine leaves Paddle's choice in place (a pod's own DNS name before it is published), so a job starts
+wherever it did before; on Kubernetes the NetworkPolicy admits only the job's own pods anyway.
 """
 
 from __future__ import annotations
@@ -57,8 +59,13 @@ def bind_to_own_host() -> None:
     store_host = os.environ.get("PADDLE_GLOO_HTTP_ENDPOINT", "").rpartition(":")[0]
     if store_host:
         def server_bind(self, _host=store_host):
-            self.server_address = (_host, self.server_address[1])  # ('', port) as KVHTTPServer passes it
-            http_server.HTTPServer.server_bind(self)
+            port = self.server_address[1]  # KVHTTPServer passes ('', port)
+            try:
+                self.server_address = (_host, port)
+                http_server.HTTPServer.server_bind(self)
+            except OSError:  # a pod whose own DNS name does not resolve yet: every interface, as Paddle does
+                self.server_address = ("", port)
+                http_server.HTTPServer.server_bind(self)
 
         http_server.KVHTTPServer.server_bind = server_bind
     iface = interface_of(os.environ.get("POD_IP", ""))
