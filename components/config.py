@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import re
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
@@ -134,9 +135,13 @@ class PsConfig:
     geo_k_steps: int = 100  # geo: local steps between delta pushes
     sync_batches: int = 16  # sync: batches per worker between global barriers
     host: str = "127.0.0.1"  # local backend: the address every role binds and dials
+    # Every role reports (progress, or a heartbeat) this often.
     progress_period_s: float = 5.0
     # How long the servers may take to come up (rendezvous store, PS ports) before the job fails.
     startup_timeout_s: float = 120.0
+    # A role that reports nothing for this long (stopped, hung) fails the job, naming it. A worker waiting in a
+    # barrier for a slower one is not counted as stalled. Shorter stalls (a 20 s stop, a network blip) pass.
+    stall_timeout_s: float = 120.0
     # Paddle's PS RPC settings (brpc gflags FLAGS_pserver_*): a deadline per RPC, per connection attempt,
     # and how often a server retries saving a table.
     rpc_timeout_ms: int = 600_000
@@ -158,7 +163,9 @@ class CheckpointConfig:
     # Also commit (and validate) a checkpoint every N batches per worker inside a pass (0 = off).
     every_batches: int = 0
     keep_last: int = 3  # committed checkpoints kept in the store (older ones are pruned)
-    resume: str = "none"  # none | latest | <checkpoint id>: where training continues from
+    # Where training continues from: none; latest (the store must hold a checkpoint); auto (latest if there is
+    # one, else a fresh start); or a checkpoint id.
+    resume: str = "none"
     # Start from another run's weights when this store has nothing to resume: "<store uri>" (its latest
     # checkpoint) or "<store uri>#<checkpoint id>". Training starts at pass 1.
     warm_start: Optional[str] = None
@@ -308,11 +315,18 @@ class ConfigError(ValueError):
         super().__init__(message + (f". {hint}" if hint else ""))
 
 
+# Tells apart runs started in the same second: ``${run_token:}`` in conf/config.yaml's run and sweep directories.
+RUN_TOKEN = uuid.uuid4().hex[:6]
+
+
 def register_configs() -> None:
-    """Register the schema so that ``conf/config.yaml`` can name it first in its defaults list."""
+    """Register the schema so that ``conf/config.yaml`` can name it first in its defaults list, and the
+    ``run_token`` resolver its run directories use."""
     from hydra.core.config_store import ConfigStore
 
     ConfigStore.instance().store(name="ctr_schema", node=CtrConfig)
+    if not OmegaConf.has_resolver("run_token"):
+        OmegaConf.register_new_resolver("run_token", lambda: RUN_TOKEN)
 
 
 def ints_from_struct(value: Any) -> Any:
@@ -340,6 +354,20 @@ def from_dict(raw: Any) -> CtrConfig:
 def to_dict(cfg: CtrConfig) -> dict:
     """The JSON-safe form passed to components (enums as their values)."""
     return OmegaConf.to_container(OmegaConf.structured(cfg), resolve=True, enum_to_str=True)  # type: ignore
+
+
+_QUANTITY = re.compile(r"^([0-9]+(?:\.[0-9]+)?|\.[0-9]+)([KMGTPE]i?|k)?$")
+_UNITS = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
+          "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
+_CPU = re.compile(r"^([0-9]+(?:\.[0-9]+)?|\.[0-9]+)m?$")
+
+
+def kubernetes_bytes(quantity: str, key: str = "cluster.servers.memory") -> float:
+    """A Kubernetes memory quantity in bytes: a number with an optional suffix (``8Gi``, ``512M``)."""
+    match = _QUANTITY.match(str(quantity).strip())
+    if not match:
+        raise ConfigError(key, quantity, "a Kubernetes memory quantity such as 8Gi or 8000M")
+    return float(match[1]) * _UNITS[match[2] or ""]
 
 
 def _positive(key: str, value: float) -> None:
@@ -375,12 +403,16 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
         raise ConfigError("table.vocab_size", cfg.table.vocab_size,
                           f"vocab_size * embedding_dim <= {1 << 28} in geo mode",
                           "each geo worker holds a dense local copy of the whole table; use ps.mode=async")
-    if any(h <= 0 for h in cfg.model.hidden):
-        raise ConfigError("model.hidden", list(cfg.model.hidden), "a list of layer widths > 0")
+    if not cfg.model.hidden or any(h <= 0 for h in cfg.model.hidden):
+        raise ConfigError("model.hidden", list(cfg.model.hidden), "a non-empty list of layer widths > 0")
     if not 0 <= cfg.model.dropout < 1:
         raise ConfigError("model.dropout", cfg.model.dropout, "a rate in [0, 1)")
     if cfg.model.embedding_l2 < 0:
         raise ConfigError("model.embedding_l2", cfg.model.embedding_l2, "a penalty >= 0")
+    _validate_timing(cfg.ps)
+    if cfg.eval.roc_points < 2:
+        raise ConfigError("eval.roc_points", cfg.eval.roc_points, "an integer >= 2 (a curve needs two points)")
+    _positive("eval.calibration_bins", cfg.eval.calibration_bins)
     if not 0 < cfg.data.test_fraction < 1:
         raise ConfigError("data.test_fraction", cfg.data.test_fraction, "a fraction in (0, 1)")
     if not 0 <= cfg.data.valid_fraction < 1 - cfg.data.test_fraction:
@@ -438,6 +470,21 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     if not 0 <= cfg.eval.min_auc <= 1:
         raise ConfigError("eval.min_auc", cfg.eval.min_auc, "an AUC in [0, 1] (0: always export)")
     _validate_cluster(cfg)
+
+
+MIN_PROGRESS_PERIOD_S = 0.1
+
+
+def _validate_timing(ps: PsConfig) -> None:
+    """The periods and timeouts of a running job: a reporting loop must not spin, a timeout must be able to pass."""
+    if not ps.progress_period_s >= MIN_PROGRESS_PERIOD_S:
+        raise ConfigError("ps.progress_period_s", ps.progress_period_s, f"seconds >= {MIN_PROGRESS_PERIOD_S}",
+                          "every role reports this often")
+    _positive("ps.startup_timeout_s", ps.startup_timeout_s)
+    if not ps.stall_timeout_s >= 3 * ps.progress_period_s:
+        raise ConfigError("ps.stall_timeout_s", ps.stall_timeout_s,
+                          f"seconds >= 3 x ps.progress_period_s ({3 * ps.progress_period_s:g})",
+                          "a role reports every ps.progress_period_s; a shorter timeout would fail healthy jobs")
 
 
 def _refuse_restore(cfg: CtrConfig, condition: str, why: str) -> None:
@@ -501,6 +548,13 @@ def _validate_cluster(cfg: CtrConfig) -> None:
         raise ConfigError("cluster.start_timeout_s", cluster.start_timeout_s, "seconds > 0")
     if cluster.max_restarts < 0:
         raise ConfigError("cluster.max_restarts", cluster.max_restarts, "an integer >= 0")
+    if cluster.run_as_user < 1:
+        raise ConfigError("cluster.run_as_user", cluster.run_as_user, "a user id >= 1 (not root)",
+                          "the PS pods and steps run as a non-root user")
+    for role, pods in (("servers", cluster.servers), ("workers", cluster.workers)):
+        kubernetes_bytes(pods.memory, f"cluster.{role}.memory")
+        if not _CPU.match(str(pods.cpu).strip()):
+            raise ConfigError(f"cluster.{role}.cpu", pods.cpu, "a Kubernetes CPU quantity such as 2, 1.5 or 500m")
     if not 1024 <= cluster.paddle_port <= 65535 - 20:
         raise ConfigError("cluster.paddle_port", cluster.paddle_port, "a port in [1024, 65515]")
     if cluster.backend is ClusterBackend.paddlejob and cluster.paddle_port != 36000:

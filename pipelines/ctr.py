@@ -20,7 +20,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from components.config import ConfigError, PipelineRunner, from_dict, register_configs, to_dict, validate
-from components.resolve.step import check_restore
+from components.resolve.step import check_checkpoint_store
 
 EXIT_CONFIG_ERROR = 2
 EXIT_SUBMIT_ERROR = 3
@@ -44,7 +44,7 @@ def run(cfg: DictConfig) -> float:
     from pipelines.local import local_config, run_pipeline_locally
 
     typed = local_config(typed)
-    check_restore(typed)
+    check_checkpoint_store(typed)
     run_dir = Path(typed.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))))

@@ -15,14 +15,23 @@ progress line; :class:`_ConsoleTap` flushes this process's stdout at every line,
 shows while it trains even when stdout is a pipe. The tap also keeps the last lines, because a failed
 step only makes ``kfp.local`` raise "Inner task failed: <task>": :class:`PipelineRunError` carries the
 step's own error (for a PS job, the failing role and its log tail) in its message.
+
+Stopping: the driver owns the processes of its run (:class:`DriverSignals`). SIGTERM, SIGINT or SIGHUP stop
+the running step (a train step tears its PS job down first) and the driver exits once every process it
+started has, with status 128 + the signal. A driver killed outright (SIGKILL) is noticed by the train step,
+which stops its job the same way (:func:`components.ps.liveness.stop_when_gone`, through ``$CTR_DRIVER_PID``).
 """
 
 import dataclasses
+import glob
 import io
 import json
+import os
 import re
 import shutil
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections import deque
@@ -30,10 +39,14 @@ from pathlib import Path
 from typing import Any, Optional
 
 from components.config import CtrConfig, is_remote_uri
+from components.ps.liveness import DRIVER_PID_ENV, process_exists
 
 # What the run directory gets from the evaluation directory (the Metrics artifact's path).
 EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png", "calibration.png")
 TAP_LINES = 400
+# How long a stopped run's processes get to end (a train step: TERM_GRACE_S for its PS job, then SIGKILL).
+STOP_WAIT_S = 20.0
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _KFP_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - [A-Z]+ - ")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _TASK_OUTPUTS = re.compile(r" - INFO - Task '[\w-]+' outputs:$")
@@ -130,6 +143,66 @@ def step_error(lines: list[str]) -> str:
     return "\n".join(out)
 
 
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (children, their children, ...), from ``/proc/<pid>/task/*/children``."""
+    found, frontier = [], [pid]
+    while frontier:
+        for path in glob.glob(f"/proc/{frontier.pop()}/task/*/children"):
+            try:
+                children = [int(child) for child in Path(path).read_text().split()]
+            except OSError:  # exited meanwhile
+                continue
+            found += children
+            frontier += children
+    return found
+
+
+class DriverSignals:
+    """While a local run executes (main thread only): SIGTERM, SIGINT and SIGHUP stop it in order.
+
+    The handler sends SIGTERM to the driver's descendants in its own process group (the kfp.local step and
+    the ``sh`` it runs under; PS processes run in sessions of their own and are the step's to stop), waits up to
+    :data:`STOP_WAIT_S` until no process the driver had started is left, then exits with 128 + the signal.
+    The steps learn the driver's pid from ``$CTR_DRIVER_PID``, set for the run's duration.
+    """
+
+    def __enter__(self) -> "DriverSignals":
+        self._env = os.environ.get(DRIVER_PID_ENV)
+        os.environ[DRIVER_PID_ENV] = str(os.getpid())
+        self._previous = ({sig: signal.signal(sig, self._stop) for sig in STOP_SIGNALS}
+                          if threading.current_thread() is threading.main_thread() else {})
+        return self
+
+    def _stop(self, signum: int, frame: Any) -> None:
+        for sig in STOP_SIGNALS:  # a second signal must not cut the wait short
+            signal.signal(sig, signal.SIG_IGN)
+        started = descendants(os.getpid())
+        group = os.getpgrp()
+        for pid in started:
+            try:
+                if os.getpgid(pid) == group:
+                    os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + STOP_WAIT_S
+        while any(process_exists(pid) for pid in started) and time.time() < deadline:
+            time.sleep(0.1)
+        left = [pid for pid in started if process_exists(pid)]
+        name = signal.Signals(signum).name
+        print(f"error: stopped by {name}: " + (f"processes {left} did not end within {STOP_WAIT_S:.0f}s" if left
+                                               else "the running step and its processes have ended"),
+              file=sys.__stderr__, flush=True)
+        raise SystemExit(128 + signum)
+
+    def __exit__(self, *exc: Any) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        if self._env is None:
+            os.environ.pop(DRIVER_PID_ENV, None)
+        else:
+            os.environ[DRIVER_PID_ENV] = self._env
+
+
 def local_config(cfg: CtrConfig) -> CtrConfig:
     """Absolute paths for a local run: ``run_dir``, and a local ``checkpoint.uri`` (relative = under run_dir).
 
@@ -164,7 +237,7 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     tap, stdout = _ConsoleTap(sys.stdout), sys.stdout
     sys.stdout = tap
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), DriverSignals():
             # The subprocess runner warns about any image name without "python" in it.
             warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
             task = ctr_pipeline(cfg)(**run_parameters(cfg))

@@ -7,7 +7,9 @@ region, ``AWS_ENDPOINT_URL``) point botocore/s3fs at it for the duration of one 
 
 from __future__ import annotations
 
+import ipaddress
 import logging
+import os
 import socket
 import threading
 import urllib.request
@@ -187,3 +189,47 @@ def s3_endpoint(moto_endpoint):
     bucket = f"ckpt-{uuid.uuid4().hex[:12]}"
     boto3.client("s3", endpoint_url=moto_endpoint.url).create_bucket(Bucket=bucket)
     yield f"s3://{bucket}/runs/test"
+
+
+def job_processes(marker: str) -> list[str]:
+    """Command lines of the running processes (zombies, which have exited, excluded) that mention ``marker``,
+    e.g. a test's tmp_path: every process of a job started there (roles, sidecars, Paddle's children) does."""
+    from components.ps.liveness import process_exists
+
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if marker in command and process_exists(int(entry.name)):
+            found.append(f"{entry.name} {command.strip()}")
+    return found
+
+
+def listening_sockets(marker: str) -> set[tuple[str, int]]:
+    """``(address, port)`` of every TCP socket in LISTEN state held by a process of ``marker``
+    (:func:`job_processes`), read from /proc/net/tcp and /proc/net/tcp6 (0.0.0.0 / :: = every interface)."""
+    inodes = set()
+    for line in job_processes(marker):
+        fd_dir = Path("/proc") / line.split()[0] / "fd"
+        try:
+            for fd in fd_dir.iterdir():
+                target = os.readlink(fd)
+                if target.startswith("socket:["):
+                    inodes.add(target[8:-1])
+        except OSError:  # exited meanwhile
+            continue
+    found = set()
+    for table in ("tcp", "tcp6"):
+        for row in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            fields = row.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # 0A: TCP_LISTEN
+                address, port = fields[1].split(":")
+                raw = bytes.fromhex(address)
+                # /proc prints each 32-bit word of the address in host (little-endian) order
+                words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add((str(ipaddress.ip_address(words)), int(port, 16)))
+    return found

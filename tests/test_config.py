@@ -3,7 +3,8 @@
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from components.config import ConfigError, Mode, ModelName, from_dict, validate
+from components.config import ConfigError, Mode, ModelName, from_dict, kubernetes_bytes, validate
+from components.train.planner import GIB
 from tests.conftest import CRITEO, PROD, needs_criteo
 
 
@@ -95,6 +96,18 @@ def test_closed_vocabularies_fail_at_composition(config, override, allowed):
     (["ps=geo", "table.eviction.enabled=true"], "table.eviction.enabled", True),
     (["table.eviction.enabled=true", "table.eviction.show_click_decay_rate=1.5"],
      "table.eviction.show_click_decay_rate", 1.5),
+    # Issue 12: values that used to pass and then spun, never fired, or broke a later step.
+    (["ps.progress_period_s=0"], "ps.progress_period_s", 0.0),
+    (["ps.startup_timeout_s=-5"], "ps.startup_timeout_s", -5.0),
+    (["ps.stall_timeout_s=-1"], "ps.stall_timeout_s", -1.0),
+    (["ps.progress_period_s=5", "ps.stall_timeout_s=10"], "ps.stall_timeout_s", 10.0),
+    (["eval.roc_points=0"], "eval.roc_points", 0),
+    (["eval.calibration_bins=0"], "eval.calibration_bins", 0),
+    (["model.hidden=[]"], "model.hidden", []),
+    ([*PROD, "cluster.run_as_user=0"], "cluster.run_as_user", 0),
+    ([*PROD, "cluster.servers.memory=lots"], "cluster.servers.memory", "lots"),
+    ([*PROD, "cluster.workers.memory=8 GB"], "cluster.workers.memory", "8 GB"),
+    ([*PROD, "cluster.workers.cpu=two"], "cluster.workers.cpu", "two"),
 ])
 def test_validation_names_key_value_and_allowed(config, overrides, key, value):
     cfg = config(*overrides)
@@ -102,6 +115,19 @@ def test_validation_names_key_value_and_allowed(config, overrides, key, value):
         validate(cfg)
     assert err.value.key == key and err.value.value == value
     assert f"config key '{key}' has value {value!r}; allowed:" in str(err.value)
+
+
+@pytest.mark.parametrize("quantity,expected", [("8Gi", 8 * GIB), ("512Mi", 512 << 20), ("8G", 8e9), ("1000", 1000.0),
+                                               ("1.5Gi", 1.5 * GIB)])
+def test_kubernetes_quantities(quantity, expected):
+    assert kubernetes_bytes(quantity) == expected
+
+
+def test_kubernetes_quantity_that_is_not_one():
+    with pytest.raises(ConfigError, match="cluster.servers.memory"):
+        kubernetes_bytes("8 GB")
+    with pytest.raises(ConfigError, match="cluster.workers.memory"):
+        kubernetes_bytes("1.2.3Gi", "cluster.workers.memory")
 
 
 def test_ssd_table_refuses_resume_and_says_why(config):

@@ -31,6 +31,9 @@ from components.checkpoint.restore import STATE_FILE
 from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, Mode, TableClass
 
+# Tries per store call in a running job: backoff 0.5 + 1 + 2 + 4 + 8 s rides out an endpoint that is away for
+# about 15 s (a restart), then the call fails and names the store's error.
+JOB_STORE_RETRIES = 6
 WORKER_ROWS = "worker_rows"  # in a checkpoint: each worker's part of the export's rows
 WORKER_ROWS_SCRATCH = "_worker_rows"  # in the store: the parts until worker 0 merged them
 

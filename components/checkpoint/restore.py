@@ -24,7 +24,8 @@ from components.checkpoint.format import DENSE_FILE, EXPORT, MODEL_META, TABLES,
 if TYPE_CHECKING:  # the store pulls in fsspec and botocore; a readiness probe imports this module's dataclass
     from components.checkpoint.store import CheckpointStore
 
-STATE_FILE = "state.json"  # in a checkpoint: the pass (and chunk) it was taken after, the passes' history
+# In a checkpoint: the pass (and chunk) it was taken after, the passes' history, the run that made it.
+STATE_FILE = "state.json"
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,10 @@ def restore_target(store: "CheckpointStore", resume: str, warm_start: Optional[s
         return None
     uri, _, wanted = warm_start.partition("#")
     source = CheckpointStore(uri)
-    ckpt_id = source.resolve(wanted or "latest")
+    try:
+        ckpt_id = source.resolve(wanted or "auto")
+    except CheckpointError as err:
+        raise CheckpointError(f"checkpoint.warm_start: {err}") from None
     if ckpt_id is None:
         raise CheckpointError(f"checkpoint.warm_start: {source.display_uri} holds no committed checkpoint")
     return RestoreTarget(uri, ckpt_id, resume=False, shard_num=saved_shard_num(source, ckpt_id))
@@ -79,14 +83,14 @@ def saved_shard_num(store: "CheckpointStore", ckpt_id: str) -> Optional[int]:
 
 
 def restart_target(store: "CheckpointStore", restore: Optional[RestoreTarget], attempt: int,
-                   shard_num: Optional[int]) -> Optional[RestoreTarget]:
-    """After a whole-job restart (``attempt`` > 0): continue from the job's latest committed checkpoint (saved in
-    the job's ``shard_num``), if it has one; before any commit the restarted job starts where the first attempt
-    did."""
+                   shard_num: Optional[int], run_id: str) -> Optional[RestoreTarget]:
+    """After a whole-job restart (``attempt`` > 0): continue from the newest checkpoint this run committed (its
+    ``state.json`` names ``run_id``; saved in the job's ``shard_num``). Before this run committed one, the
+    restarted job starts where the first attempt did: a checkpoint another run left in the store is never taken."""
     if attempt > 0:
-        latest = store.latest()
-        if latest:
-            return RestoreTarget(store.uri, latest, resume=True, shard_num=shard_num)
+        for ckpt_id in reversed(store.committed()):
+            if (store.read_json(ckpt_id, STATE_FILE) or {}).get("run_id") == run_id:
+                return RestoreTarget(store.uri, ckpt_id, resume=True, shard_num=shard_num)
     return restore
 
 

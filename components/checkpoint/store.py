@@ -60,6 +60,7 @@ CHUNK = 8 << 20
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "oci", "tos", "memory"}
 _COMMON_PROTOCOLS = "a local path, file://, s3://, hdfs://, webhdfs://, gs://, memory://"
 
+PROBE_PREFIX = "_probe-"  # the file CheckpointStore.probe writes and deletes
 ID_RE = re.compile(r"^(?P<time>\d{8}T\d{12})Z-e(?P<epoch>\d{4,})-s(?P<step>\d{10,})$")
 _id_lock = threading.Lock()
 _last_id_us = 0
@@ -400,6 +401,74 @@ class CheckpointStore:
         self._retry(f"writing {self.url(ckpt_id, rel)}", put)
         return {"size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
 
+    def create_json(self, rel: str, payload: Any) -> bool:
+        """A small control file written only if none exists yet; False when one does.
+
+        Atomic where the store allows it: a hard link on a local disk, a conditional PUT (``If-None-Match``) on
+        S3. Other filesystems check first and then write (two writers racing within one round trip can both win).
+        """
+        data = (json.dumps(payload, indent=2, sort_keys=True) + "\n").encode()
+        rel = _check_rel(rel)
+        path = self.fs_path(None, rel)
+
+        def create() -> bool:
+            self.ensure_parent(path)
+            try:
+                if self._local:  # link(2) fails if the name exists: the whole file appears at once, or not
+                    tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+                    self.fs.pipe_file(tmp, data)
+                    try:
+                        os.link(tmp, path)
+                    finally:
+                        os.unlink(tmp)
+                else:
+                    self.fs.pipe_file(path, data, mode="create")
+            except FileExistsError:
+                return False
+            return True
+
+        return self._retry(f"creating {self.url(None, rel)}", create)
+
+    def remove(self, rel: str) -> None:
+        """Delete a control file outside the checkpoints (missing is fine)."""
+        path = self.fs_path(None, _check_rel(rel))
+
+        def rm() -> None:
+            try:
+                self.fs.rm_file(path)
+            except FileNotFoundError:
+                pass
+
+        self._retry(f"deleting {self.url(None, rel)}", rm)
+
+    def probe(self) -> None:
+        """Write, read back and delete a small file: a store this job cannot use (no such bucket, no permission,
+        a read-only or missing directory, no endpoint) fails here, before anything expensive starts.
+
+        Raises :class:`CheckpointStoreError` naming the store and what failed.
+        """
+        rel = f"{PROBE_PREFIX}{uuid.uuid4().hex[:12]}.json"
+        payload = {"probe": rel}
+        # A local store's directories that do not exist yet: made by the write, removed again afterwards.
+        missing = [p for p in (Path(self.root), *Path(self.root).parents) if not p.exists()] if self._local else []
+        try:
+            self.write_json(None, rel, payload)
+            back = self.read_json(None, rel)
+            if back != payload:
+                raise CheckpointStoreError(f"checkpoint store {self.display_uri}: a file written to "
+                                           f"{self.url(None, rel)} read back as {back!r}")
+        finally:
+            try:
+                self.remove(rel)
+            except CheckpointStoreError as e:
+                log.warning("cannot delete the probe file: %s", e)
+            for directory in missing:  # deepest first
+                try:
+                    directory.rmdir()
+                except OSError:
+                    break
+            self._made_dirs.clear()
+
     def read_json(self, ckpt_id: str | None, rel: str) -> Any:
         """A small control file's content, or ``None`` if it does not exist."""
         return self._read_json(ckpt_id, rel)[0]
@@ -422,6 +491,19 @@ class CheckpointStore:
             return json.loads(data), data
         except ValueError as e:
             raise CheckpointError(f"{url} is not valid JSON ({e}): truncated or altered") from None
+
+    def list_control(self, folder: str) -> list[str]:
+        """Names of the files in a control folder outside the checkpoints (``_upload``), sorted; [] if none."""
+        path = self.fs_path(None, _check_rel(folder))
+
+        def ls() -> list[str]:
+            self.fs.invalidate_cache()
+            try:
+                return self.fs.ls(path, detail=False)
+            except FileNotFoundError:
+                return []
+
+        return sorted(PurePosixPath(p).name for p in self._retry(f"listing {self.url(None, folder)}", ls))
 
     def list_files(self, ckpt_id: str, prefix: str = "") -> list[str]:
         """Relative names of the files stored under ``<uri>/<ckpt_id>/<prefix>`` (committed or not)."""
@@ -536,15 +618,23 @@ class CheckpointStore:
         return ids[-1]
 
     def resolve(self, resume: str | None) -> str | None:
-        """``"none"`` -> None, ``"latest"`` -> :meth:`latest` (None if there is none), an id -> that id.
+        """``"none"`` -> None; ``"latest"`` -> :meth:`latest`; ``"auto"`` -> :meth:`latest`, or None on a store
+        with no committed checkpoint; an id -> that id.
 
-        An id that is not committed raises :class:`CheckpointError` listing the committed ids.
+        ``latest`` on a store with no committed checkpoint, or an id that is not committed, raises
+        :class:`CheckpointError` (listing the committed ids): a resume that cannot resume must not quietly
+        train from scratch.
         """
         key = (resume or "none").strip()
         if key.lower() == "none":
             return None
-        if key.lower() == "latest":
-            return self.latest()
+        if key.lower() in ("latest", "auto"):
+            latest = self.latest()
+            if latest is None and key.lower() == "latest":
+                raise CheckpointError(f"{self.display_uri} holds no committed checkpoint to resume (latest): point "
+                                      "checkpoint.uri at the store of the run to continue, or use "
+                                      "checkpoint.resume=auto to start fresh when the store is empty")
+            return latest
         ids = self.committed()
         if key in ids:
             return key

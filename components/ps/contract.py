@@ -9,7 +9,9 @@ What crosses it, and nothing else:
 * **the job spec** (:class:`JobSpec`): the resolved config, where the dataset is, the process's scratch
   directories and what to restore;
 * **events**: the process prints one JSON event per line (:func:`emit`), tagged :data:`PROGRESS`,
-  :data:`EPOCH`, :data:`CHECKPOINT` or :data:`DONE`; launchers read them with :func:`parse_event`;
+  :data:`EPOCH`, :data:`CHECKPOINT`, :data:`DONE` or :data:`HEARTBEAT` (at least one every
+  ``ps.progress_period_s`` while the process works: :mod:`components.ps.liveness`); launchers read them with
+  :func:`parse_event`;
 * **readiness**: a server is ready for workers once an endpoint accepts TCP (:func:`ready_probe_command`);
 * **exit status**: 0 when the process's part of the job is done; :data:`CONFIG_ERROR_EXIT` when its job spec,
   config or environment cannot work, which no restart can mend (launchers fail the job at once); anything else
@@ -42,7 +44,8 @@ ROLE_ENV = "PS_ROLE"  # server | worker
 CONFIG_ERROR_EXIT = 78
 # Event tags: the first word of an event line, then its JSON payload.
 PROGRESS, EPOCH, CHECKPOINT, DONE = "@progress", "@epoch", "@checkpoint", "@done"
-EVENT_TAGS = (PROGRESS, EPOCH, CHECKPOINT, DONE)
+HEARTBEAT = "@heartbeat"  # alive, nothing else to report: {role, index, waiting (in a collective)}
+EVENT_TAGS = (PROGRESS, EPOCH, CHECKPOINT, DONE, HEARTBEAT)
 
 
 class Role(str, Enum):
@@ -117,7 +120,8 @@ class JobSpec:
     resolved, which every role must agree on; ``data_dir``: the prepared dataset, a local path or a remote
     fsspec URL (pods fetch their shards); ``workdir``: the process's scratch directory; ``staging_dir``: where
     servers save table shards before their uploader moves them to the store (the same path string on every
-    machine); ``restore``: what the job starts from.
+    machine); ``restore``: what the job starts from; ``run_id``: the run, recorded in every checkpoint it commits
+    (a restarted job resumes only its own run's checkpoints).
     """
 
     config: dict
@@ -125,10 +129,11 @@ class JobSpec:
     workdir: str
     staging_dir: str
     restore: Optional[RestoreTarget] = None
+    run_id: str = ""
 
     def to_json(self) -> str:
         return json.dumps({"config": self.config, "data_dir": self.data_dir, "workdir": self.workdir,
-                           "staging_dir": self.staging_dir,
+                           "staging_dir": self.staging_dir, "run_id": self.run_id,
                            "restore": self.restore.to_dict() if self.restore else None}, sort_keys=True)
 
     @classmethod
@@ -136,7 +141,8 @@ class JobSpec:
         raw = json.loads(text)
         restore = raw.get("restore")
         return cls(config=raw["config"], data_dir=raw["data_dir"], workdir=raw["workdir"],
-                   staging_dir=raw["staging_dir"], restore=RestoreTarget.from_dict(restore) if restore else None)
+                   staging_dir=raw["staging_dir"], restore=RestoreTarget.from_dict(restore) if restore else None,
+                   run_id=raw.get("run_id", ""))
 
     @classmethod
     def load(cls, path: Optional[str]) -> "JobSpec":

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import itertools
 import json
 import os
+import shutil
 import subprocess
 import sys
-import threading
 import time
+import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -39,12 +41,14 @@ from components.ps import models
 from components.ps.accessor import read_sparse_table
 from components.ps.contract import (CHECKPOINT, CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV,
                                     JobSpec, emit, wait_until_listening)
+from components.ps.liveness import Heartbeat, children_die_with_this_process, die_with_parent, parent_from_env
 from components.ps.models import EMBEDDING_TABLE
+from components.ps.network import bind_to_own_host
 from components.ps.shard_uploader import collect_shards
 from components.ps.sharding import rows_per_server, saved_bytes_per_server
 from components.ps.strategy import (build_strategy, dense_optimizer, install_rpc_gflags, rpc_gflags, server_flags,
                                     table_save_mode)
-from components.ps.validation import Validator, stop_now
+from components.ps.validation import Validator
 
 PULL_BATCH = 1 << 16  # ids per request when a worker pulls rows from the servers for a checkpoint
 
@@ -126,7 +130,10 @@ class Worker:
         shard_rows = self.stats["shard_rows"]["train"]
         self.rows_per_worker = [sum(shard_rows[w::self.count]) for w in range(self.count)]
         self.workdir = Path(job.workdir)
-        self.store = CheckpointStore(cfg.checkpoint.uri)
+        self.store = CheckpointStore(cfg.checkpoint.uri, retries=protocol.JOB_STORE_RETRIES)
+        self.in_pass: Optional[tuple[int, float]] = None  # (epoch, when it started) while a pass trains
+        self._chunk_files: dict[int, list[list[str]]] = {}  # batches per chunk -> the chunk files
+        self.heartbeat = Heartbeat("worker", self.index, cfg.ps.progress_period_s, progress=self._progress)
         self._pull = None  # the program that pulls rows from the servers, once built
         # Eviction: the ids of the previous checkpoint's export, to count the rows evicted since.
         self.exported_ids: Optional[np.ndarray] = None
@@ -151,19 +158,28 @@ class Worker:
     def _train(self, files: list[str]) -> None:
         self.exe.train_from_dataset(program=self.paddle.static.default_main_program(), dataset=self._dataset(files))
 
-    def _chunks(self, epoch: int, batches: int) -> list[list[str]]:
-        """This worker's data cut into chunks of ``batches`` batches; every worker gets the same count."""
+    def _chunks(self, batches: int) -> list[list[str]]:
+        """This worker's data cut into chunks of ``batches`` batches; every worker gets the same count.
+
+        The lines are streamed from the shards into the chunk files (never all in memory), once per process:
+        every pass trains the same chunks.
+        """
+        if batches in self._chunk_files:
+            return self._chunk_files[batches]
         chunk_rows = batches * self.cfg.ps.batch_size * self.cfg.ps.threads
         count = max(1, min(self.rows_per_worker) // chunk_rows)
-        lines = [line for shard in self.shards for line in open(shard)]
-        bounds = np.linspace(0, len(lines), count + 1).astype(int)
-        chunk_dir = self.workdir / f"chunks-epoch{epoch}"
-        chunk_dir.mkdir(parents=True, exist_ok=True)
+        chunk_dir = self.workdir / f"chunks-{batches}"
+        shutil.rmtree(chunk_dir, ignore_errors=True)
+        chunk_dir.mkdir(parents=True)
+        ends = np.linspace(0, self.rows_per_worker[self.index], count + 1).astype(int)[1:]
+        lines = (line for shard in self.shards for line in open(shard))
         files = []
-        for c in range(count):
+        for c, (start, end) in enumerate(zip([0, *ends[:-1]], ends)):
             path = chunk_dir / f"chunk-{c:05d}.txt"
-            path.write_text("".join(lines[bounds[c]:bounds[c + 1]]))
+            with open(path, "w") as out:  # the last chunk takes whatever is left
+                out.writelines(lines if c == count - 1 else itertools.islice(lines, end - start))
             files.append([str(path)])
+        self._chunk_files[batches] = files
         return files
 
     def train(self) -> list[dict]:
@@ -171,14 +187,16 @@ class Worker:
         restore = self.job.restore
         source = CheckpointStore(restore.uri) if restore else None
         state = resume_state(source, restore)
+        self.heartbeat.start()
         self.exe.run(self.paddle.static.default_startup_program())
         if restore and self.index == 0:
             # init_worker pushes worker 0's dense parameters to the servers: restore them first.
             for name, value in restore_dense(source, restore.id, self.workdir).items():
                 self.scope.find_var(name).get_tensor().set(value, self.place)
         wait_until_listening(os.environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(","), self.cfg.ps.startup_timeout_s)
-        fleet.init_worker()
-        fleet.barrier_worker()
+        with self.heartbeat.waiting():
+            fleet.init_worker()
+        self._barrier()
         history = list(state["history"])
         self.last_checkpoint = time.time()
         # Every worker follows worker 0's early-stopping decision after each checkpoint; it alone scores them.
@@ -187,17 +205,14 @@ class Worker:
                           if self.validating and self.index == 0 else None)
         for epoch in range(state["epoch"] + 1, self.cfg.ps.epochs + 1):
             self._reset_auc()
-            started = time.time()
-            # Paddle's own fetch_handler costs ~3 s per pass to stop (its monitor sleeps holding a lock).
-            stop = threading.Event()
-            reporter = threading.Thread(target=self._report_progress, args=(epoch, started, stop), daemon=True)
-            reporter.start()
+            # The heartbeat reports this pass's progress (Paddle's own fetch_handler costs ~3 s per pass to stop:
+            # its monitor sleeps holding a lock).
+            self.in_pass = (epoch, time.time())
             try:
                 done_chunks = state.get("chunk", 0) if epoch == state["epoch"] + 1 else 0
                 stopped = self._train_pass(epoch, history, done_chunks, state.get("chunks_in_pass"))
             finally:
-                stop.set()
-                reporter.join()
+                started, self.in_pass = self.in_pass[1], None
             if stopped:
                 break
             history.append(self._end_epoch(epoch, started))
@@ -205,6 +220,14 @@ class Worker:
                     self._checkpoint(epoch, history):
                 break
         return history
+
+    def _barrier(self) -> None:
+        with self.heartbeat.waiting():
+            self.fleet.barrier_worker()
+
+    def _all_reduce(self, value: np.ndarray, op: str) -> np.ndarray:
+        with self.heartbeat.waiting():
+            return np.asarray(self.fleet.util.all_reduce(value, op))
 
     def _train_pass(self, epoch: int, history: list[dict], done_chunks: int, planned: Optional[int]) -> bool:
         """One pass: in one go, or in chunks when sync rounds or checkpoints inside it need boundaries; True when
@@ -215,7 +238,7 @@ class Worker:
             self._train(self.shards)
             return False
         size = self.cfg.ps.sync_batches if sync else every or self.cfg.checkpoint.chunk_batches
-        chunks = self._chunks(epoch, size)
+        chunks = self._chunks(size)
         if done_chunks and planned != len(chunks):
             raise checkpoint.CheckpointError(
                 f"the checkpoint stopped after chunk {done_chunks} of {planned} in pass {epoch}, but this job cuts "
@@ -226,7 +249,7 @@ class Worker:
             if sync:
                 # Every push of a round is flushed to the servers when train_from_dataset returns; the
                 # barrier then keeps any worker from starting round r+1 before all of round r is applied.
-                self.fleet.barrier_worker()
+                self._barrier()
             due = every or (timed and self._checkpoint_due())
             if c < len(chunks) - 1 and due and self._checkpoint(epoch, history, chunk=c + 1, chunks_in_pass=len(chunks)):
                 return True
@@ -235,27 +258,26 @@ class Worker:
     def _checkpoint_due(self) -> bool:
         """Every worker takes the same decision: due once any worker's clock says so."""
         elapsed = time.time() - self.last_checkpoint >= 60 * self.cfg.checkpoint.every_minutes
-        return bool(np.asarray(self.fleet.util.all_reduce(np.array([int(elapsed)]), "max")).ravel()[0])
+        return bool(self._all_reduce(np.array([int(elapsed)]), "max").ravel()[0])
 
-    def _report_progress(self, epoch: int, started: float, stop: threading.Event) -> None:
-        """Reads the persistable counters the trainer threads update, every progress period."""
-        while not stop.wait(self.cfg.ps.progress_period_s):
-            self._emit_progress(epoch, started)
-
-    def _emit_progress(self, epoch: int, started: float) -> None:
+    def _progress(self) -> Optional[dict]:
+        """The pass's progress, from the persistable counters the trainer threads update (None between passes)."""
+        if self.in_pass is None:
+            return None
+        epoch, started = self.in_pass
         pos, neg = (self._tensor(v) for v in self.program.heads.auc_stats)
         seen = float(pos.sum() + neg.sum())
-        emit(PROGRESS, role="worker", index=self.index, epoch=epoch, examples=int(seen),
-             examples_per_s=seen / max(time.time() - started, 1e-9),
-             loss=float(self._tensor(self.program.running_loss).ravel()[0]), auc=auc_from_stats(pos, neg))
+        return dict(role="worker", index=self.index, epoch=epoch, examples=int(seen),
+                    examples_per_s=seen / max(time.time() - started, 1e-9),
+                    loss=float(self._tensor(self.program.running_loss).ravel()[0]), auc=auc_from_stats(pos, neg))
 
     def _end_epoch(self, epoch: int, started: float) -> dict:
         """Global AUC of the pass: every worker's bucket counts summed over gloo."""
         seconds = time.time() - started
         pos, neg = (self._tensor(v) for v in self.program.heads.auc_stats)
         local_examples = float(pos.sum() + neg.sum())
-        all_pos = np.asarray(self.fleet.util.all_reduce(pos.ravel(), "sum"))
-        all_neg = np.asarray(self.fleet.util.all_reduce(neg.ravel(), "sum"))
+        all_pos = self._all_reduce(pos.ravel(), "sum")
+        all_neg = self._all_reduce(neg.ravel(), "sum")
         summary = {"epoch": epoch, "seconds": seconds, "examples": int(all_pos.sum() + all_neg.sum()),
                    "worker_examples_per_s": local_examples / max(seconds, 1e-9),
                    "auc": auc_from_stats(all_pos, all_neg)}
@@ -276,21 +298,22 @@ class Worker:
         staging = Path(self.job.staging_dir) / f"pass-{epoch:04d}-{chunk:05d}"
         # Examples trained so far, this pass's part summed over the workers' AUC counters.
         pos, neg = (self._tensor(v) for v in self.program.heads.auc_stats)
-        in_pass = np.asarray(self.fleet.util.all_reduce(np.array([pos.sum() + neg.sum()]), "sum")).ravel()[0]
+        in_pass = self._all_reduce(np.array([pos.sum() + neg.sum()]), "sum").ravel()[0]
         examples = sum(h["examples"] for h in history) + (int(in_pass) if chunk else 0)
         from_workers = protocol.rows_from_workers(self.cfg)
-        fleet.barrier_worker()
-        if self.cfg.table.eviction.enabled:
-            fleet.shrink()  # worker 0 asks every server to decay and evict; all barrier
-        if not from_workers:
-            fleet.save_persistables(self.exe, str(staging / checkpoint.TABLES), main,  # worker 0 asks; all barrier
-                                    mode=table_save_mode(self.cfg.table))
-        # Pulls the servers' dense parameters into every worker's scope.
-        fleet.save_dense_params(self.exe, str(self.workdir / "dense.pdparams"), self.scope, main)
+        self._barrier()
+        with self.heartbeat.waiting():  # every call here ends in a barrier of all workers
+            if self.cfg.table.eviction.enabled:
+                fleet.shrink()  # worker 0 asks every server to decay and evict; all barrier
+            if not from_workers:
+                fleet.save_persistables(self.exe, str(staging / checkpoint.TABLES), main,  # worker 0 asks; all barrier
+                                        mode=table_save_mode(self.cfg.table))
+            # Pulls the servers' dense parameters into every worker's scope.
+            fleet.save_dense_params(self.exe, str(self.workdir / "dense.pdparams"), self.scope, main)
         if from_workers:
             ids, rows = self._worker_rows(main)
             protocol.upload_worker_rows(self.store, epoch, self.index, ids, rows, self.workdir)
-        fleet.barrier_worker()
+        self._barrier()
         verdict = None
         if self.index == 0:
             ckpt_id = make_id(epoch, examples)
@@ -298,13 +321,13 @@ class Worker:
                 self.store, ckpt_id, str(staging / checkpoint.TABLES), self.cfg.ps.servers, self.cfg.ps.startup_timeout_s)
             local = self.workdir / f"checkpoint-e{epoch:04d}"
             meta = self._meta(history)
-            verdict = self.validator.judge(ckpt_id, self._export(local, ckpt_id, epoch, main, meta)) \
-                if self.validator else None
+            exported = self._export(local, ckpt_id, epoch, main, meta)
+            verdict = self.validator.judge(ckpt_id, exported) if self.validator else None
             if verdict:
                 meta.update(validation=verdict.metrics, calibration=verdict.calibration)
             # Resume continues after pass ``epoch``, or inside it after ``chunk`` chunks.
             state = {"epoch": epoch - 1 if chunk else epoch, "chunk": chunk, "chunks_in_pass": chunks_in_pass,
-                     "history": history, "examples": examples, "seed": self.cfg.data.seed,
+                     "history": history, "examples": examples, "seed": self.cfg.data.seed, "run_id": self.job.run_id,
                      "stopping": self.validator.state() if self.validator else None}
             protocol.commit_checkpoint(self.store, ckpt_id, local, server_files, meta, state,
                                        self.cfg.checkpoint.keep_last, best=bool(verdict and verdict.best))
@@ -312,16 +335,21 @@ class Worker:
                  servers=self._server_load(server_files), evicted=self.evicted,
                  validation=verdict.metrics if verdict else None, best=bool(verdict and verdict.best),
                  stop=bool(verdict and verdict.stop))
-        fleet.barrier_worker()
+        self._barrier()
         self.last_checkpoint = time.time()
-        return self.validating and stop_now(self.fleet, self.index == 0 and bool(verdict and verdict.stop))
+        if not self.validating:
+            return False
+        stop = self.index == 0 and bool(verdict and verdict.stop)
+        return bool(self._all_reduce(np.array([int(stop)]), "max").ravel()[0])  # every worker takes worker 0's word
 
     def finish(self) -> None:
         """Stop on purpose: every worker stops its client, then worker 0 stops the servers."""
-        self.fleet.stop_worker()
-        self.fleet.barrier_worker()
+        with self.heartbeat.waiting():
+            self.fleet.stop_worker()
+        self._barrier()
         if self.index == 0:
             self.fleet.fleet._runtime_handle._worker.stop_server()
+        self.heartbeat.stop()
         emit(DONE, role="worker", index=self.index)
 
     def _worker_rows(self, main) -> tuple[np.ndarray, np.ndarray]:
@@ -430,7 +458,8 @@ def load_job(job_path: Optional[str]) -> JobSpec:
     if "://" in data_dir:
         data_dir = str(fetch_dataset(data_dir, Path(job.workdir) / "data"))
     attempt = int(os.environ.get(RESTART_ENV) or 0)
-    restore = restart_target(CheckpointStore(cfg.checkpoint.uri), job.restore, attempt, cfg.table.shard_num)
+    restore = restart_target(CheckpointStore(cfg.checkpoint.uri), job.restore, attempt, cfg.table.shard_num,
+                             job.run_id)
     return dataclasses.replace(job, data_dir=data_dir, restore=restore)
 
 
@@ -453,6 +482,9 @@ def fetch_dataset(uri: str, local: Path) -> Path:
 
 
 def main(job_path: Optional[str]) -> None:
+    # Nothing of a job outlives its launcher, even one killed outright: not this process, not what Paddle forks.
+    die_with_parent(parent_from_env())
+    children_die_with_this_process()
     job = load_job(job_path)
     cfg = from_dict(job.config)
     schema = Schema.from_dict(json.loads((Path(job.data_dir) / "stats.json").read_text())["schema"])
@@ -460,31 +492,40 @@ def main(job_path: Optional[str]) -> None:
     import paddle.distributed.fleet as fleet
     from paddle.distributed.fleet.base.role_maker import PaddleCloudRoleMaker
 
+    bind_to_own_host()
     install_rpc_gflags(rpc_gflags(cfg))
     fleet.init(PaddleCloudRoleMaker(is_collective=False))
     program = build_train_program(cfg, schema, paddle)
     if fleet.is_server():
-        paddle.set_flags(server_flags(cfg, Path(job.workdir)))
-        if job.restore:  # the servers load the sparse tables; worker 0 restores the dense ones
-            source = CheckpointStore(job.restore.uri)
-            fleet.init_server(str(server_restore_dir(source, job.restore.id, Path(job.workdir))))
-        else:
-            fleet.init_server()
-        # run_server() holds the GIL until the job ends: the shard uploader must be its own process.
-        uploader = subprocess.Popen([sys.executable, "-m", "components.ps.shard_uploader",
-                                     "--store", cfg.checkpoint.uri, "--server", str(fleet.server_index()),
-                                     "--parent-pid", str(os.getpid())])
-        emit(PROGRESS, role="server", index=fleet.server_index(), state="serving")
-        try:
-            fleet.run_server()  # returns when worker 0 stops the servers
-        finally:
-            uploader.terminate()
-            uploader.wait(10)
-        emit(DONE, role="server", index=fleet.server_index())
+        serve(cfg, job, fleet, paddle)
         return
     worker = Worker(cfg, job, program, paddle)
     worker.train()
     worker.finish()
+
+
+def serve(cfg: CtrConfig, job: JobSpec, fleet, paddle) -> None:
+    """A server: load its part of the restored tables (if any), then serve until worker 0 stops it."""
+    index = fleet.server_index()
+    paddle.set_flags(server_flags(cfg, Path(job.workdir)))
+    if job.restore:  # the servers load the sparse tables; worker 0 restores the dense ones
+        source = CheckpointStore(job.restore.uri)
+        fleet.init_server(str(server_restore_dir(source, job.restore.id, Path(job.workdir))))
+    else:
+        fleet.init_server()
+    # run_server() holds the GIL until the job ends (measured: a thread started here never runs while it serves), so
+    # the sidecar that uploads this server's shards and reports it alive is a process of its own; it dies with this one.
+    uploader = subprocess.Popen([sys.executable, "-m", "components.ps.shard_uploader",
+                                 "--store", cfg.checkpoint.uri, "--server", str(index), "--parent-pid", str(os.getpid()),
+                                 "--endpoint", f"{os.environ['POD_IP']}:{os.environ['PADDLE_PORT']}",
+                                 "--report-every", str(cfg.ps.progress_period_s)])
+    emit(PROGRESS, role="server", index=index, state="serving")
+    try:
+        fleet.run_server()  # returns when worker 0 stops the servers
+    finally:
+        uploader.terminate()
+        uploader.wait(10)
+    emit(DONE, role="server", index=index)
 
 
 if __name__ == "__main__":
@@ -493,3 +534,11 @@ if __name__ == "__main__":
     except ConfigError as err:
         print(f"configuration error: {err}", file=sys.stderr, flush=True)
         sys.exit(CONFIG_ERROR_EXIT)
+    except BaseException:  # noqa: BLE001 - reported, then the process ends either way
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # Not a normal exit: with a worker's client still running, Paddle's threads crash the interpreter's
+        # teardown (SIGSEGV in BrpcPsClient::PushSparseTaskConsume, seen after a store error), and the launcher
+        # would report that instead of this error.
+        os._exit(1)

@@ -1,8 +1,11 @@
-"""A server's sidecar that puts the shards it saved into the checkpoint store.
+"""A server's sidecar: it puts the shards the server saved into the checkpoint store, and reports it alive.
 
 Servers need not share a disk with the workers (they are separate pods), so each server uploads its own
-table files. ``run_server()`` holds the GIL for the server's lifetime, so the uploader is a separate process
-(``python -m components.ps.shard_uploader``), started by the server and ended with it.
+table files. ``run_server()`` holds the GIL for the server's lifetime (no Python thread of the server runs
+while it serves), so the uploader is a separate process (``python -m components.ps.shard_uploader``), started
+by the server and ended with it (it dies with the server: :func:`components.ps.liveness.die_with_parent`). For
+the same reason it is the sidecar that sends the server's heartbeats, on the server's stdout, each after the
+server's brpc service answered (:class:`components.ps.liveness.Heartbeat`).
 
 Protocol, all through the store (see :mod:`components.checkpoint.protocol`):
 
@@ -13,11 +16,17 @@ Protocol, all through the store (see :mod:`components.checkpoint.protocol`):
    writes ``_upload/<ckpt_id>.server-<i>.json`` with their sizes and checksums, or ``.server-<i>.error.json``;
 3. worker 0 waits for every server's answer, removes the round's records and commits the checkpoint with
    the entries (:func:`collect_shards`).
+
+A store that does not answer for a while (an endpoint restarting) does not end the uploader: each store call
+is retried with backoff (:data:`components.checkpoint.protocol.JOB_STORE_RETRIES` tries), and a listing that
+still fails is tried again at the next poll. An upload that fails for good is answered with the error file,
+which worker 0 quotes when it fails the job.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import re
 import sys
@@ -25,7 +34,11 @@ import time
 from pathlib import Path
 
 from components.checkpoint.format import TABLES
-from components.checkpoint.store import CheckpointStore
+from components.checkpoint.protocol import JOB_STORE_RETRIES
+from components.checkpoint.store import CheckpointStore, CheckpointStoreError, redact
+from components.ps.liveness import Heartbeat, brpc_answers, die_with_parent
+
+log = logging.getLogger("shard_uploader")
 
 UPLOADS = "_upload"
 POLL_S = 0.3
@@ -55,13 +68,8 @@ def upload_shards(store: CheckpointStore, ckpt_id: str, tables_dir: Path, server
 
 
 def pending_requests(store: CheckpointStore, server: int, served: set[str]) -> list[tuple[str, dict]]:
-    store.fs.invalidate_cache()
-    try:
-        names = [Path(p).name for p in store.fs.ls(store.fs_path(None, UPLOADS), detail=False)]
-    except FileNotFoundError:
-        return []
     out = []
-    for name in sorted(names):
+    for name in store.list_control(UPLOADS):
         if name.endswith(".request.json"):
             ckpt_id = name[: -len(".request.json")]
             if ckpt_id not in served:
@@ -74,15 +82,30 @@ def pending_requests(store: CheckpointStore, server: int, served: set[str]) -> l
 def serve(store: CheckpointStore, server: int, parent_pid: int) -> None:
     served: set[str] = set()
     while _alive(parent_pid):
-        for ckpt_id, request in pending_requests(store, server, served):
+        try:
+            requests = pending_requests(store, server, served)
+        except CheckpointStoreError as err:  # still unreachable after the store's retries: look again later
+            log.warning("server %d: cannot list the upload requests (trying again): %s", server, err)
+            requests = []
+        for ckpt_id, request in requests:
             served.add(ckpt_id)
             try:
                 entries = upload_shards(store, ckpt_id, Path(request["tables_dir"]), server)
                 store.write_json(None, answer_rel(ckpt_id, server), {"files": entries})
             except Exception as err:  # reported to worker 0, which fails the job with it
-                store.write_json(None, answer_rel(ckpt_id, server, error=True),
-                                 {"error": f"server {server}: {type(err).__name__}: {store.redact(str(err))}"})
+                report_failure(store, ckpt_id, server, err)
         time.sleep(POLL_S)
+
+
+def report_failure(store: CheckpointStore, ckpt_id: str, server: int, err: Exception) -> None:
+    """The error file worker 0 waits for; if even that cannot be written, the server's log has the error (and
+    worker 0 fails on the same store)."""
+    message = f"server {server}: {type(err).__name__}: {redact(str(err), store.storage_options)}"
+    log.error("checkpoint %s: %s", ckpt_id, message)
+    try:
+        store.write_json(None, answer_rel(ckpt_id, server, error=True), {"error": message})
+    except CheckpointStoreError as failed:
+        log.error("checkpoint %s: cannot write the error file either: %s", ckpt_id, failed)
 
 
 def _alive(pid: int) -> bool:
@@ -122,8 +145,17 @@ def collect_shards(store: CheckpointStore, ckpt_id: str, tables_dir: str, server
     store.write_json(None, request_rel(ckpt_id), {"tables_dir": tables_dir})
     entries = wait_for_servers(store, ckpt_id, servers, timeout_s)
     for rel in (request_rel(ckpt_id),) + tuple(answer_rel(ckpt_id, i) for i in range(servers)):
-        store.fs.rm_file(store.fs_path(None, rel))
+        store.remove(rel)
     return entries
+
+
+def clear_records(store: CheckpointStore) -> list[str]:
+    """Remove what an earlier job left in the control folder (it was killed mid-round); returns the names.
+    Only for a job that holds the store's lease (:mod:`components.checkpoint.lease`)."""
+    names = store.list_control(UPLOADS)
+    for name in names:
+        store.remove(f"{UPLOADS}/{name}")
+    return names
 
 
 def main(argv: list[str]) -> None:
@@ -131,8 +163,16 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--store", required=True)
     parser.add_argument("--server", type=int, required=True)
     parser.add_argument("--parent-pid", type=int, required=True)
+    parser.add_argument("--endpoint", help="the server's brpc host:port: report it alive while it answers")
+    parser.add_argument("--report-every", type=float, default=5.0, help="seconds between heartbeats")
     args = parser.parse_args(argv)
-    serve(CheckpointStore(args.store), args.server, args.parent_pid)
+    die_with_parent(args.parent_pid)
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s: %(message)s", stream=sys.stdout)
+    if args.endpoint:
+        timeout_s = min(args.report_every, 5.0)
+        Heartbeat("server", args.server, args.report_every,
+                  healthy=lambda: brpc_answers(args.endpoint, timeout_s)).start()
+    serve(CheckpointStore(args.store, retries=JOB_STORE_RETRIES), args.server, args.parent_pid)
 
 
 if __name__ == "__main__":

@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import numpy as np
-
 from components.checkpoint.format import Checkpoint
 from components.config import Calibration, CtrConfig
 from components.data_prep.multislot import Schema, read_shards
@@ -88,8 +86,3 @@ class Validator:
 
     def state(self) -> dict:
         return self.stopping.state()
-
-
-def stop_now(fleet, stop: bool) -> bool:
-    """Every worker takes worker 0's decision (the others pass False)."""
-    return bool(np.asarray(fleet.util.all_reduce(np.array([int(stop)]), "max")).ravel()[0])

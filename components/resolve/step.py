@@ -69,18 +69,32 @@ def config_struct(cfg: CtrConfig) -> dict:
     return _drop_nones(to_dict(cfg))
 
 
-def check_restore(cfg: CtrConfig) -> None:
-    """A resume or warm-start target that names no committed checkpoint fails here, before anything starts."""
+def check_checkpoint_store(cfg: CtrConfig) -> None:
+    """Before anything starts: the checkpoint store takes a write, a read and a delete (a missing bucket, no
+    permission, a read-only directory fail here, not after a pass), no other run holds it, and a resume or
+    warm-start target names a committed checkpoint (``resume=latest`` on an empty store included)."""
     from components.checkpoint.format import CheckpointError
+    from components.checkpoint.lease import in_use_message, live_holder
     from components.checkpoint.restore import restore_target
-    from components.checkpoint.store import CheckpointStore
+    from components.checkpoint.store import CheckpointStore, CheckpointStoreError, redact
 
+    uri = cfg.checkpoint.uri
     try:
-        restore_target(CheckpointStore(cfg.checkpoint.uri), cfg.checkpoint.resume, cfg.checkpoint.warm_start)
+        store = CheckpointStore(uri)
+        store.probe()
+        holder = live_holder(store)
+    except CheckpointStoreError as err:
+        raise ConfigError("checkpoint.uri", redact(uri), "a store this machine can write, read and delete in",
+                          str(err)) from None
+    if holder is not None:
+        raise ConfigError("checkpoint.uri", store.display_uri, "a store no other run is using",
+                          in_use_message(store, holder))
+    try:
+        restore_target(store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
     except CheckpointError as err:
         key, value = (("checkpoint.warm_start", cfg.checkpoint.warm_start) if "warm_start" in str(err)
                       else ("checkpoint.resume", cfg.checkpoint.resume))
-        raise ConfigError(key, value, "none, latest or a committed checkpoint id", str(err)) from None
+        raise ConfigError(key, value, "none, latest, auto or a committed checkpoint id", str(err)) from None
 
 
 def effective_config(config: Any, **run_parameters: Any) -> dict:
@@ -90,7 +104,7 @@ def effective_config(config: Any, **run_parameters: Any) -> dict:
     """
     cfg = apply_run_parameters(from_dict(config), **run_parameters)
     validate(cfg)
-    check_restore(cfg)
+    check_checkpoint_store(cfg)
     resolved = config_struct(cfg)
     print("effective config:\n" + OmegaConf.to_yaml(OmegaConf.create(resolved)), flush=True)
     return resolved

@@ -4,20 +4,26 @@
 and plans the table's memory, before any process starts; a backend (:mod:`components.train.backends`) then
 starts the roles with :meth:`PreparedJob.spec`. The roles print events (:mod:`components.ps.contract`),
 which :class:`EventLog` turns into progress lines and the :class:`JobResult`, whether they arrive through a
-local pipe or a pod's log stream.
+local pipe or a pod's log stream; it also knows when each process last reported, which is how a launcher
+finds a stalled one (:meth:`EventLog.stalled`). :class:`StopSignals` turns SIGTERM, SIGINT and SIGHUP into an
+exception in the launcher, so that it tears its job down before it exits.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import signal
 import threading
-from dataclasses import dataclass
-from typing import Callable, Optional
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
 
+from components.checkpoint.lease import new_run_id
 from components.checkpoint.restore import RestoreTarget, restore_target
 from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, to_dict
-from components.ps.contract import CHECKPOINT, EPOCH, PROGRESS, JobSpec, parse_event
+from components.ps.contract import CHECKPOINT, EPOCH, HEARTBEAT, PROGRESS, JobSpec, Role, parse_event
+from components.ps.shard_uploader import clear_records
 from components.train import planner
 
 
@@ -46,18 +52,19 @@ class PreparedJob:
 
     ``cfg``: ``table.shard_num`` resolved (:func:`planned_config`); ``store``: the checkpoint store, cleaned of
     saves that never committed; ``restore``: what the job starts from; ``plan``: the sparse table's memory plan
-    (None in geo mode), checked to fit.
+    (None in geo mode), checked to fit; ``run_id``: names the run in its checkpoints and its store lease.
     """
 
     cfg: CtrConfig
     store: CheckpointStore
     restore: Optional[RestoreTarget]
     plan: Optional[planner.MemoryPlan]
+    run_id: str = field(default_factory=new_run_id)
 
     def spec(self, data_dir: str, workdir: str, staging_dir: str) -> JobSpec:
         """The spec every role of this job gets (see :class:`components.ps.contract.JobSpec`)."""
         return JobSpec(config=to_dict(self.cfg), data_dir=data_dir, workdir=workdir, staging_dir=staging_dir,
-                       restore=self.restore)
+                       restore=self.restore, run_id=self.run_id)
 
     def lines(self) -> list[str]:
         """What the job starts from and its memory plan, as lines to print before it starts."""
@@ -72,19 +79,24 @@ def planned_config(cfg: CtrConfig, restore: Optional[RestoreTarget]) -> tuple[Ct
     return dataclasses.replace(cfg, table=dataclasses.replace(cfg.table, shard_num=shard_num)), source
 
 
-def prepare_job(cfg: CtrConfig, stats: Optional[dict]) -> PreparedJob:
+def prepare_job(cfg: CtrConfig, stats: Optional[dict], run_id: Optional[str] = None) -> PreparedJob:
     """Resolve what a job starts from and plan its table; raises ConfigError (a table that cannot fit, a
     shard count a restored table refuses) or CheckpointError (a restore target that does not exist) before
     any process starts. ``stats``: the dataset's ``stats.json`` (its distinct ids bound the rows), if readable.
+
+    It cleans the store of what a killed job left (saves that never committed, upload records): call it holding
+    the store's lease (:class:`components.checkpoint.lease.StoreLease`, as :func:`components.train.step.launch_ps_job`
+    does), or another job's save in progress would go too.
     """
     store = CheckpointStore(cfg.checkpoint.uri)
     store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
+    clear_records(store)
     restore = restore_target(store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
     planned, shard_source = planned_config(cfg, restore)
     plan = planner.plan_memory(planned, planner.distinct_train_ids(stats), shard_source)
     if plan is not None:
         planner.check_fits(planned, plan)
-    return PreparedJob(planned, store, restore, plan)
+    return PreparedJob(planned, store, restore, plan, run_id or new_run_id())
 
 
 def plan_lines(plan: Optional[planner.MemoryPlan]) -> list[str]:
@@ -114,6 +126,8 @@ class EventLog:
         self.progress: dict[str, dict] = {}
         self.epochs: list[dict] = []
         self.checkpoints: list[dict] = []
+        # source -> (when it last reported, on time.monotonic(); whether it said it waits in a collective)
+        self.last_report: dict[str, tuple[float, bool]] = {}
         self._lock = threading.Lock()
 
     def feed(self, source: str, line: str) -> bool:
@@ -123,6 +137,7 @@ class EventLog:
             return False
         tag, event = parsed
         with self._lock:
+            self.last_report[source] = (time.monotonic(), tag == HEARTBEAT and bool(event.get("waiting")))
             if tag == PROGRESS:
                 self.progress[source] = event
                 self.echo(format_progress(event))
@@ -140,3 +155,62 @@ class EventLog:
                           if validation else "")
                 self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}{judged}")
         return True
+
+    def stalled(self, running: dict[str, float], stall_s: float, first_report_s: float) -> list[tuple[str, float]]:
+        """``(source, seconds silent)`` of the stalled processes among ``running`` (source -> when it started, on
+        time.monotonic()), longest silent first.
+
+        A process is stalled when it has reported nothing for ``stall_s`` (before its first report, for
+        ``first_report_s``), except a worker whose last report said it waits in a collective while another
+        worker that is not waiting reported within ``stall_s``: it waits for that one.
+        """
+        now = time.monotonic()
+        with self._lock:
+            reports = {source: self.last_report.get(source) for source in running}
+        working = any(report is not None and not report[1] and now - report[0] <= stall_s
+                      for source, report in reports.items() if source.startswith(Role.WORKER.value))
+        out = []
+        for source, started in running.items():
+            report = reports[source]
+            since, limit = (report[0], stall_s) if report else (started, first_report_s)
+            if now - since > limit and not (report and report[1] and working):
+                out.append((source, now - since))
+        return sorted(out, key=lambda item: -item[1])
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+
+
+class StopSignals:
+    """While active in the main thread, SIGTERM, SIGINT and SIGHUP raise ``make_error(signum)`` there, once.
+
+    After :meth:`hold` (a teardown has begun) a signal is kept instead and raised when the block ends, so the
+    teardown is not cut short. Outside the main thread (where Python cannot set handlers) it does nothing.
+    """
+
+    def __init__(self, make_error: Callable[[int], BaseException]):
+        self.make_error = make_error
+        self.signum: Optional[int] = None
+        self._held = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {sig: signal.signal(sig, self._handle) for sig in STOP_SIGNALS}
+        return self
+
+    def hold(self) -> None:
+        self._held = True
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is not None:  # a second signal: the teardown the first one started is under way
+            return
+        self.signum = signum
+        if not self._held:
+            raise self.make_error(signum)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)  # None: set outside Python
+        if self.signum is not None and self._held and exc_type is None:
+            raise self.make_error(self.signum)

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from dataclasses import dataclass
 from typing import Optional
 
-from components.config import ClusterBackend, ConfigError, CtrConfig, Mode, TableClass, TableConfig
+from components.config import (ClusterBackend, ConfigError, CtrConfig, Mode, TableClass, TableConfig,
+                               kubernetes_bytes)
 from components.ps.accessor import row_floats
 from components.ps.sharding import SHARDS_PER_SERVER, default_shard_num, shards_per_server
 
@@ -169,19 +169,6 @@ def memory_budget(cfg: CtrConfig) -> tuple[Optional[float], str]:
     if cfg.cluster.backend is not ClusterBackend.local:
         return kubernetes_bytes(cfg.cluster.servers.memory), f"cluster.servers.memory={cfg.cluster.servers.memory}"
     return None, "set ps.memory_budget_gb to check one"
-
-
-_QUANTITY = re.compile(r"^([0-9.]+)([KMGTPE]i?|k)?$")
-_UNITS = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-          "Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "Ti": 1 << 40, "Pi": 1 << 50, "Ei": 1 << 60}
-
-
-def kubernetes_bytes(quantity: str) -> float:
-    """A Kubernetes memory quantity in bytes: a number with an optional suffix (``8Gi``, ``512M``)."""
-    match = _QUANTITY.match(str(quantity).strip())
-    if not match:
-        raise ConfigError("cluster.servers.memory", quantity, "a Kubernetes memory quantity such as 8Gi or 8000M")
-    return float(match[1]) * _UNITS[match[2] or ""]
 
 
 def check_fits(cfg: CtrConfig, plan: MemoryPlan) -> None:

@@ -10,9 +10,11 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from components.checkpoint.lease import StoreLease, new_run_id
 from components.checkpoint.pointer import write_pointer
 from components.checkpoint.store import CheckpointStore
 from components.config import ClusterBackend, CtrConfig, from_dict
+from components.ps.liveness import driver_from_env, stop_when_gone
 from components.train.job import JobResult, prepare_job
 from components.train.planner import GIB, load_balance_lines, max_over_mean, size
 
@@ -29,17 +31,25 @@ def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[
     ``data_dir`` is the prepared dataset on this machine (local processes read it; its stats.json sizes the
     memory plan); ``data_uri`` is where it is stored remotely (the ``Dataset`` artifact's URI), which pods on
     Kubernetes fetch their shards from.
+
+    The job holds the checkpoint store's lease while it runs (:mod:`components.checkpoint.lease`): a store
+    another job is using is refused with :class:`~components.checkpoint.lease.StoreInUse`, naming that job.
+    Started by a local pipeline run (``$CTR_DRIVER_PID``), this process stops its job when the driver dies.
     """
+    stop_when_gone(driver_from_env())
     stats_path = Path(data_dir) / "stats.json"
-    job = prepare_job(cfg, json.loads(stats_path.read_text()) if stats_path.is_file() else None)
-    if cfg.cluster.backend is ClusterBackend.local:
-        from components.train.backends.local import LocalJob
+    stats = json.loads(stats_path.read_text()) if stats_path.is_file() else None
+    run_id = new_run_id()
+    with StoreLease(CheckpointStore(cfg.checkpoint.uri), run_id) as lease:
+        job = prepare_job(cfg, stats, run_id)
+        if cfg.cluster.backend is ClusterBackend.local:
+            from components.train.backends.local import LocalJob
 
-        return LocalJob(job, data_dir, log_dir, echo=echo).run()
-    # Imported here: the kubernetes client is needed only by this backend.
-    from components.train.backends.kubernetes import KubernetesJob
+            return LocalJob(job, data_dir, log_dir, echo=echo, lease=lease).run()
+        # Imported here: the kubernetes client is needed only by this backend.
+        from components.train.backends.kubernetes import KubernetesJob
 
-    return KubernetesJob(job, data_uri, log_dir, echo=echo).run()
+        return KubernetesJob(job, data_uri, log_dir, echo=echo).run()
 
 
 def delivered_checkpoint(result: JobResult, checkpoint_uri: str) -> str:

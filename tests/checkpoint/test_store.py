@@ -157,11 +157,14 @@ def test_prune_keeps_last_and_never_latest(store_uri, src):
 def test_resolve(store_uri, src):
     store = CheckpointStore(store_uri)
     assert store.resolve("none") is None and store.resolve(None) is None
-    assert store.resolve("latest") is None
+    # latest on an empty store is an error (a resume must not quietly start from scratch); auto starts fresh
+    with pytest.raises(ckpt_io.CheckpointError, match="holds no committed checkpoint.*checkpoint.resume=auto"):
+        store.resolve("latest")
+    assert store.resolve("auto") is None
     with pytest.raises(ckpt_io.CheckpointError, match=r"committed: \(none\)"):
         store.resolve(make_id(0, 0))
     a, b = save(store, src, 0), save(store, src, 1)
-    assert store.resolve("latest") == b and store.resolve("LATEST") == b
+    assert store.resolve("latest") == b and store.resolve("LATEST") == b and store.resolve("auto") == b
     assert store.resolve(a) == a
     with pytest.raises(ckpt_io.CheckpointError) as err:
         store.resolve("20990101T000000000000Z-e0001-s0000000000")
@@ -353,3 +356,51 @@ def test_pruning_keeps_the_best_checkpoint(tmp_path, src):
     assert store.committed() == [ids[1], ids[3]] and store.best() == ids[1] and store.latest() == ids[3]
     with pytest.raises(ckpt_io.CheckpointError, match="is not committed"):
         store.mark_best(make_id(9, 9))
+
+
+def test_create_json_is_exclusive(store_uri):
+    """Two writers of one control file: exactly one creates it (a hard link locally, If-None-Match on S3)."""
+    store = CheckpointStore(store_uri)
+    results: list[bool] = []
+    start = threading.Barrier(8)
+
+    def create(i: int) -> None:
+        start.wait()
+        results.append(store.create_json("_lease.json", {"writer": i}))
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(results) == [False] * 7 + [True]
+    assert store.read_json(None, "_lease.json")["writer"] in range(8)  # one writer's whole file
+    store.remove("_lease.json")
+    assert store.read_json(None, "_lease.json") is None
+    store.remove("_lease.json")  # missing is fine
+
+
+def test_probe_writes_reads_and_deletes(store_uri):
+    store = CheckpointStore(store_uri)
+    store.probe()
+    store.fs.invalidate_cache()
+    assert store.fs.glob(f"{store.root}/{cs.PROBE_PREFIX}*") == []  # deleted
+
+
+def test_probe_of_a_new_local_store_leaves_no_directory_behind(tmp_path):
+    CheckpointStore(str(tmp_path / "run" / "checkpoint")).probe()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_probe_fails_in_one_line_naming_the_store(tmp_path, moto_endpoint):
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("x")
+    with pytest.raises(CheckpointStoreError) as err:
+        CheckpointStore(str(not_a_dir / "ckpt")).probe()
+    assert str(not_a_dir / "ckpt") in str(err.value) and "\n" not in str(err.value)
+    with pytest.raises(CheckpointStoreError) as err:
+        CheckpointStore("s3://no-such-bucket-for-the-probe/ctr").probe()
+    message = str(err.value)
+    assert "s3://no-such-bucket-for-the-probe/ctr/_probe-" in message and "FileNotFoundError" in message
+    assert "failed after" not in message  # a missing bucket is not retried
+    assert FAKE_SECRET not in message and FAKE_KEY_ID not in message

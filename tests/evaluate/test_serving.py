@@ -30,7 +30,6 @@ FAMILIES = ("dnn", "wide_deep", "deepfm", "dcn")
 CALIBRATION = {"method": "platt", "a": 1.3, "b": -0.2}
 EMBEDDING_DIM = 5
 VOCAB = 5000
-from tests.conftest import ROOT
 # float16 keeps 11 significant bits: rounding moves a weight by at most 2**-11 of its value.
 FLOAT16_MAX_RELATIVE_ERROR = 2.0 ** -11
 

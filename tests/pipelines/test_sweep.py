@@ -5,14 +5,12 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
 from pipelines.sweep import rank, sweep_checkpoint_uri, write_summary
 
-from tests.conftest import ROOT as REPO
 TINY = ("experiment=tiny", "ps.epochs=1")
 
 

@@ -328,7 +328,7 @@ def test_eviction_removes_the_rows_not_trained_since_the_last_checkpoint(tmp_pat
     result = launch_ps_job(cfg, data_dir, tmp_path / "logs", echo=lines.append)
     assert len(result.checkpoints) == 3  # 48k rows in chunks of 250 x 64
     schema = Schema.from_dict(stats["schema"])
-    chunk_files = sorted((tmp_path / "logs" / "work" / "worker-0" / "chunks-epoch1").glob("chunk-*.txt"))
+    chunk_files = sorted((tmp_path / "logs" / "work" / "worker-0" / "chunks-250").glob("chunk-*.txt"))
     store = CheckpointStore(cfg.checkpoint.uri)
     saved = []
     for n, event in enumerate(result.checkpoints):

@@ -97,17 +97,6 @@ def test_plan_per_server_and_budget_sources():
     assert "3,000,000 rows (table.vocab_size" in lines and "shard_num 16 (table.shard_num)" in lines
 
 
-@pytest.mark.parametrize("quantity,expected", [("8Gi", 8 * GIB), ("512Mi", 512 << 20), ("8G", 8e9), ("1000", 1000.0),
-                                               ("1.5Gi", 1.5 * GIB)])
-def test_kubernetes_quantities(quantity, expected):
-    assert planner.kubernetes_bytes(quantity) == expected
-
-
-def test_kubernetes_quantity_that_is_not_one():
-    with pytest.raises(ConfigError, match="cluster.servers.memory"):
-        planner.kubernetes_bytes("8 GB")
-
-
 def test_a_table_that_cannot_fit_is_refused_with_the_numbers_and_the_fixes():
     cfg = _cfg(table={"vocab_size": 100_000_000, "embedding_dim": 16}, ps={"servers": 2, "memory_budget_gb": 8})
     plan = _plan(cfg)

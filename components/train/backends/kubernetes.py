@@ -417,7 +417,8 @@ class KubernetesJob:
                     or (failed is not None and any(map(_config_error, failed)))):
                 raise failure
             launch += 1
-            resume = restart_target(self.job.store, self.job.restore, launch, self.cfg.table.shard_num)
+            resume = restart_target(self.job.store, self.job.restore, launch, self.cfg.table.shard_num,
+                                    self.job.run_id)
             why = ("was disrupted by the cluster (not counted)" if disrupted
                    else f"failed (attempt {counted} of {attempts})")
             self.echo(f"{failure}\n{job} {why}; creating it again, starting from {resume.id if resume else 'scratch'}")

@@ -2,9 +2,13 @@
 
 Each process gets exactly the environment a Kubernetes pod would (:func:`env.role_env`). The launcher
 streams every process's output into ``logs/<role>-<i>.log``, prints the workers' progress, and owns
-shutdown: when all workers finish it waits for the servers to stop; when any process dies it stops
-the whole job within seconds and raises :class:`PsJobError` naming the role and its last log lines.
-No process of the job outlives :meth:`LocalJob.run`.
+shutdown: when all workers finish it waits for the servers to stop; when any process dies, reports nothing
+for ``ps.stall_timeout_s`` (stopped, hung), or the job loses its checkpoint store's lease, it stops the
+whole job within seconds and raises :class:`PsJobError` naming the role (or the store) and its last log
+lines. SIGTERM, SIGINT and SIGHUP stop it the same way (:class:`JobStopped`).
+
+No process of the job outlives :meth:`LocalJob.run`, nor the launcher itself: each process dies with it
+(:func:`components.ps.liveness.die_with_parent`), even when the launcher is killed outright.
 """
 
 from __future__ import annotations
@@ -16,20 +20,27 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from components.ps.contract import ClusterLayout, Role, endpoint_accepts, role_env
-from components.train.job import EventLog, JobResult, PreparedJob, PsJobError
+from components.checkpoint.lease import LeaseLost, StoreLease
+from components.ps.contract import HEARTBEAT, ClusterLayout, Role, endpoint_accepts, role_env
+from components.ps.liveness import PARENT_PID_ENV, process_state
+from components.train.job import EventLog, JobResult, PreparedJob, PsJobError, StopSignals
 
 TAIL_LINES = 30
 POLL_S = 0.2
-TERM_GRACE_S = 5.0
+# Paddle's SIGTERM handler prints its error summary and exits within ~0.3 s (measured); a process still there
+# after this long is killed.
+TERM_GRACE_S = 3.0
 # Once the job is ending, every process gets this long to exit before it is reported and killed.
 SERVER_EXIT_S = 30.0
+
+
+class JobStopped(PsJobError):
+    """The launcher was asked to stop (SIGTERM, SIGINT, SIGHUP); the job's processes are stopped."""
 
 
 @dataclass
@@ -39,6 +50,7 @@ class Process:
     popen: subprocess.Popen
     log_path: Path
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
+    started: float = field(default_factory=time.monotonic)
 
     @property
     def name(self) -> str:
@@ -72,11 +84,12 @@ def local_layout(servers: int, workers: int, host: str, job_id: str) -> ClusterL
 
 class LocalJob:
     """A prepared job (:func:`components.train.job.prepare_job`) on ``data_dir`` as processes of this machine;
-    checkpoints go to ``checkpoint.uri``."""
+    checkpoints go to ``checkpoint.uri``, whose ``lease`` (if given) the job fails without."""
 
-    def __init__(self, job: PreparedJob, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = print):
-        self.job, self.cfg, self.echo = job, job.cfg, echo
-        self.job_id = uuid.uuid4().hex[:12]
+    def __init__(self, job: PreparedJob, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = print,
+                 lease: Optional[StoreLease] = None):
+        self.job, self.cfg, self.echo, self.lease = job, job.cfg, echo, lease
+        self.job_id = job.run_id
         self.log_dir = Path(log_dir)
         self.work_root = self.log_dir / "work"
         self.data_dir = str(Path(data_dir).resolve())
@@ -100,7 +113,7 @@ class LocalJob:
         staging = str((self.work_root / "staging").resolve())
         spec_path.write_text(self.job.spec(self.data_dir, str(workdir.resolve()), staging).to_json())
         env = {**os.environ, **role_env(layout, role, index), "PYTHONUNBUFFERED": "1",
-               "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1")}
+               "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1"), PARENT_PID_ENV: str(os.getpid())}
         popen = subprocess.Popen(
             [sys.executable, "-m", "components.ps.role", str(spec_path)],
             cwd=workdir, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -117,7 +130,8 @@ class LocalJob:
             for line in process.popen.stdout:  # type: ignore[union-attr]
                 log.write(line)
                 log.flush()
-                process.tail.append(line.rstrip("\n"))
+                if not line.startswith(HEARTBEAT):  # the tail quoted in an error is for what the process said
+                    process.tail.append(line.rstrip("\n"))
                 self.events.feed(process.name, line)
 
     def _failure(self, process: Process, what: str) -> PsJobError:
@@ -130,6 +144,7 @@ class LocalJob:
         alive = [p for p in self.processes if p.popen.poll() is None]
         for p in alive:
             _signal_group(p.popen, signal.SIGTERM)
+            _signal_group(p.popen, signal.SIGCONT)  # a stopped process acts on SIGTERM only once it runs
         deadline = time.time() + TERM_GRACE_S
         for p in alive:
             try:
@@ -149,16 +164,22 @@ class LocalJob:
                   f"mode {cfg.ps.mode.value}, logs in {self.log_dir}")
         for line in self.job.lines():
             self.echo(line)
-        try:
-            self.processes = [self._start(layout, Role.SERVER, i) for i in range(cfg.ps.servers)]
-            self._wait_for_rendezvous(layout)
-            self.processes += [self._start(layout, Role.WORKER, i) for i in range(cfg.ps.workers)]
-            self._supervise()
-        finally:
-            self._stop_all()
+        with StopSignals(self._stopped) as signals:
+            try:
+                self.processes = [self._start(layout, Role.SERVER, i) for i in range(cfg.ps.servers)]
+                self._wait_for_rendezvous(layout)
+                self.processes += [self._start(layout, Role.WORKER, i) for i in range(cfg.ps.workers)]
+                self._supervise()
+            finally:
+                signals.hold()
+                self._stop_all()
         return JobResult(epochs=self.events.epochs, seconds=time.time() - started,
                          checkpoints=self.events.checkpoints, restored_from=self.job.restore, plan=self.job.plan,
                          server_memory=[self.server_memory.get(i) for i in range(cfg.ps.servers)])
+
+    def _stopped(self, signum: int) -> JobStopped:
+        return JobStopped("launcher", f"PS job {self.job_id} stopped by {signal.Signals(signum).name}: every process "
+                                      "of the job is stopped")
 
     def _wait_for_rendezvous(self, layout: ClusterLayout) -> None:
         """Start workers once server 0 serves the gloo store: a worker that finds it down sleeps 3 s per retry."""
@@ -188,6 +209,8 @@ class LocalJob:
                     raise self._failure(p, f"exited with code {code}{_signal_name(code)}")
             if all(code == 0 for code in codes):
                 return
+            self._check_store()
+            self._check_stalls()
             if ending_since is None and (
                     any(p.role is Role.SERVER and c == 0 for p, c in zip(self.processes, codes))
                     or all(p.popen.poll() == 0 for p in workers)):
@@ -196,6 +219,27 @@ class LocalJob:
                 stuck = next(p for p in self.processes if p.popen.poll() is None)
                 raise self._failure(stuck, f"did not exit within {SERVER_EXIT_S:.0f}s of the job's end")
             time.sleep(POLL_S)
+
+    def _check_store(self) -> None:
+        if self.lease is None:
+            return
+        try:
+            self.lease.check()
+        except LeaseLost as err:
+            raise PsJobError("checkpoint store", f"PS job {self.job_id}: {err}") from None
+
+    def _check_stalls(self) -> None:
+        """A process that reports nothing for ps.stall_timeout_s fails the job (a stopped one is named first)."""
+        ps = self.cfg.ps
+        running = {p.name: p for p in self.processes if p.popen.poll() is None}
+        stalled = self.events.stalled({name: p.started for name, p in running.items()}, ps.stall_timeout_s,
+                                      ps.startup_timeout_s + ps.stall_timeout_s)
+        if not stalled:
+            return
+        name, silent = next(((n, s) for n, s in stalled if process_state(running[n].popen.pid) == "T"), stalled[0])
+        stopped = " (its process is stopped: state T)" if process_state(running[name].popen.pid) == "T" else ""
+        raise self._failure(running[name], f"reported nothing for {silent:.0f}s (ps.stall_timeout_s="
+                                           f"{ps.stall_timeout_s:g}): it is stopped or hung{stopped}")
 
     def _sample_server_memory(self) -> None:
         """Each server's RSS from the first sample after it reported serving (its table still empty: workers

@@ -29,8 +29,8 @@ cluster (the ``DisruptionTarget`` condition: preemption, eviction, node drain); 
 
 Security and multi-user namespaces: pods run as non-root without privilege escalation or capabilities and
 without an API token; credentials arrive only as ``secretKeyRef`` variables; images are pinned by digest when
-one is given and pulled with ``cluster.image_pull_secrets``; a NetworkPolicy admits the PS ports only from the
-job's own pods; the pods opt out of Istio sidecar injection (a sidecar keeps a Job's pod from completing) unless
+one is given and pulled with ``cluster.image_pull_secrets``; a NetworkPolicy admits TCP between the job's own
+pods only; the pods opt out of Istio sidecar injection (a sidecar keeps a Job's pod from completing) unless
 ``cluster.mesh_encryption`` puts them in Istio's ambient mode (ztunnel mTLS without sidecars); a
 ``cluster.queue_name`` puts the TrainJob or JobSet in a Kueue queue.
 """
@@ -320,15 +320,25 @@ def paddlejob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: 
     }
 
 
+# Istio ambient's mTLS tunnel (HBONE): ztunnel carries the pods' traffic to this port of the receiving pod.
+HBONE_PORT = 15008
+
+
 def network_policy(cfg: CtrConfig, name: str, namespace: str, owner: Optional[dict]) -> dict:
-    """Only this job's pods may reach its PS and gloo ports (and every other port of its pods is closed)."""
-    ports = [{"protocol": "TCP", "port": cfg.cluster.paddle_port}, {"protocol": "TCP", "port": gloo_port(cfg)}]
+    """The job's pods take TCP from each other on any port, and nothing from anyone else.
+
+    Any port, not only the PS and gloo ports: gloo's worker-to-worker transport listens on ephemeral ports
+    (34077 in one local run). With ``cluster.mesh_encryption`` the policy also admits Istio ambient's tunnel
+    port from anywhere, as Istio documents: ztunnel authenticates that traffic by mTLS identity.
+    """
+    ingress = [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: name}}}], "ports": [{"protocol": "TCP"}]}]
+    if cfg.cluster.mesh_encryption:
+        ingress.append({"ports": [{"protocol": "TCP", "port": HBONE_PORT}]})
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": _metadata(cfg, f"{name}-ps", namespace, owner),
-        "spec": {"podSelector": {"matchLabels": {JOB_LABEL: name}}, "policyTypes": ["Ingress"],
-                 "ingress": [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: name}}}], "ports": ports}]},
+        "spec": {"podSelector": {"matchLabels": {JOB_LABEL: name}}, "policyTypes": ["Ingress"], "ingress": ingress},
     }
 
 

@@ -6,7 +6,6 @@ gives the same roles."""
 import copy
 import json
 import re
-from pathlib import Path
 
 import jsonschema
 import pytest
@@ -303,14 +302,15 @@ def test_a_configuration_error_fails_the_job_and_a_disruption_restarts_it_withou
     assert job["backoffLimit"] == 0 and job["template"]["spec"]["restartPolicy"] == "Never"
 
 
-def test_network_policy_admits_ps_ports_only_from_the_jobs_pods(prod):
+def test_network_policy_admits_tcp_only_between_the_jobs_pods(prod):
+    """Every TCP port between the job's pods (gloo's transport listens on ephemeral ports), nothing from others."""
     cfg = prod()
     policy, job = _objects(cfg)
     selector = {manifests.JOB_LABEL: "ctr-1a2b3c"}
-    assert policy["spec"]["podSelector"] == {"matchLabels": selector}
+    assert policy["spec"]["podSelector"] == {"matchLabels": selector} and policy["spec"]["policyTypes"] == ["Ingress"]
     (rule,) = policy["spec"]["ingress"]
     assert rule["from"] == [{"podSelector": {"matchLabels": selector}}]
-    assert sorted(p["port"] for p in rule["ports"]) == [36000, 36018]
+    assert rule["ports"] == [{"protocol": "TCP"}]  # a port entry without a port: all ports of that protocol
     for template in _pod_templates(job).values():  # the policy selects every pod of the job
         assert template["metadata"]["labels"][manifests.JOB_LABEL] == "ctr-1a2b3c"
         assert "istio.io/dataplane-mode" not in template["metadata"]["labels"]
@@ -327,6 +327,13 @@ def test_pods_opt_out_of_sidecars_unless_mesh_encryption_puts_them_in_ambient_mo
         labels = template["metadata"]["labels"]
         assert labels["istio.io/dataplane-mode"] == "ambient" and manifests.SIDECAR_INJECT_LABEL not in labels
         assert not any(c["name"] == "istio-proxy" for c in template["spec"]["containers"])
+
+
+def test_mesh_encryption_admits_the_ambient_tunnel_port(prod):
+    policy, _ = _objects(prod("cluster.mesh_encryption=true"))
+    # Istio ambient tunnels the pods' traffic through port 15008 of the receiving pod: the policy admits it.
+    assert policy["spec"]["ingress"][1] == {"ports": [{"protocol": "TCP", "port": 15008}]}
+    assert _round_trip(policy, "V1NetworkPolicy") == policy
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
