@@ -246,7 +246,7 @@ class InferenceModel:
         if dense is None:
             n = len(sparse[0].offsets) - 1 if sparse else 0
             dense = np.zeros((n, self.schema.dense_dim), np.float32)
-        return predict_batches(self._run, self.ids, self.dense_name, self.sparse_names, dense, list(sparse))
+        return predict_batches(self._run, self.ids, self.dense_name, self.sparse_names, dense, list(sparse))[:, 0]
 
     def predict_files(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
         """Probabilities of every example of the MultiSlot files ``paths``, in order."""

@@ -16,6 +16,7 @@ import urllib.request
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -233,3 +234,11 @@ def listening_sockets(marker: str) -> set[tuple[str, int]]:
                 words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
                 found.add((str(ipaddress.ip_address(words)), int(port, 16)))
     return found
+
+
+def calibrated_reference(preds, calibration: dict) -> np.ndarray:
+    """Platt's ``sigmoid(a * logit(p) + b)`` in float64: the reference the programs' float32 calibration is held to."""
+    from components.evaluate.metrics import LOGLOSS_EPS
+
+    clipped = np.clip(np.asarray(preds, dtype=np.float64), LOGLOSS_EPS, 1.0 - LOGLOSS_EPS)
+    return 1.0 / (1.0 + np.exp(-(calibration["a"] * (np.log(clipped) - np.log1p(-clipped)) + calibration["b"])))

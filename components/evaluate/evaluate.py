@@ -52,9 +52,9 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
                                       f"{stats['hash_function']!r}")
     schema = Schema.from_dict(checkpoint.meta["schema"])
     labels, dense, sparse = read_test_split(data_dir, schema)
-    raw = Scorer(checkpoint).predict(dense, sparse)
+    # The calibrated probabilities come from the program the serving model runs: the same float32 arithmetic.
+    preds, raw = Scorer(checkpoint, calibrated=True).predict_with_uncalibrated(dense, sparse)
     calibration = checkpoint.meta.get("calibration")
-    preds = metric_fns.calibrate(raw, calibration)
     measured = {**metric_fns.binary_metrics(labels, preds),
                 "ece": metric_fns.expected_calibration_error(labels, preds, cfg.calibration_bins)}
     result = dict(measured)

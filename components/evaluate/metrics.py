@@ -166,14 +166,6 @@ def fit_platt(labels: npt.ArrayLike, preds: npt.ArrayLike, iterations: int = 50)
     return {"method": "platt", "a": float(params[0]), "b": float(params[1])}
 
 
-def calibrate(preds: npt.ArrayLike, calibration: dict[str, Any] | None) -> np.ndarray:
-    """``preds`` through a fitted calibration (None or ``method: none``: unchanged)."""
-    pred_array = np.asarray(preds, dtype=np.float64)
-    if not calibration or calibration.get("method") == "none":
-        return pred_array
-    return 1.0 / (1.0 + np.exp(-(calibration["a"] * _logit(pred_array) + calibration["b"])))
-
-
 def _logit(preds: np.ndarray) -> np.ndarray:
     clipped = np.clip(preds, LOGLOSS_EPS, 1.0 - LOGLOSS_EPS)
     return np.log(clipped) - np.log1p(-clipped)

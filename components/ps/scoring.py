@@ -33,7 +33,8 @@ class LocalProgram:
     main: Any
     startup: Any
     feeds: models.Feeds
-    prob: Any  # [batch, 1] click probability
+    prob: Any  # [batch, 1] click probability (calibrated when the program was built with a calibration)
+    raw_prob: Any  # [batch, 1] the network's own probability, before any calibration
     table_shape: tuple[int, int]
     table_dtype: str  # float32 or float16
 
@@ -65,10 +66,10 @@ def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embed
             return rows if table_dtype == "float32" else paddle.cast(rows, "float32")  # keeps the LoD
 
         logit = models.net(model_cfg, feeds, lookup, shape[1]).logit
+        raw_prob = prob = paddle.nn.functional.sigmoid(logit)
         if calibration and calibration.get("method") == "platt":
-            logit = logit * float(calibration["a"]) + float(calibration["b"])
-        prob = paddle.nn.functional.sigmoid(logit)
-    return LocalProgram(main, startup, feeds, prob, shape, table_dtype)
+            prob = paddle.nn.functional.sigmoid(logit * float(calibration["a"]) + float(calibration["b"]))
+    return LocalProgram(main, startup, feeds, prob, raw_prob, shape, table_dtype)
 
 
 def local_table(checkpoint: ckpt_io.Checkpoint) -> np.ndarray:
@@ -110,7 +111,7 @@ def row_indices(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
 def predict_batches(run: Callable[[dict], np.ndarray], ids: np.ndarray, dense_name: Optional[str],
                     sparse_names: list[str], dense: np.ndarray, sparse: list[RaggedIds],
                     batch: int = SCORE_BATCH) -> np.ndarray:
-    """Probabilities of every row, ``run(feed)`` scoring one batch.
+    """``[n, k]``: the ``k`` outputs of every row, ``run(feed)`` scoring one batch into ``[b, k]``.
 
     ``feed`` maps ``dense_name`` to a float32 ``[b, dense_dim]`` array and each sparse name to a LoD tensor
     of row indices (:func:`row_indices`) with one sequence per example.
@@ -124,7 +125,7 @@ def predict_batches(run: Callable[[dict], np.ndarray], ids: np.ndarray, dense_na
         dense = np.asarray(dense, dtype=np.float32)
         if dense.ndim != 2 or len(dense) != n:
             raise ValueError(f"dense features must be a [{n}, dense_dim] array, got shape {dense.shape}")
-    out = np.empty(n, dtype=np.float32)
+    out = np.empty((n, 1), dtype=np.float32)
     for start in range(0, n, batch):
         stop = min(start + batch, n)
         feed: dict[str, Any] = {}
@@ -138,7 +139,10 @@ def predict_batches(run: Callable[[dict], np.ndarray], ids: np.ndarray, dense_na
             tensor.set(row_indices(ids, slot.values[lo:hi]).reshape(-1, 1), paddle.CPUPlace())
             tensor.set_lod([(slot.offsets[start:stop + 1] - lo).tolist()])
             feed[name] = tensor
-        out[start:stop] = np.asarray(run(feed)).ravel()
+        scores = np.asarray(run(feed), dtype=np.float32).reshape(stop - start, -1)
+        if out.shape[1] != scores.shape[1]:
+            out = np.empty((n, scores.shape[1]), dtype=np.float32)
+        out[start:stop] = scores
     return out
 
 
@@ -161,14 +165,21 @@ class Scorer:
         for name, value in params.items():
             self.scope.find_var(name).get_tensor().set(value, paddle.CPUPlace())
 
-    def _run(self, feed: dict) -> np.ndarray:
-        with self.paddle.static.scope_guard(self.scope):
-            (prob,) = self.exe.run(self.main, feed=feed, fetch_list=[self.prob])
-        return prob
+    def _predict(self, dense: np.ndarray, sparse: list[RaggedIds], outputs: list) -> np.ndarray:
+        def run(feed: dict) -> np.ndarray:
+            with self.paddle.static.scope_guard(self.scope):
+                return np.hstack(self.exe.run(self.main, feed=feed, fetch_list=outputs))
+
+        dense_name = self.feeds.dense.name if self.feeds.dense is not None else None
+        return predict_batches(run, self.ids, dense_name, [v.name for v in self.feeds.sparse], dense, sparse)
 
     def predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
-        dense_name = self.feeds.dense.name if self.feeds.dense is not None else None
-        return predict_batches(self._run, self.ids, dense_name, [v.name for v in self.feeds.sparse], dense, sparse)
+        return self._predict(dense, sparse, [self.prob])[:, 0]
+
+    def predict_with_uncalibrated(self, dense: np.ndarray, sparse: list[RaggedIds]) -> tuple[np.ndarray, np.ndarray]:
+        """``(probabilities, uncalibrated probabilities)``, from one pass of the network over the rows."""
+        both = self._predict(dense, sparse, [self.prob, self.program.raw_prob])
+        return both[:, 0], both[:, 1]
 
 
 def read_test_split(data_dir: str | os.PathLike,

