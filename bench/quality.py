@@ -6,7 +6,8 @@ built-in hashed logistic regression; calibration over repeated runs; early stopp
 Each row of the tables is one pipeline run (``python -m pipelines.ctr``, 2 servers + 2 workers on this machine), its
 numbers read from the run's ``metrics.json``:
 
-* **models**: ``model=dnn|wide_deep|deepfm|dcn`` (the data option's default model, then the others) on the default synthetic data (its Bayes ceiling is the oracle) and on
+* **models**: ``model=dnn|wide_deep|deepfm|dcn`` (the data option's default model first) on the default synthetic
+  data (its Bayes ceiling is the oracle) and on
   ``--rows`` rows of Criteo-like raw TSV (``python -m components.data_prep.synthetic --criteo-like``, seed 22: not the
   seed the ``data=criteo`` defaults were tuned on, 21; its oracle is the generator's Bayes AUC over all its rows);
 * **calibration**: the default model, three runs on each data set: mean prediction / observed CTR after calibration
