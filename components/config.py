@@ -423,7 +423,7 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     if cfg.data.source is DataSource.synthetic:
         _positive("data.rows", cfg.data.rows)
     elif check_storage:
-        _check_data_uri(cfg.data.uri)
+        _check_data_uri(cfg.data)
     elif not cfg.data.uri:
         raise ConfigError("data.uri", cfg.data.uri, "a path, glob or fsspec URL of the input files",
                           "set data.uri=... when data=criteo")
@@ -584,11 +584,17 @@ def _check_step_resources(key: str, resources: StepResources) -> None:
         raise ConfigError(f"{key}.gpus", resources.gpus, "an integer >= 0")
 
 
-def _check_data_uri(uri: Optional[str]) -> None:
+# How much of the first input file is read to tell text from binary (an image, a Parquet file, a model).
+SNIFF_BYTES = 4096
+
+
+def _check_data_uri(data: DataConfig) -> None:
+    uri = data.uri
     if not uri:
         raise ConfigError("data.uri", uri, "a path, glob or fsspec URL of the input files",
                           "set data.uri=... when data=criteo")
     import fsspec
+    from fsspec.utils import infer_compression
 
     try:
         fs, _, paths = fsspec.get_fs_token_paths(uri)
@@ -597,4 +603,11 @@ def _check_data_uri(uri: Optional[str]) -> None:
         raise ConfigError("data.uri", uri, "an existing path, glob or fsspec URL", f"cannot list it: {err}")
     if not found:
         raise ConfigError("data.uri", uri, "an existing path, glob or fsspec URL", "nothing matches it")
-
+    first = next((p for p in found if fs.isfile(p)), None)
+    if first is not None:
+        with fs.open(first, "rb", compression=infer_compression(first)) as head:
+            sniffed = head.read(SNIFF_BYTES)
+        if b"\0" in sniffed:  # every data.format is text: a NUL byte means another kind of file
+            raise ConfigError("data.uri", uri, f"text files in data.format={data.format.value}",
+                              f"{first} is binary (a NUL byte in its first {SNIFF_BYTES} bytes); point data.uri "
+                              "at the TSV or text files (compressed ones may end in .gz, .bz2, ...)")

@@ -9,21 +9,19 @@
                                                              # compile for Kubeflow Pipelines and submit a run
                                                              # (cluster.wait=true: wait for it, return its objective)
 
-Hydra's run directory is the run directory (``run_dir``). A config that cannot work is reported in one
-line (exit status 2) before any process starts; a failed Kubeflow submission likewise (exit status 3).
+Hydra's run directory is the run directory (``run_dir``). An error the user can fix (config, data, checkpoint
+store, cluster) is reported in one line, exit status 2; a failed Kubeflow submission likewise, exit status 3
+(:mod:`pipelines.errors`).
 """
 
-import sys
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from components.config import ConfigError, PipelineRunner, from_dict, register_configs, to_dict, validate
+from components.config import PipelineRunner, from_dict, register_configs, to_dict, validate
 from components.resolve.step import check_checkpoint_store
-
-EXIT_CONFIG_ERROR = 2
-EXIT_SUBMIT_ERROR = 3
+from pipelines.errors import reported_in_one_line, run_main
 
 
 def run(cfg: DictConfig) -> float:
@@ -57,20 +55,14 @@ register_configs()
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    from pipelines.kubeflow import SubmitError
     from pipelines.sweep import in_sweep, run_sweep_job
 
     if in_sweep():  # one job of a -m sweep: a failure is recorded, and the sweep goes on
         return run_sweep_job(cfg, run)
-    try:
+    # Here, not only around the whole command: Hydra adds a line of its own to an error raised out of a job.
+    with reported_in_one_line():
         return run(cfg)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG_ERROR)
-    except SubmitError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_SUBMIT_ERROR)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

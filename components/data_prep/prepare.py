@@ -278,7 +278,11 @@ def _convert_unit(plan_dict: dict, index: int, parts_dir: str, storage_options: 
     lines, malformed, examples = 0, 0, []
     try:
         for offset, block in read_blocks(unit, storage_options):
-            parsed = parser.parse(block)
+            try:
+                parsed = parser.parse(block)
+            except pa.ArrowInvalid as err:  # what not even the malformed-line handling can read
+                raise DataPrepError(f"{unit.url} (from byte {offset}) cannot be read as data.format={plan.fmt}: "
+                                    f"{str(err).splitlines()[0][:200]}; check data.format and data.uri") from None
             splits = _row_splits(plan, unit, offset + parsed.line_starts[parsed.row_lines])
             writer.write(parsed.text, parsed.labels, splits)
             for counter, ids in zip(counters, parsed.slot_ids):
