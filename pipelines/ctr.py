@@ -22,6 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 from components.config import PipelineRunner, from_dict, register_configs, to_dict, validate
 from components.resolve.step import check_checkpoint_store
 from pipelines.errors import reported_in_one_line, run_main
+from pipelines.help import register_help
 
 
 def run(cfg: DictConfig) -> float:
@@ -51,6 +52,7 @@ def run(cfg: DictConfig) -> float:
 
 
 register_configs()
+register_help()
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
