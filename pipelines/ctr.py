@@ -14,12 +14,13 @@ store, cluster) is reported in one line, exit status 2; a failed Kubeflow submis
 (:mod:`pipelines.errors`).
 """
 
+import math
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from components.config import PipelineRunner, from_dict, register_configs, to_dict, validate
+from components.config import CtrConfig, PipelineRunner, from_dict, register_configs, to_dict, validate
 from components.resolve.step import check_checkpoint_store
 from pipelines.errors import reported_in_one_line, run_main
 from pipelines.help import register_help
@@ -36,6 +37,8 @@ def run(cfg: DictConfig) -> float:
     # The data and a resume target in the cluster's storage are checked by the run's first step, which
     # holds the cluster's credentials; this machine may have none.
     validate(typed, check_storage=not on_kubeflow)
+    if typed.plan:
+        return print_plan(typed)
     if on_kubeflow:
         from pipelines.kubeflow import run_kubeflow
 
@@ -49,6 +52,18 @@ def run(cfg: DictConfig) -> float:
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))))
     metrics = run_pipeline_locally(typed)
     return float(metrics[typed.objective])
+
+
+def print_plan(cfg: CtrConfig) -> float:
+    """``plan=true``: print what the run would do, start nothing, write nothing; the objective is NaN."""
+    from pipelines.local import local_config
+    from pipelines.plan import plan_lines_of
+
+    if cfg.cluster.runner is PipelineRunner.local:
+        cfg = local_config(cfg)
+        check_checkpoint_store(cfg, probe=False)
+    print("\n".join(plan_lines_of(cfg)), flush=True)
+    return math.nan
 
 
 register_configs()

@@ -91,12 +91,26 @@ def prepare_job(cfg: CtrConfig, stats: Optional[dict], run_id: Optional[str] = N
     store = CheckpointStore(cfg.checkpoint.uri)
     store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
     clear_records(store)
+    return plan_job(cfg, stats, store, run_id)
+
+
+def plan_job(cfg: CtrConfig, stats: Optional[dict], store: CheckpointStore,
+             run_id: Optional[str] = None) -> PreparedJob:
+    """The part of :func:`prepare_job` that only reads the store: what a job would start from and its table plan
+    (``plan=true`` prints it without changing the store)."""
     restore = restore_target(store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
+    planned, plan = plan_table(cfg, stats, restore)
+    return PreparedJob(planned, store, restore, plan, run_id or new_run_id())
+
+
+def plan_table(cfg: CtrConfig, stats: Optional[dict],
+               restore: Optional[RestoreTarget]) -> tuple[CtrConfig, Optional[planner.MemoryPlan]]:
+    """``(cfg with table.shard_num resolved, the table's memory plan)``, checked to fit; no store needed."""
     planned, shard_source = planned_config(cfg, restore)
     plan = planner.plan_memory(planned, planner.distinct_train_ids(stats), shard_source)
     if plan is not None:
         planner.check_fits(planned, plan)
-    return PreparedJob(planned, store, restore, plan, run_id or new_run_id())
+    return planned, plan
 
 
 def plan_lines(plan: Optional[planner.MemoryPlan]) -> list[str]:
