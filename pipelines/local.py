@@ -11,10 +11,11 @@ After the run the run directory holds what a person looks at::
 
 Console: ``kfp.local`` pipes a step's stdout+stderr and re-prints it line by line (indented) through
 ``print`` in this process. The steps run with ``PYTHONUNBUFFERED=1`` and the train step flushes each
-progress line; :class:`_ConsoleTap` flushes this process's stdout at every line, so the PS job's progress
-shows while it trains even when stdout is a pipe. The tap also keeps the last lines, because a failed
-step only makes ``kfp.local`` raise "Inner task failed: <task>": :class:`PipelineRunError` carries the
-step's own error (for a PS job, the failing role and its log tail) in its message.
+progress line; :class:`_ConsoleTap` hands every whole line to :class:`pipelines.console.RunConsole`, which
+writes it to the run's log file and shows the run's shape (steps, a progress bar per pass) as it happens, even
+when stdout is a pipe. The tap also keeps the last lines, because a failed step only makes ``kfp.local``
+raise "Inner task failed: <task>": :class:`PipelineRunError` carries the step's own error (for a PS job, the
+failing role and its log tail) in its message.
 
 Stopping: the driver owns the processes of its run (:class:`DriverSignals`). SIGTERM, SIGINT or SIGHUP stop
 the running step (a train step tears its PS job down first) and the driver exits once every process it
@@ -40,6 +41,7 @@ from typing import Any, Optional
 
 from components.config import CtrConfig, is_remote_uri
 from components.ps.liveness import DRIVER_PID_ENV, process_exists
+from pipelines.console import RunConsole, header_lines, log_path, quiet_console_logging, read_stats
 
 # What the run directory gets from the evaluation directory (the Metrics artifact's path).
 EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png", "calibration.png")
@@ -49,6 +51,7 @@ STOP_WAIT_S = 20.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _KFP_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - [A-Z]+ - ")
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
+MERGE_STEP = "merge-data"  # the task whose output is the dataset (pipelines.pipeline.TASKS)
 _TASK_OUTPUTS = re.compile(r" - INFO - Task '[\w-]+' outputs:$")
 
 
@@ -70,8 +73,8 @@ class _ConsoleTap(io.TextIOBase):
     alone fill a screen); the run's kfp/ folder has both, and the tail keeps them for error reports.
     """
 
-    def __init__(self, target):
-        self.target = target
+    def __init__(self, console: RunConsole):
+        self.console = console
         self.lines: deque[str] = deque(maxlen=TAP_LINES)
         self._partial = ""
         self._json_indent: Optional[int] = None  # set while inside an executor-input dump
@@ -82,9 +85,7 @@ class _ConsoleTap(io.TextIOBase):
         for line in complete:
             self.lines.append(line)
             if self._shown(line):
-                self.target.write(line + "\n")
-        if complete:
-            self.target.flush()
+                self.console.take(line)
         return len(text)
 
     def _shown(self, line: str) -> bool:
@@ -107,10 +108,10 @@ class _ConsoleTap(io.TextIOBase):
         return False
 
     def flush(self) -> None:
-        self.target.flush()
+        self.console.screen.flush()
 
     def isatty(self) -> bool:
-        return bool(getattr(self.target, "isatty", lambda: False)())
+        return bool(getattr(self.console.screen, "isatty", lambda: False)())
 
     def step_error(self) -> str:
         return step_error(list(self.lines) + ([self._partial] if self._partial else []))
@@ -234,18 +235,28 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
                workspace_root=str(workspace))
     started = time.time()
-    tap, stdout = _ConsoleTap(sys.stdout), sys.stdout
-    sys.stdout = tap
-    try:
-        with warnings.catch_warnings(), DriverSignals():
-            # The subprocess runner warns about any image name without "python" in it.
-            warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
-            task = ctr_pipeline(cfg)(**run_parameters(cfg))
-    except RuntimeError as err:
-        raise PipelineRunError(_ANSI.sub("", str(err)), tap.step_error()) from None
-    finally:
-        sys.stdout = stdout
-        stdout.write(tap._partial)
+    stdout = sys.stdout
+    with open(log_path(run_dir), "a") as log:
+        console = RunConsole(stdout, log, verbose=cfg.verbose, period_s=cfg.ps.progress_period_s,
+                             dataset_step=MERGE_STEP, dataset_stats=lambda: read_stats(_merged_stats(pipeline_root)))
+        console.say("\n".join(header_lines(cfg)))
+        tap = _ConsoleTap(console)
+        sys.stdout = tap
+        quieted = quiet_console_logging(cfg.verbose)
+        try:
+            with warnings.catch_warnings(), DriverSignals():
+                # The subprocess runner warns about any image name without "python" in it.
+                warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
+                task = ctr_pipeline(cfg)(**run_parameters(cfg))
+        except RuntimeError as err:
+            raise PipelineRunError(_ANSI.sub("", str(err)), tap.step_error()) from None
+        finally:
+            console.close()
+            sys.stdout = stdout
+            for handler, level in quieted:
+                handler.setLevel(level)
+            if tap._partial:
+                console.take(tap._partial)
     wall_s = time.time() - started
     outputs = task.outputs
     # The export's output is no pipeline output (its task may be skipped): kfp.local keeps it at
@@ -257,6 +268,14 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
                f"not exported: test AUC {metrics['auc']:.4f} < eval.min_auc {cfg.eval.min_auc:g}")
     print_summary(metrics, outputs["checkpoint"].metadata, wall_s, run_dir, cfg.checkpoint.uri, serving)
     return metrics
+
+
+def _merged_stats(pipeline_root: Path) -> Optional[Path]:
+    """The dataset's stats.json once the merge step wrote it (kfp.local: <root>/<pipeline>-<time>/<task>/<output>)."""
+    from pipelines.pipeline import PIPELINE_NAME
+
+    found = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*/{MERGE_STEP}/*/stats.json"))
+    return found[-1] if found else None
 
 
 def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str, serving_dir: Optional[str | Path] = None) -> dict:

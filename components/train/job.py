@@ -12,6 +12,7 @@ exception in the launcher, so that it tears its job down before it exits.
 from __future__ import annotations
 
 import dataclasses
+import re
 import signal
 import threading
 import time
@@ -130,6 +131,37 @@ def format_progress(event: dict) -> str:
 def format_epoch(event: dict) -> str:
     return (f"== epoch {event['epoch']} done: {event['examples']:,} examples in {event['seconds']:.1f}s, "
             f"global train AUC {event['auc']:.4f}")
+
+
+# The lines above read back (a local run's console follows the train step's output, which it gets as text).
+_NUMBER = r"-?(?:[\d,]+(?:\.\d+)?|nan|inf)"
+_PROGRESS_LINE = re.compile(rf"^\[worker (?P<index>\d+)\] epoch (?P<epoch>\d+) \| (?P<examples>[\d,]+) examples"
+                            rf"(?: \| (?P<examples_per_s>{_NUMBER}) ex/s \| loss (?P<loss>{_NUMBER}) \| "
+                            rf"auc (?P<auc>{_NUMBER}))?$")
+_EPOCH_LINE = re.compile(rf"^== epoch (?P<epoch>\d+) done: (?P<examples>[\d,]+) examples in (?P<seconds>{_NUMBER})s, "
+                         rf"global train AUC (?P<auc>{_NUMBER})$")
+
+
+def parse_progress(line: str) -> Optional[dict]:
+    """The worker progress event a :func:`format_progress` line shows (its numbers as rounded there), or None."""
+    return _parsed(_PROGRESS_LINE, line, role="worker")
+
+
+def parse_epoch(line: str) -> Optional[dict]:
+    """The epoch event a :func:`format_epoch` line shows, or None."""
+    return _parsed(_EPOCH_LINE, line)
+
+
+def _parsed(pattern: re.Pattern, line: str, **fixed: Any) -> Optional[dict]:
+    found = pattern.match(line.strip())
+    if not found:
+        return None
+    event: dict[str, Any] = dict(fixed)
+    for key, text in found.groupdict().items():
+        if text is not None:
+            number = float(text.replace(",", ""))
+            event[key] = int(number) if key in ("index", "epoch", "examples") else number
+    return event
 
 
 class EventLog:

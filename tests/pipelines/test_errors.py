@@ -61,7 +61,7 @@ def test_user_error_is_one_line_with_status_2(tmp_path, case):
     assert line.startswith("error: ")
     for part in expected:
         assert part in line
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in proc.stdout + proc.stderr
     assert not (tmp_path / "run" / "logs").exists()  # no PS job started
 
 
