@@ -7,8 +7,8 @@ line per finished step with its duration, a progress bar per training pass, and 
 
 The pass's progress is that of all workers together: the examples they report of the train rows data prep
 counted, their summed rate, the ETA at that rate, and their running loss and AUC weighted by their examples. On
-a terminal it is a ``rich`` progress bar, redrawn; elsewhere (a pipe, ``CI=true``, Kubeflow logs) a plain line
-at most every ``ps.progress_period_s``.
+a terminal it is a ``rich`` progress bar, redrawn; elsewhere (a pipe, ``CI=true``) a plain line at most every
+``ps.progress_period_s`` or :data:`PLAIN_LINE_PERIOD_S`, whichever is longer, and one when a pass ends.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ from components.train.job import parse_epoch, parse_progress
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP_STARTED = re.compile(r" - INFO - Executing task '(?P<step>[\w-]+)'")
 SPLIT_NAMES = {"valid": "validation"}
+# Plain progress lines come at most this often (and not more often than the workers report): a log stays readable.
+PLAIN_LINE_PERIOD_S = 5.0
 _STEP_ENDED = re.compile(r" - (?:INFO|ERROR) - Task '(?P<step>[\w-]+)' finished with status (?P<status>\w+)")
 
 
@@ -154,7 +156,8 @@ class RunConsole:
 
     def __init__(self, screen: TextIO, log: TextIO, *, verbose: bool, period_s: float,
                  dataset_step: str, dataset_stats: Callable[[], Optional[dict]]):
-        self.screen, self.log, self.verbose, self.period_s = screen, log, verbose, period_s
+        self.screen, self.log, self.verbose = screen, log, verbose
+        self.period_s = max(period_s, PLAIN_LINE_PERIOD_S)
         # The step that writes the dataset, and its stats (rows per split) once written.
         self.dataset_step, self.dataset_stats = dataset_step, dataset_stats
         self.bars = _Bars(screen) if interactive(screen) and not verbose else None
@@ -206,7 +209,7 @@ class RunConsole:
         state.workers[event["index"]] = event
         if self.bars:
             self.bars.show(state)
-        elif time.monotonic() - self.last_plain >= self.period_s:
+        elif state.examples and time.monotonic() - self.last_plain >= self.period_s:
             self.last_plain = time.monotonic()
             self.say(state.line())
 

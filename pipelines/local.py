@@ -43,7 +43,8 @@ from components.config import CtrConfig, is_remote_uri
 from components.ps.liveness import DRIVER_PID_ENV, process_exists
 from pipelines.console import RunConsole, header_lines, log_path, quiet_console_logging, read_stats
 
-# What the run directory gets from the evaluation directory (the Metrics artifact's path).
+# What the run directory gets from the evaluation directory (the Metrics artifact's path); also the training curve,
+# when the job reported progress (components.evaluate.evaluate.CURVE_FILE).
 EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png", "calibration.png")
 TAP_LINES = 400
 # How long a stopped run's processes get to end (a train step: TERM_GRACE_S for its PS job, then SIGKILL).
@@ -287,6 +288,10 @@ def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str, serving_dir:
         shutil.copytree(serving_dir, target)
     for name in EVALUATION_FILES:
         shutil.copyfile(Path(metrics_dir) / name, run_dir / name)
+    from components.evaluate.evaluate import CURVE_FILE
+
+    if (Path(metrics_dir) / CURVE_FILE).is_file():
+        shutil.copyfile(Path(metrics_dir) / CURVE_FILE, run_dir / CURVE_FILE)
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
     for log in sorted(Path(logs_dir).glob("*.log")):

@@ -12,6 +12,7 @@ exception in the launcher, so that it tears its job down before it exits.
 from __future__ import annotations
 
 import dataclasses
+import math
 import re
 import signal
 import threading
@@ -45,6 +46,7 @@ class JobResult:
     plan: Optional[planner.MemoryPlan] = None  # the sparse table's memory plan (None in geo mode)
     # Local backend: each server's RSS in bytes when it started serving and at its peak while the job ran.
     server_memory: Optional[list[dict]] = None
+    curve: Optional[dict[str, list[list[float]]]] = None  # EventLog.curve: the workers' training curves
 
 
 @dataclass(frozen=True)
@@ -164,12 +166,23 @@ def _parsed(pattern: re.Pattern, line: str, **fixed: Any) -> Optional[dict]:
     return event
 
 
+# Points a worker's training curve keeps: past twice this many, every other point goes (a curve of hours stays small
+# enough for the Model artifact's metadata, and keeps its shape).
+CURVE_POINTS = 200
+
+
 class EventLog:
-    """Collects the events of a job's processes and echoes them as readable lines (thread-safe)."""
+    """Collects the events of a job's processes and echoes them as readable lines (thread-safe).
+
+    ``curve``: each worker's progress reports as ``[examples it trained so far, over all passes, running loss,
+    AUC]`` points: the job's training curve.
+    """
 
     def __init__(self, echo: Callable[[str], None]):
         self.echo = echo
         self.progress: dict[str, dict] = {}
+        self.curve: dict[str, list[list[float]]] = {}
+        self._passes: dict[str, dict[int, int]] = {}  # worker -> pass -> the most examples it reported in it
         self.epochs: list[dict] = []
         self.checkpoints: list[dict] = []
         # source -> (when it last reported, on time.monotonic(); whether it said it waits in a collective)
@@ -186,6 +199,7 @@ class EventLog:
             self.last_report[source] = (time.monotonic(), tag == HEARTBEAT and bool(event.get("waiting")))
             if tag == PROGRESS:
                 self.progress[source] = event
+                self._add_to_curve(source, event)
                 self.echo(format_progress(event))
             elif tag == EPOCH:
                 # A restarted job retrains from its last checkpoint: a pass reported again replaces the old report.
@@ -201,6 +215,20 @@ class EventLog:
                           if validation else "")
                 self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}{judged}")
         return True
+
+    def _add_to_curve(self, source: str, event: dict) -> None:
+        # Early in a pass the AUC can be undefined (one class seen so far): NaN, which no curve point keeps.
+        if event.get("role") != Role.WORKER.value or not all(
+                math.isfinite(event.get(key) if event.get(key) is not None else math.nan) for key in ("loss", "auc")):
+            return
+        passes = self._passes.setdefault(source, {})
+        passes[event["epoch"]] = max(passes.get(event["epoch"], 0), int(event["examples"]))
+        # A restarted job retrains from its checkpoint: the examples of the passes before this one, as reported.
+        before = sum(n for epoch, n in passes.items() if epoch < event["epoch"])
+        points = self.curve.setdefault(source, [])
+        points.append([before + int(event["examples"]), float(event["loss"]), float(event["auc"])])
+        if len(points) > 2 * CURVE_POINTS:
+            points[:] = points[::2]
 
     def stalled(self, running: dict[str, float], stall_s: float, first_report_s: float) -> list[tuple[str, float]]:
         """``(source, seconds silent)`` of the stalled processes among ``running`` (source -> when it started, on

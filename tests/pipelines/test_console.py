@@ -1,5 +1,5 @@
-"""The console of a default-shaped run through the real entry point (a pipe: plain lines), its log file, and
-``plan=true`` against the run it plans."""
+"""The console of a default-shaped run through the real entry point (a pipe: plain lines), its log file, its report's
+training curve, and ``plan=true`` against the run it plans."""
 
 import json
 import os
@@ -12,7 +12,8 @@ import pytest
 from pipelines.console import PassProgress, RunConsole
 from tests.conftest import ROOT
 
-TINY = ("experiment=tiny",)
+# Two workers, each reporting often enough that a pass of a second gives every worker points of the curve.
+TINY = ("experiment=tiny", "ps.workers=2", "ps.progress_period_s=0.2")
 
 
 def _cli(run_dir, *overrides):
@@ -38,7 +39,7 @@ def test_console_fits_on_a_screen(tiny_run):
     assert len(lines) < 40, "\n".join(lines)
     text = "\n".join(lines)
     assert lines[0] == "CTR pipeline: synthetic data, 20,000 rows"
-    assert "1 server(s) x 1 worker(s)" in text and str(run_dir) in text
+    assert "1 server(s) x 2 worker(s)" in text and str(run_dir) in text
     for step in ("resolve-config", "plan-data", "convert-data", "merge-data", "train", "evaluate-model", "export-model"):
         assert re.search(rf"^  {step} +\d+\.\ds", text, re.M), step
     assert "14,000 train, 2,000 validation, 4,000 test rows" in text
@@ -67,7 +68,7 @@ def test_plan_numbers_are_what_the_run_did(tiny_run):
     rows = stats["rows"]
     assert f"{sum(rows.values()):,} rows ({rows['train']:,} train, {rows['valid']:,} validation, {rows['test']:,} test)" \
         in planned
-    assert f"{len(stats['shards']['train'])} train shard(s), 1 per worker" in planned
+    assert f"{len(stats['shards']['train'])} train shard(s), 1 per worker" in planned and "2 train shard(s)" in planned
     ran = (run_dir / "ctr.log").read_text()
     # The same table layout: shards, bytes per row, base; the run bounds the rows by the ids data prep counted.
     shard_line = re.search(r"memory plan: (shard_num \d+ \(.*?\)): ", ran)[1]
@@ -76,8 +77,26 @@ def test_plan_numbers_are_what_the_run_did(tiny_run):
     assert per_row in planned
     base = re.search(r"\+ ([\d.]+ MiB base)", ran)[1]
     assert base in planned
-    assert "1 server(s) + 1 worker(s) on this machine" in planned
+    assert "1 server(s) + 2 worker(s) on this machine" in planned
     assert not (run_dir.parent / "plan" / "checkpoint").exists() and not (run_dir.parent / "plan" / "kfp").exists()
+
+
+def test_report_has_the_training_curve_of_every_worker(tiny_run):
+    _, _, run_dir = tiny_run
+    png = (run_dir / "training_curve.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    # The points it was drawn from: what the train step recorded on the Model artifact (its pointer file).
+    summary = json.loads(next((run_dir / "kfp").glob("ctr-ps-training-*/train/checkpoint")).read_text())
+    curve = summary["curve"]
+    assert sorted(curve) == ["worker-0", "worker-1"]
+    for points in curve.values():
+        assert points, curve
+        examples = [point[0] for point in points]
+        assert examples == sorted(examples) and examples[-1] <= 14_000  # 7,000 a pass each, over 2 passes
+    assert "![Training curve (running loss and AUC of each worker)](training_curve.png)" in (run_dir / "report.md").read_text()
+    html = (run_dir / "report.html").read_text()
+    assert '<img alt="Training curve (running loss and AUC of each worker)" src="data:image/png;base64,' in html
+    assert re.search(r"<td>server 0</td><td>[\d,]+ rows, peak RSS [\d,.]+ MiB</td>", html)
 
 
 def test_progress_of_all_workers_together():
