@@ -41,7 +41,7 @@ from typing import Any, Optional
 
 from components.config import CtrConfig, is_remote_uri
 from components.ps.liveness import DRIVER_PID_ENV, process_exists
-from pipelines.console import RunConsole, header_lines, log_path, quiet_console_logging, read_stats
+from pipelines.console import ANSI, RunConsole, header_lines, log_path, quiet_console_logging, read_stats
 
 # What the run directory gets from the evaluation directory (the Metrics artifact's path); also the training curve,
 # when the job reported progress (components.evaluate.evaluate.CURVE_FILE).
@@ -51,7 +51,6 @@ TAP_LINES = 400
 STOP_WAIT_S = 20.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _KFP_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - [A-Z]+ - ")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
 MERGE_STEP = "merge-data"  # the task whose output is the dataset (pipelines.pipeline.TASKS)
 _TASK_OUTPUTS = re.compile(r" - INFO - Task '[\w-]+' outputs:$")
 
@@ -67,7 +66,7 @@ class PipelineRunError(RuntimeError):
 
 
 class _ConsoleTap(io.TextIOBase):
-    """Stands in for ``sys.stdout`` during a run: writes whole lines, flushes each, keeps a tail.
+    """Stands in for ``sys.stdout`` during a run: hands whole lines to the run's console, keeps a tail.
 
     It drops the executor-input JSON that kfp's executor logs at the start of every step (~125 lines of
     artifact plumbing) and the listing of each finished task's output artifacts (the ROC curve's points
@@ -94,7 +93,7 @@ class _ConsoleTap(io.TextIOBase):
         if self._in_outputs:  # a finished task's artifacts, up to kfp's separator line (which is shown)
             self._in_outputs = set(stripped) != {"-"}
             return not self._in_outputs
-        if _TASK_OUTPUTS.search(_ANSI.sub("", line)):
+        if _TASK_OUTPUTS.search(ANSI.sub("", line)):
             self._in_outputs = True
             return False
         if self._json_indent is None:
@@ -124,7 +123,7 @@ def step_error(lines: list[str]) -> str:
     The step's last ``Traceback`` wins; the frames are dropped, the exception line and its continuation lines
     (a PsJobError's log tail) are kept, up to kfp's own log lines. Without a traceback: the last lines.
     """
-    lines = [_ANSI.sub("", line) for line in lines]
+    lines = [ANSI.sub("", line) for line in lines]
     starts = {i: len(line) - len(line.lstrip()) for i, line in enumerate(lines)
               if line.strip() == "Traceback (most recent call last):"}
     if not starts:
@@ -250,7 +249,7 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
                 warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
                 task = ctr_pipeline(cfg)(**run_parameters(cfg))
         except RuntimeError as err:
-            raise PipelineRunError(_ANSI.sub("", str(err)), tap.step_error()) from None
+            raise PipelineRunError(ANSI.sub("", str(err)), tap.step_error()) from None
         finally:
             console.close()
             sys.stdout = stdout
