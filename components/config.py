@@ -58,8 +58,8 @@ ClusterBackend = _vocabulary("ClusterBackend", ["local", "trainjob", "jobset", "
 @dataclass
 class DataConfig:
     source: DataSource = DataSource.synthetic
-    rows: int = 400_000  # synthetic only
-    uri: Optional[str] = None  # files only: fsspec URL or glob
+    rows: int = 400_000  # synthetic only: rows generated (train, validation and test together)
+    uri: Optional[str] = None  # files only: a path, glob or fsspec URL (s3://...) of the input files
     format: FileFormat = FileFormat.raw
     slots: Optional[list[str]] = None  # feasign only: the sparse slots to keep (None = all seen)
     test_fraction: float = 0.2
@@ -80,7 +80,7 @@ class ModelConfig:
     name: ModelName = ModelName.dnn
     hidden: list[int] = field(default_factory=lambda: [256, 128])
     optimizer: DenseOptimizer = DenseOptimizer.adam
-    learning_rate: float = 0.001
+    learning_rate: float = 0.001  # of the dense parameters (model.optimizer)
     dropout: float = 0.0  # on every hidden layer's output, while training
     embedding_l2: float = 0.0  # L2 penalty on the embedding rows a batch looks up (their gradient reaches the servers)
     cross_layers: int = 3  # dcn: cross layers beside the deep tower
@@ -110,12 +110,12 @@ class TableConfig:
     accessor: Accessor = Accessor.SparseAccessor
     # Feature ids are hashed into [0, vocab_size). A geo worker keeps a dense local copy of this size.
     vocab_size: int = 1 << 20
-    embedding_dim: int = 9
+    embedding_dim: int = 9  # floats per embedding row (1 first-order weight + embedding_dim - 1 factors)
     # Hash shards of the table (a row lives in shard id % shard_num; each server owns a block of them).
     # null: 8 per server, or what a restored checkpoint was saved with (components/train/planner.py).
     shard_num: Optional[int] = None
     rule: SparseRule = SparseRule.adagrad
-    learning_rate: float = 0.05
+    learning_rate: float = 0.05  # of the embedding rows (table.rule, applied on the servers)
     initial_range: float = 1e-4
     initial_g2sum: float = 3.0
     weight_bounds: list[float] = field(default_factory=lambda: [-10.0, 10.0])
@@ -125,10 +125,10 @@ class TableConfig:
 @dataclass
 class PsConfig:
     mode: Mode = Mode["async"]
-    servers: int = 2
-    workers: int = 2
+    servers: int = 2  # processes (pods) holding the sparse table's shards
+    workers: int = 2  # processes (pods) training on their share of the data
     threads: int = 1  # reader/trainer threads per worker
-    batch_size: int = 256
+    batch_size: int = 256  # examples per batch of a worker thread
     epochs: int = 1  # at most: with a validation split the job stops earlier once it stops improving
     # Checkpoints in a row whose validation objective is not the best so far before the job stops (early stopping).
     patience: int = 2
@@ -304,6 +304,9 @@ class CtrConfig:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     run_dir: str = "."
     objective: str = "auc"
+    # Print what the run would do (data, shards, memory plan, processes, checkpoint store) and start nothing.
+    plan: bool = False
+    verbose: bool = False  # every line of every step on the console, not only in the run's log file
 
 
 class ConfigError(ValueError):
@@ -423,7 +426,7 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     if cfg.data.source is DataSource.synthetic:
         _positive("data.rows", cfg.data.rows)
     elif check_storage:
-        _check_data_uri(cfg.data.uri)
+        _check_data_uri(cfg.data)
     elif not cfg.data.uri:
         raise ConfigError("data.uri", cfg.data.uri, "a path, glob or fsspec URL of the input files",
                           "set data.uri=... when data=criteo")
@@ -584,11 +587,17 @@ def _check_step_resources(key: str, resources: StepResources) -> None:
         raise ConfigError(f"{key}.gpus", resources.gpus, "an integer >= 0")
 
 
-def _check_data_uri(uri: Optional[str]) -> None:
+# How much of the first input file is read to tell text from binary (an image, a Parquet file, a model).
+SNIFF_BYTES = 4096
+
+
+def _check_data_uri(data: DataConfig) -> None:
+    uri = data.uri
     if not uri:
         raise ConfigError("data.uri", uri, "a path, glob or fsspec URL of the input files",
                           "set data.uri=... when data=criteo")
     import fsspec
+    from fsspec.utils import infer_compression
 
     try:
         fs, _, paths = fsspec.get_fs_token_paths(uri)
@@ -597,4 +606,11 @@ def _check_data_uri(uri: Optional[str]) -> None:
         raise ConfigError("data.uri", uri, "an existing path, glob or fsspec URL", f"cannot list it: {err}")
     if not found:
         raise ConfigError("data.uri", uri, "an existing path, glob or fsspec URL", "nothing matches it")
-
+    first = next((p for p in found if fs.isfile(p)), None)
+    if first is not None:
+        with fs.open(first, "rb", compression=infer_compression(first)) as head:
+            sniffed = head.read(SNIFF_BYTES)
+        if b"\0" in sniffed:  # every data.format is text: a NUL byte means another kind of file
+            raise ConfigError("data.uri", uri, f"text files in data.format={data.format.value}",
+                              f"{first} is binary (a NUL byte in its first {SNIFF_BYTES} bytes); point data.uri "
+                              "at the TSV or text files (compressed ones may end in .gz, .bz2, ...)")

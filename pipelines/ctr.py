@@ -9,21 +9,21 @@
                                                              # compile for Kubeflow Pipelines and submit a run
                                                              # (cluster.wait=true: wait for it, return its objective)
 
-Hydra's run directory is the run directory (``run_dir``). A config that cannot work is reported in one
-line (exit status 2) before any process starts; a failed Kubeflow submission likewise (exit status 3).
+Hydra's run directory is the run directory (``run_dir``). An error the user can fix (config, data, checkpoint
+store, cluster) is reported in one line, exit status 2; a failed Kubeflow submission likewise, exit status 3
+(:mod:`pipelines.errors`).
 """
 
-import sys
+import math
 from pathlib import Path
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from components.config import ConfigError, PipelineRunner, from_dict, register_configs, to_dict, validate
+from components.config import CtrConfig, PipelineRunner, from_dict, register_configs, to_dict, validate
 from components.resolve.step import check_checkpoint_store
-
-EXIT_CONFIG_ERROR = 2
-EXIT_SUBMIT_ERROR = 3
+from pipelines.errors import reported_in_one_line, run_main
+from pipelines.help import register_help
 
 
 def run(cfg: DictConfig) -> float:
@@ -37,6 +37,8 @@ def run(cfg: DictConfig) -> float:
     # The data and a resume target in the cluster's storage are checked by the run's first step, which
     # holds the cluster's credentials; this machine may have none.
     validate(typed, check_storage=not on_kubeflow)
+    if typed.plan:
+        return print_plan(typed)
     if on_kubeflow:
         from pipelines.kubeflow import run_kubeflow
 
@@ -52,25 +54,32 @@ def run(cfg: DictConfig) -> float:
     return float(metrics[typed.objective])
 
 
+def print_plan(cfg: CtrConfig) -> float:
+    """``plan=true``: print what the run would do, start nothing, write nothing; the objective is NaN."""
+    from pipelines.local import local_config
+    from pipelines.plan import plan_lines_of
+
+    if cfg.cluster.runner is PipelineRunner.local:
+        cfg = local_config(cfg)
+        check_checkpoint_store(cfg, probe=False)
+    print("\n".join(plan_lines_of(cfg)), flush=True)
+    return math.nan
+
+
 register_configs()
+register_help()
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
-    from pipelines.kubeflow import SubmitError
     from pipelines.sweep import in_sweep, run_sweep_job
 
     if in_sweep():  # one job of a -m sweep: a failure is recorded, and the sweep goes on
         return run_sweep_job(cfg, run)
-    try:
+    # Here, not only around the whole command: Hydra adds a line of its own to an error raised out of a job.
+    with reported_in_one_line():
         return run(cfg)
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_CONFIG_ERROR)
-    except SubmitError as err:
-        print(f"error: {err}", file=sys.stderr, flush=True)
-        sys.exit(EXIT_SUBMIT_ERROR)
 
 
 if __name__ == "__main__":
-    main()
+    run_main(main)

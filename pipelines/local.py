@@ -11,10 +11,11 @@ After the run the run directory holds what a person looks at::
 
 Console: ``kfp.local`` pipes a step's stdout+stderr and re-prints it line by line (indented) through
 ``print`` in this process. The steps run with ``PYTHONUNBUFFERED=1`` and the train step flushes each
-progress line; :class:`_ConsoleTap` flushes this process's stdout at every line, so the PS job's progress
-shows while it trains even when stdout is a pipe. The tap also keeps the last lines, because a failed
-step only makes ``kfp.local`` raise "Inner task failed: <task>": :class:`PipelineRunError` carries the
-step's own error (for a PS job, the failing role and its log tail) in its message.
+progress line; :class:`_ConsoleTap` hands every whole line to :class:`pipelines.console.RunConsole`, which
+writes it to the run's log file and shows the run's shape (steps, a progress bar per pass) as it happens, even
+when stdout is a pipe. The tap also keeps the last lines, because a failed step only makes ``kfp.local``
+raise "Inner task failed: <task>": :class:`PipelineRunError` carries the step's own error (for a PS job, the
+failing role and its log tail) in its message.
 
 Stopping: the driver owns the processes of its run (:class:`DriverSignals`). SIGTERM, SIGINT or SIGHUP stop
 the running step (a train step tears its PS job down first) and the driver exits once every process it
@@ -40,15 +41,17 @@ from typing import Any, Optional
 
 from components.config import CtrConfig, is_remote_uri
 from components.ps.liveness import DRIVER_PID_ENV, process_exists
+from pipelines.console import ANSI, RunConsole, header_lines, log_path, quiet_console_logging, read_stats
 
-# What the run directory gets from the evaluation directory (the Metrics artifact's path).
+# What the run directory gets from the evaluation directory (the Metrics artifact's path); also the training curve,
+# when the job reported progress (components.evaluate.evaluate.CURVE_FILE).
 EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png", "calibration.png")
 TAP_LINES = 400
 # How long a stopped run's processes get to end (a train step: TERM_GRACE_S for its PS job, then SIGKILL).
 STOP_WAIT_S = 20.0
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _KFP_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - [A-Z]+ - ")
-_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+MERGE_STEP = "merge-data"  # the task whose output is the dataset (pipelines.pipeline.TASKS)
 _TASK_OUTPUTS = re.compile(r" - INFO - Task '[\w-]+' outputs:$")
 
 
@@ -63,15 +66,15 @@ class PipelineRunError(RuntimeError):
 
 
 class _ConsoleTap(io.TextIOBase):
-    """Stands in for ``sys.stdout`` during a run: writes whole lines, flushes each, keeps a tail.
+    """Stands in for ``sys.stdout`` during a run: hands whole lines to the run's console, keeps a tail.
 
     It drops the executor-input JSON that kfp's executor logs at the start of every step (~125 lines of
     artifact plumbing) and the listing of each finished task's output artifacts (the ROC curve's points
     alone fill a screen); the run's kfp/ folder has both, and the tail keeps them for error reports.
     """
 
-    def __init__(self, target):
-        self.target = target
+    def __init__(self, console: RunConsole):
+        self.console = console
         self.lines: deque[str] = deque(maxlen=TAP_LINES)
         self._partial = ""
         self._json_indent: Optional[int] = None  # set while inside an executor-input dump
@@ -82,9 +85,7 @@ class _ConsoleTap(io.TextIOBase):
         for line in complete:
             self.lines.append(line)
             if self._shown(line):
-                self.target.write(line + "\n")
-        if complete:
-            self.target.flush()
+                self.console.take(line)
         return len(text)
 
     def _shown(self, line: str) -> bool:
@@ -92,7 +93,7 @@ class _ConsoleTap(io.TextIOBase):
         if self._in_outputs:  # a finished task's artifacts, up to kfp's separator line (which is shown)
             self._in_outputs = set(stripped) != {"-"}
             return not self._in_outputs
-        if _TASK_OUTPUTS.search(_ANSI.sub("", line)):
+        if _TASK_OUTPUTS.search(ANSI.sub("", line)):
             self._in_outputs = True
             return False
         if self._json_indent is None:
@@ -107,10 +108,10 @@ class _ConsoleTap(io.TextIOBase):
         return False
 
     def flush(self) -> None:
-        self.target.flush()
+        self.console.screen.flush()
 
     def isatty(self) -> bool:
-        return bool(getattr(self.target, "isatty", lambda: False)())
+        return bool(getattr(self.console.screen, "isatty", lambda: False)())
 
     def step_error(self) -> str:
         return step_error(list(self.lines) + ([self._partial] if self._partial else []))
@@ -122,7 +123,7 @@ def step_error(lines: list[str]) -> str:
     The step's last ``Traceback`` wins; the frames are dropped, the exception line and its continuation lines
     (a PsJobError's log tail) are kept, up to kfp's own log lines. Without a traceback: the last lines.
     """
-    lines = [_ANSI.sub("", line) for line in lines]
+    lines = [ANSI.sub("", line) for line in lines]
     starts = {i: len(line) - len(line.lstrip()) for i, line in enumerate(lines)
               if line.strip() == "Traceback (most recent call last):"}
     if not starts:
@@ -234,18 +235,28 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
                workspace_root=str(workspace))
     started = time.time()
-    tap, stdout = _ConsoleTap(sys.stdout), sys.stdout
-    sys.stdout = tap
-    try:
-        with warnings.catch_warnings(), DriverSignals():
-            # The subprocess runner warns about any image name without "python" in it.
-            warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
-            task = ctr_pipeline(cfg)(**run_parameters(cfg))
-    except RuntimeError as err:
-        raise PipelineRunError(_ANSI.sub("", str(err)), tap.step_error()) from None
-    finally:
-        sys.stdout = stdout
-        stdout.write(tap._partial)
+    stdout = sys.stdout
+    with open(log_path(run_dir), "a") as log:
+        console = RunConsole(stdout, log, verbose=cfg.verbose, period_s=cfg.ps.progress_period_s,
+                             dataset_step=MERGE_STEP, dataset_stats=lambda: read_stats(_merged_stats(pipeline_root)))
+        console.say("\n".join(header_lines(cfg)))
+        tap = _ConsoleTap(console)
+        sys.stdout = tap
+        quieted = quiet_console_logging(cfg.verbose)
+        try:
+            with warnings.catch_warnings(), DriverSignals():
+                # The subprocess runner warns about any image name without "python" in it.
+                warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
+                task = ctr_pipeline(cfg)(**run_parameters(cfg))
+        except RuntimeError as err:
+            raise PipelineRunError(ANSI.sub("", str(err)), tap.step_error()) from None
+        finally:
+            console.close()
+            sys.stdout = stdout
+            for handler, level in quieted:
+                handler.setLevel(level)
+            if tap._partial:
+                console.take(tap._partial)
     wall_s = time.time() - started
     outputs = task.outputs
     # The export's output is no pipeline output (its task may be skipped): kfp.local keeps it at
@@ -259,6 +270,14 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     return metrics
 
 
+def _merged_stats(pipeline_root: Path) -> Optional[Path]:
+    """The dataset's stats.json once the merge step wrote it (kfp.local: <root>/<pipeline>-<time>/<task>/<output>)."""
+    from pipelines.pipeline import PIPELINE_NAME
+
+    found = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*/{MERGE_STEP}/*/stats.json"))
+    return found[-1] if found else None
+
+
 def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str, serving_dir: Optional[str | Path] = None) -> dict:
     """Copy the evaluation files, the PS logs and the serving model (None: not exported) out of the artifact
     store into the run directory (``run_dir/serving_model/`` is replaced as a whole, or removed)."""
@@ -268,6 +287,10 @@ def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str, serving_dir:
         shutil.copytree(serving_dir, target)
     for name in EVALUATION_FILES:
         shutil.copyfile(Path(metrics_dir) / name, run_dir / name)
+    from components.evaluate.evaluate import CURVE_FILE
+
+    if (Path(metrics_dir) / CURVE_FILE).is_file():
+        shutil.copyfile(Path(metrics_dir) / CURVE_FILE, run_dir / CURVE_FILE)
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
     for log in sorted(Path(logs_dir).glob("*.log")):

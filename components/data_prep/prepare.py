@@ -145,7 +145,7 @@ def plan_synthetic(*, rows: int, test_fraction: float, num_shards: int, vocab_si
                    valid_fraction: float = 0.0, spec: Optional[SyntheticSpec] = None) -> DataPlan:
     _check_settings(test_fraction, valid_fraction, num_shards, vocab_size)
     spec = spec or SyntheticSpec()
-    sizes = _synthetic_split_rows(rows, test_fraction, valid_fraction)
+    sizes = synthetic_split_rows(rows, test_fraction, valid_fraction)
     _check_split_sizes({split: n for split, n in zip(SPLITS, sizes) if split != "valid" or valid_fraction},
                        num_shards)
     settings = dict(fmt=SYNTHETIC, schema=spec.schema.to_dict(), vocab_size=vocab_size, seed=seed,
@@ -156,7 +156,7 @@ def plan_synthetic(*, rows: int, test_fraction: float, num_shards: int, vocab_si
                                                                                   ()), **settings)
 
 
-def _synthetic_split_rows(rows: int, test_fraction: float, valid_fraction: float) -> tuple[int, int, int]:
+def synthetic_split_rows(rows: int, test_fraction: float, valid_fraction: float) -> tuple[int, int, int]:
     """Rows of (train, valid, test): the test rows last, the validation rows before them."""
     test, valid = round(rows * test_fraction), round(rows * valid_fraction)
     return rows - test - valid, valid, test
@@ -278,7 +278,11 @@ def _convert_unit(plan_dict: dict, index: int, parts_dir: str, storage_options: 
     lines, malformed, examples = 0, 0, []
     try:
         for offset, block in read_blocks(unit, storage_options):
-            parsed = parser.parse(block)
+            try:
+                parsed = parser.parse(block)
+            except pa.ArrowInvalid as err:  # what not even the malformed-line handling can read
+                raise DataPrepError(f"{unit.url} (from byte {offset}) cannot be read as data.format={plan.fmt}: "
+                                    f"{str(err).splitlines()[0][:200]}; check data.format and data.uri") from None
             splits = _row_splits(plan, unit, offset + parsed.line_starts[parsed.row_lines])
             writer.write(parsed.text, parsed.labels, splits)
             for counter, ids in zip(counters, parsed.slot_ids):
@@ -303,7 +307,7 @@ def _convert_synthetic(plan_dict: dict, index: int, parts_dir: str, storage_opti
     plan = DataPlan.from_dict(plan_dict)
     spec = SyntheticSpec(**{**plan.synthetic["spec"], "cardinalities": tuple(plan.synthetic["spec"]["cardinalities"])})
     rows = plan.synthetic["rows"]
-    train_rows, valid_rows, _ = _synthetic_split_rows(rows, plan.test_fraction, plan.valid_fraction)
+    train_rows, valid_rows, _ = synthetic_split_rows(rows, plan.test_fraction, plan.valid_fraction)
     data = generate(rows, plan.seed, spec)
     id_tables = category_id_tables(spec, plan.vocab_size)
     root = Path(parts_dir) / f"unit-{index:05d}"

@@ -13,7 +13,7 @@ from components.data_prep.prepare import DataPlan, convert, merge, plan_files, p
 from components.data_prep.sources import Unit, group_units
 
 
-def _plan(cfg: CtrConfig) -> DataPlan:
+def data_plan(cfg: CtrConfig) -> DataPlan:
     """Shards: one per worker reader (``ps.workers * data.shards_per_worker``), as the launcher expects."""
     data = cfg.data
     common = dict(test_fraction=data.test_fraction, valid_fraction=data.valid_fraction,
@@ -33,7 +33,7 @@ def plan_dataset(config: Any) -> list[dict]:
     them back.
     """
     cfg = from_dict(config)
-    plan = _plan(cfg)
+    plan = data_plan(cfg)
     groups = group_units([Unit.from_dict(unit) for unit in plan.units], cfg.data.prep_parallelism)
     print(f"data plan: {len(plan.units)} unit(s) of {plan.source or 'synthetic data'} in {len(groups)} group(s); "
           f"fingerprint {plan.fingerprint}", flush=True)
@@ -62,7 +62,7 @@ def merge_parts(groups: list[dict], parts_dirs: list[str], out_dir: str) -> dict
 def prepare_dataset(config: Any, out_dir: str, processes: Optional[int] = None) -> dict:
     """Build the dataset ``cfg.data`` describes into ``out_dir`` on this machine; returns the stats dict."""
     cfg = from_dict(config)
-    return prepare(_plan(cfg), out_dir, processes or cfg.data.prep_processes)
+    return prepare(data_plan(cfg), out_dir, processes or cfg.data.prep_processes)
 
 
 def dataset_metadata(stats: dict) -> dict:

@@ -26,6 +26,7 @@ from components.ps.scoring import Scorer, read_test_split
 
 
 CONFUSION_FILE = "confusion.json"
+CURVE_FILE = "training_curve.png"  # written only when the job reported progress
 
 
 def confusion_threshold(cfg: EvalConfig, stats: dict) -> tuple[float, str]:
@@ -37,10 +38,14 @@ def confusion_threshold(cfg: EvalConfig, stats: dict) -> tuple[float, str]:
 
 def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
              cfg: EvalConfig, training: Optional[dict] = None,
-             markdown_path: Optional[str | os.PathLike] = None) -> dict[str, Any]:
+             markdown_path: Optional[str | os.PathLike] = None, curve: Optional[dict] = None,
+             servers: Optional[dict] = None) -> dict[str, Any]:
     """Metrics of the checkpoint on the test split; writes metrics.json, roc.png, calibration.png, roc.npz,
     confusion.json and report.md/html, and to ``markdown_path`` the report without the linked images (a KFP Markdown
-    artifact, whose viewer cannot follow a relative link; the ROC curve is the ClassificationMetrics artifact)."""
+    artifact, whose viewer cannot follow a relative link; the ROC curve is the ClassificationMetrics artifact).
+
+    ``curve``: the workers' training curves (:attr:`components.train.job.EventLog.curve`), drawn into
+    training_curve.png; ``servers``: what the job measured of each server, a table of the report."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = ckpt_io.load(checkpoint_dir)
@@ -94,10 +99,14 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
                                                "uncalibrated_logloss") if k in result},
                      **({"method": calibration["method"], "a": calibration["a"], "b": calibration["b"]}
                         if calibration else {})}),
-                   ("Validation split (the delivered checkpoint)", validation)]
+                   ("Validation split (the delivered checkpoint)", validation),
+                   ("Servers (rows at the last checkpoint, memory)", servers or {})]
     kwargs = dict(title="CTR model evaluation", reference=reference, calibration=bins, training=training,
                   config_summary=summary, tables=comparisons, confusion=confusion)
     figures = [("ROC curve", out / "roc.png"), ("Reliability", out / "calibration.png")]
+    if curve:
+        report.write_training_curve_png(out / CURVE_FILE, curve)
+        figures.append(("Training curve (running loss and AUC of each worker)", out / CURVE_FILE))
     # The report sets the measured metrics against the reference itself.
     report.write_report(out / "report.md", measured, figures=figures, **kwargs)
     if markdown_path is not None:

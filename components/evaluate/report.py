@@ -95,6 +95,28 @@ def write_reliability_png(
     figure.savefig(path, format="png")
 
 
+def write_training_curve_png(path: str | os.PathLike[str], curve: Mapping[str, Sequence[Sequence[float]]]) -> None:
+    """Running loss and AUC against the examples each worker trained (over all passes), a line per worker.
+
+    ``curve``: worker name -> ``[examples, loss, auc]`` points (:attr:`components.train.job.EventLog.curve`).
+    """
+    figure = Figure(figsize=(10, 4.2), dpi=100)
+    FigureCanvasAgg(figure)
+    loss_axes, auc_axes = figure.subplots(1, 2)
+    for worker, points in sorted(curve.items(), key=lambda item: item[0]):
+        examples, loss, auc = (np.asarray(column, dtype=float) for column in zip(*points))
+        loss_axes.plot(examples, loss, marker=".", label=worker)
+        auc_axes.plot(examples, auc, marker=".", label=worker)
+    for axes, name in ((loss_axes, "Running loss"), (auc_axes, "Running AUC (this pass)")):
+        axes.set_title(name)
+        axes.set_xlabel("Examples trained by the worker")
+        axes.grid(alpha=0.3)
+        axes.legend(loc="best")
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+
+
 def write_report(
     path: str | os.PathLike[str],
     metrics: Mapping[str, Any],

@@ -36,6 +36,23 @@ def training_facts(checkpoint_metadata: Optional[dict]) -> Optional[dict]:
     return facts or None
 
 
+def server_facts(checkpoint_metadata: Optional[dict]) -> dict:
+    """Per server, the rows it held at the last checkpoint and its peak RSS (local servers), and the plan's estimate
+    for the fullest one, as the train step measured them; empty when it measured none."""
+    meta = ints_from_struct(dict(checkpoint_metadata or {}))
+    rows, peaks = meta.get("server_rows") or [], meta.get("server_peak_rss_gib") or []
+    facts = {}
+    for index in range(max(len(rows), len(peaks))):
+        measured = ([f"{rows[index]:,} rows"] if index < len(rows) else []) + (
+            [f"peak RSS {peaks[index] * 1024:,.1f} MiB"] if index < len(peaks) else [])
+        facts[f"server {index}"] = ", ".join(measured)
+    plan = meta.get("memory_plan")
+    if facts and plan:
+        facts["memory plan (fullest server)"] = (f"{plan['server_gib'] * 1024:,.1f} MiB for up to {plan['rows']:,} rows "
+                                                 f"in {plan['shard_num']} shards, {plan['bytes_per_row']} B/row")
+    return facts
+
+
 def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkpoint_metadata: Optional[dict],
                         out_dir: str, report_path: Optional[str] = None,
                         markdown_path: Optional[str] = None) -> tuple[dict, dict]:
@@ -48,7 +65,8 @@ def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkp
     cfg = from_dict(config)
     with fetched_checkpoint(checkpoint_path, checkpoint_metadata) as (uri, ckpt_id, local):
         metrics = evaluate(local, data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata),
-                           markdown_path=markdown_path)
+                           markdown_path=markdown_path, curve=(checkpoint_metadata or {}).get("curve"),
+                           servers=server_facts(checkpoint_metadata))
     record_evaluation(uri, ckpt_id, metrics)
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)

@@ -69,10 +69,12 @@ def config_struct(cfg: CtrConfig) -> dict:
     return _drop_nones(to_dict(cfg))
 
 
-def check_checkpoint_store(cfg: CtrConfig) -> None:
+def check_checkpoint_store(cfg: CtrConfig, probe: bool = True) -> None:
     """Before anything starts: the checkpoint store takes a write, a read and a delete (a missing bucket, no
     permission, a read-only directory fail here, not after a pass), no other run holds it, and a resume or
-    warm-start target names a committed checkpoint (``resume=latest`` on an empty store included)."""
+    warm-start target names a committed checkpoint (``resume=latest`` on an empty store included).
+
+    ``probe=False`` (``plan=true``) writes nothing: the store is only read."""
     from components.checkpoint.format import CheckpointError
     from components.checkpoint.lease import in_use_message, live_holder
     from components.checkpoint.restore import restore_target
@@ -81,7 +83,8 @@ def check_checkpoint_store(cfg: CtrConfig) -> None:
     uri = cfg.checkpoint.uri
     try:
         store = CheckpointStore(uri)
-        store.probe()
+        if probe:
+            store.probe()
         holder = live_holder(store)
     except CheckpointStoreError as err:
         raise ConfigError("checkpoint.uri", redact(uri), "a store this machine can write, read and delete in",

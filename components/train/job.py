@@ -12,6 +12,8 @@ exception in the launcher, so that it tears its job down before it exits.
 from __future__ import annotations
 
 import dataclasses
+import math
+import re
 import signal
 import threading
 import time
@@ -44,6 +46,7 @@ class JobResult:
     plan: Optional[planner.MemoryPlan] = None  # the sparse table's memory plan (None in geo mode)
     # Local backend: each server's RSS in bytes when it started serving and at its peak while the job ran.
     server_memory: Optional[list[dict]] = None
+    curve: Optional[dict[str, list[list[float]]]] = None  # EventLog.curve: the workers' training curves
 
 
 @dataclass(frozen=True)
@@ -91,12 +94,26 @@ def prepare_job(cfg: CtrConfig, stats: Optional[dict], run_id: Optional[str] = N
     store = CheckpointStore(cfg.checkpoint.uri)
     store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
     clear_records(store)
+    return plan_job(cfg, stats, store, run_id)
+
+
+def plan_job(cfg: CtrConfig, stats: Optional[dict], store: CheckpointStore,
+             run_id: Optional[str] = None) -> PreparedJob:
+    """The part of :func:`prepare_job` that only reads the store: what a job would start from and its table plan
+    (``plan=true`` prints it without changing the store)."""
     restore = restore_target(store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
+    planned, plan = plan_table(cfg, stats, restore)
+    return PreparedJob(planned, store, restore, plan, run_id or new_run_id())
+
+
+def plan_table(cfg: CtrConfig, stats: Optional[dict],
+               restore: Optional[RestoreTarget]) -> tuple[CtrConfig, Optional[planner.MemoryPlan]]:
+    """``(cfg with table.shard_num resolved, the table's memory plan)``, checked to fit; no store needed."""
     planned, shard_source = planned_config(cfg, restore)
     plan = planner.plan_memory(planned, planner.distinct_train_ids(stats), shard_source)
     if plan is not None:
         planner.check_fits(planned, plan)
-    return PreparedJob(planned, store, restore, plan, run_id or new_run_id())
+    return planned, plan
 
 
 def plan_lines(plan: Optional[planner.MemoryPlan]) -> list[str]:
@@ -118,12 +135,54 @@ def format_epoch(event: dict) -> str:
             f"global train AUC {event['auc']:.4f}")
 
 
+# The lines above read back (a local run's console follows the train step's output, which it gets as text).
+_NUMBER = r"-?(?:[\d,]+(?:\.\d+)?|nan|inf)"
+_PROGRESS_LINE = re.compile(rf"^\[worker (?P<index>\d+)\] epoch (?P<epoch>\d+) \| (?P<examples>[\d,]+) examples"
+                            rf"(?: \| (?P<examples_per_s>{_NUMBER}) ex/s \| loss (?P<loss>{_NUMBER}) \| "
+                            rf"auc (?P<auc>{_NUMBER}))?$")
+_EPOCH_LINE = re.compile(rf"^== epoch (?P<epoch>\d+) done: (?P<examples>[\d,]+) examples in (?P<seconds>{_NUMBER})s, "
+                         rf"global train AUC (?P<auc>{_NUMBER})$")
+
+
+def parse_progress(line: str) -> Optional[dict]:
+    """The worker progress event a :func:`format_progress` line shows (its numbers as rounded there), or None."""
+    return _parsed(_PROGRESS_LINE, line, role="worker")
+
+
+def parse_epoch(line: str) -> Optional[dict]:
+    """The epoch event a :func:`format_epoch` line shows, or None."""
+    return _parsed(_EPOCH_LINE, line)
+
+
+def _parsed(pattern: re.Pattern, line: str, **fixed: Any) -> Optional[dict]:
+    found = pattern.match(line.strip())
+    if not found:
+        return None
+    event: dict[str, Any] = dict(fixed)
+    for key, text in found.groupdict().items():
+        if text is not None:
+            number = float(text.replace(",", ""))
+            event[key] = int(number) if key in ("index", "epoch", "examples") else number
+    return event
+
+
+# Points a worker's training curve keeps: past twice this many, every other point goes (a curve of hours stays small
+# enough for the Model artifact's metadata, and keeps its shape).
+CURVE_POINTS = 200
+
+
 class EventLog:
-    """Collects the events of a job's processes and echoes them as readable lines (thread-safe)."""
+    """Collects the events of a job's processes and echoes them as readable lines (thread-safe).
+
+    ``curve``: each worker's progress reports as ``[examples it trained so far, over all passes, running loss,
+    AUC]`` points: the job's training curve.
+    """
 
     def __init__(self, echo: Callable[[str], None]):
         self.echo = echo
         self.progress: dict[str, dict] = {}
+        self.curve: dict[str, list[list[float]]] = {}
+        self._passes: dict[str, dict[int, int]] = {}  # worker -> pass -> the most examples it reported in it
         self.epochs: list[dict] = []
         self.checkpoints: list[dict] = []
         # source -> (when it last reported, on time.monotonic(); whether it said it waits in a collective)
@@ -140,6 +199,7 @@ class EventLog:
             self.last_report[source] = (time.monotonic(), tag == HEARTBEAT and bool(event.get("waiting")))
             if tag == PROGRESS:
                 self.progress[source] = event
+                self._add_to_curve(source, event)
                 self.echo(format_progress(event))
             elif tag == EPOCH:
                 # A restarted job retrains from its last checkpoint: a pass reported again replaces the old report.
@@ -155,6 +215,20 @@ class EventLog:
                           if validation else "")
                 self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}{judged}")
         return True
+
+    def _add_to_curve(self, source: str, event: dict) -> None:
+        # Early in a pass the AUC can be undefined (one class seen so far): NaN, which no curve point keeps.
+        if event.get("role") != Role.WORKER.value or not all(
+                math.isfinite(event.get(key) if event.get(key) is not None else math.nan) for key in ("loss", "auc")):
+            return
+        passes = self._passes.setdefault(source, {})
+        passes[event["epoch"]] = max(passes.get(event["epoch"], 0), int(event["examples"]))
+        # A restarted job retrains from its checkpoint: the examples of the passes before this one, as reported.
+        before = sum(n for epoch, n in passes.items() if epoch < event["epoch"])
+        points = self.curve.setdefault(source, [])
+        points.append([before + int(event["examples"]), float(event["loss"]), float(event["auc"])])
+        if len(points) > 2 * CURVE_POINTS:
+            points[:] = points[::2]
 
     def stalled(self, running: dict[str, float], stall_s: float, first_report_s: float) -> list[tuple[str, float]]:
         """``(source, seconds silent)`` of the stalled processes among ``running`` (source -> when it started, on

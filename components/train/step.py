@@ -95,6 +95,9 @@ def training_summary(result: JobResult, checkpoint_uri: str) -> dict:
         summary["server_rows_max_over_mean"] = round(max_over_mean(load["rows"]), 4)
     if result.server_memory and all(result.server_memory):
         summary["server_peak_rss_gib"] = [round(m["peak_rss"] / GIB, 3) for m in result.server_memory]
+    if result.curve:
+        summary["curve"] = {worker: [[examples, round(loss, 5), round(auc, 5)] for examples, loss, auc in points]
+                            for worker, points in result.curve.items()}
     return summary
 
 

@@ -34,7 +34,8 @@ from components.config import from_dict
 from components.checkpoint.evaluation import record_evaluation
 from components.resolve.step import RUN_PARAMETERS, config_struct, run_parameters
 import pipelines.kubeflow
-from pipelines.ctr import EXIT_SUBMIT_ERROR, run
+from pipelines.ctr import run
+from pipelines.errors import ExitStatus
 from pipelines.kubeflow import RunError, SubmitError
 from components.train.backends import manifests
 from pipelines.pipeline import (LAUNCHER_POD_FIELDS, RETRIED_TASKS, TASKS, compile_pipeline, compiled_config,
@@ -365,7 +366,7 @@ def test_cli_reports_an_unreachable_host_in_one_line(tmp_path):
         probe.bind(("127.0.0.1", 0))
         host = f"http://127.0.0.1:{probe.getsockname()[1]}"
     proc, seconds = _cli(tmp_path, *PROD, f"cluster.host={host}")
-    assert proc.returncode == EXIT_SUBMIT_ERROR, proc.stderr
+    assert proc.returncode == ExitStatus.SUBMIT_ERROR, proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith(f"error: submitting to Kubeflow Pipelines at {host} failed while connecting: ")
     assert proc.stdout.strip() == ""  # no retry warnings either

@@ -70,7 +70,7 @@ def test_stopping_or_killing_the_driver_mid_training_leaves_no_process_and_no_po
     then the roles, their sidecars and what Paddle forked die with their parents (PR_SET_PDEATHSIG)."""
     run_dir = tmp_path / "run"
     driver = Driver(run_dir, "experiment=tiny", "ps.epochs=500", "ps.progress_period_s=1")
-    driver.wait_for("== epoch 1 done")
+    driver.wait_for("  epoch 1: 14,000/14,000 examples (100%)")  # the console's line for a finished pass
     assert len(job_processes(str(run_dir))) >= 4  # step, server, worker, sidecar (and more)
     sockets = set(driver.sockets)
     # server 0's PS port and its gloo rendezvous store, and worker 0's gloo transport at least

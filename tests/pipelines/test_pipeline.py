@@ -212,10 +212,14 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     metrics = json.loads((run_dir / "metrics.json").read_text())
     assert objective == metrics["auc"]
     assert metrics["auc"] > 0.6, metrics
-    # The PS job's progress came through kfp.local to this process's stdout, then the summary table.
-    assert "== epoch 2 done" in out and "== CTR pipeline done" in out and "test AUC" in out
-    assert "Got executor_input" not in out and '"outputFile"' not in out  # kfp's plumbing dump is filtered
-    assert "confidenceMetrics" not in out and "outputs:" not in out  # so are the tasks' artifact listings
+    # The PS job's progress came through kfp.local to this process's stdout as it trained, then the summary table;
+    # its own lines went to the run's log file (no Hydra logging here: run.log).
+    log = (run_dir / "run.log").read_text()
+    assert "  epoch 2: 14,000/14,000 examples" in out and "== CTR pipeline done" in out and "test AUC" in out
+    assert "== epoch 2 done" in log and "== epoch 2 done" not in out
+    for text in (out, log):
+        assert "Got executor_input" not in text and '"outputFile"' not in text  # kfp's plumbing dump is filtered
+        assert "confidenceMetrics" not in text and "outputs:" not in text  # so are the tasks' artifact listings
     assert yaml.safe_load((run_dir / "config.yaml").read_text())["checkpoint"]["uri"] == str(run_dir / "checkpoint")
     assert "Training" in (run_dir / "report.md").read_text()  # the train step's summary reached the report
     assert "## Confusion matrix at threshold" in (run_dir / "report.md").read_text()

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from components.train.job import EventLog, StopSignals
+from components.train.job import CURVE_POINTS, EventLog, StopSignals, format_epoch, format_progress, parse_epoch, parse_progress
 
 
 def test_a_pass_reported_again_after_a_restart_replaces_the_first_report():
@@ -17,6 +17,32 @@ def test_a_pass_reported_again_after_a_restart_replaces_the_first_report():
         assert events.feed("worker-0", f"@epoch {payload}\n")
     assert [(e["epoch"], e["auc"]) for e in events.epochs] == [(1, 0.6), (2, 0.71), (3, 0.75)]
     assert not events.feed("worker-0", "@epoch {broken\n") and not events.feed("worker-0", "I1129 plain line")
+
+
+def test_the_training_curve_counts_each_workers_examples_over_its_passes():
+    events = EventLog(echo=lambda line: None)
+    reports = [(0, 1, 500, 0.6, 0.55), (1, 1, 400, 0.7, 0.52), (0, 1, 1000, 0.5, float("nan")),  # no AUC yet: left out
+               (0, 1, 1200, 0.5, 0.6), (0, 2, 300, 0.45, 0.7), (1, 2, 100, 0.6, 0.6)]
+    for index, epoch, examples, loss, auc in reports:
+        _report(events, f"worker-{index}", "@progress", role="worker", index=index, epoch=epoch, examples=examples,
+                examples_per_s=100.0, loss=loss, auc=auc)
+    _report(events, "server-0", "@progress", role="server", index=0, state="serving")
+    assert events.curve == {"worker-0": [[500, 0.6, 0.55], [1200, 0.5, 0.6], [1500, 0.45, 0.7]],
+                            "worker-1": [[400, 0.7, 0.52], [500, 0.6, 0.6]]}
+    for step in range(3 * CURVE_POINTS):  # a long job: the curve keeps its span in a bounded number of points
+        _report(events, "worker-0", "@progress", role="worker", index=0, epoch=3, examples=step + 1,
+                examples_per_s=1.0, loss=0.4, auc=0.7)
+    points = events.curve["worker-0"]
+    assert CURVE_POINTS <= len(points) <= 2 * CURVE_POINTS and points[0] == [500, 0.6, 0.55]
+
+
+def test_progress_and_epoch_lines_read_back():
+    progress = {"role": "worker", "index": 1, "epoch": 2, "examples": 10_560, "examples_per_s": 25_682.0,
+                "loss": 0.6132, "auc": 0.4969}
+    assert parse_progress(f"    {format_progress(progress)}") == progress
+    epoch = {"epoch": 3, "examples": 14_000, "seconds": 0.6, "auc": 0.5014}
+    assert parse_epoch(format_epoch(epoch)) == epoch
+    assert parse_progress("[server 0] serving") is None and parse_epoch("== checkpoint x committed") is None
 
 
 def _report(events, source, tag="@heartbeat", **payload):

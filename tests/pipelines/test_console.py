@@ -1,0 +1,120 @@
+"""The console of a default-shaped run through the real entry point (a pipe: plain lines), its log file, its report's
+training curve, and ``plan=true`` against the run it plans."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from pipelines.console import PassProgress, RunConsole
+from tests.conftest import ROOT
+
+# Two workers, each reporting often enough that a pass of a second gives every worker points of the curve.
+TINY = ("experiment=tiny", "ps.workers=2", "ps.progress_period_s=0.2")
+
+
+def _cli(run_dir, *overrides):
+    return subprocess.run([sys.executable, "-m", "pipelines.ctr", *overrides, f"hydra.run.dir={run_dir}"],
+                          cwd=run_dir.parent, capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "PYTHONPATH": str(ROOT), "CI": "true"})
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """``plan=true`` and then the run it plans, both through ``python -m pipelines.ctr``."""
+    root = tmp_path_factory.mktemp("console")
+    plan = _cli(root / "plan", *TINY, "plan=true")
+    run = _cli(root / "run", *TINY)
+    assert plan.returncode == 0, plan.stderr
+    assert run.returncode == 0, run.stdout + run.stderr
+    return plan, run, root / "run"
+
+
+def test_console_fits_on_a_screen(tiny_run):
+    _, run, run_dir = tiny_run
+    lines = (run.stdout + run.stderr).splitlines()
+    assert len(lines) < 40, "\n".join(lines)
+    text = "\n".join(lines)
+    assert lines[0] == "CTR pipeline: synthetic data, 20,000 rows"
+    assert "1 server(s) x 2 worker(s)" in text and str(run_dir) in text
+    for step in ("resolve-config", "plan-data", "convert-data", "merge-data", "train", "evaluate-model", "export-model"):
+        assert re.search(rf"^  {step} +\d+\.\ds", text, re.M), step
+    assert "14,000 train, 2,000 validation, 4,000 test rows" in text
+    assert re.search(r"^  epoch 2: 14,000/14,000 examples \(100%\) in [\d.]+s, [\d,]+ ex/s, train AUC 0\.\d{4}", text, re.M)
+    assert "== CTR pipeline done" in text and "test AUC" in text
+    # The config, KFP's executor lines and the PS job's own lines are not on the screen.
+    for noise in ("effective config", "KFP Executor", "memory plan", "Cleaned up workspace", "Traceback"):
+        assert noise not in text, noise
+
+
+def test_log_file_keeps_every_line(tiny_run):
+    _, run, run_dir = tiny_run
+    log = (run_dir / "ctr.log").read_text()
+    assert "effective config:" in log and "  embedding_dim: 9" in log
+    for executor in ("Looking for component `train`", "Loading KFP component \"train\"", "Wrote executor output file"):
+        assert executor in log, executor
+    assert "memory plan: shard_num 8" in log and "== epoch 2 done: 14,000 examples" in log
+    assert "Cleaned up workspace" in log  # the driver's own log records, as before
+    assert "\x1b[" not in log
+
+
+def test_plan_numbers_are_what_the_run_did(tiny_run):
+    plan, _, run_dir = tiny_run
+    planned = plan.stdout
+    stats = json.loads(next((run_dir / "kfp").rglob("merge-data/*/stats.json")).read_text())
+    rows = stats["rows"]
+    assert f"{sum(rows.values()):,} rows ({rows['train']:,} train, {rows['valid']:,} validation, {rows['test']:,} test)" \
+        in planned
+    assert f"{len(stats['shards']['train'])} train shard(s), 1 per worker" in planned and "2 train shard(s)" in planned
+    ran = (run_dir / "ctr.log").read_text()
+    # The same table layout: shards, bytes per row, base; the run bounds the rows by the ids data prep counted.
+    shard_line = re.search(r"memory plan: (shard_num \d+ \(.*?\)): ", ran)[1]
+    assert f"memory plan: {shard_line}" in planned
+    per_row = re.search(r" x (\d+ B/row \(.*?\))", ran)[1]
+    assert per_row in planned
+    base = re.search(r"\+ ([\d.]+ MiB base)", ran)[1]
+    assert base in planned
+    assert "1 server(s) + 2 worker(s) on this machine" in planned
+    assert not (run_dir.parent / "plan" / "checkpoint").exists() and not (run_dir.parent / "plan" / "kfp").exists()
+
+
+def test_report_has_the_training_curve_of_every_worker(tiny_run):
+    _, _, run_dir = tiny_run
+    png = (run_dir / "training_curve.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 10_000
+    # The points it was drawn from: what the train step recorded on the Model artifact (its pointer file).
+    summary = json.loads(next((run_dir / "kfp").glob("ctr-ps-training-*/train/checkpoint")).read_text())
+    curve = summary["curve"]
+    assert sorted(curve) == ["worker-0", "worker-1"]
+    for points in curve.values():
+        assert points, curve
+        examples = [point[0] for point in points]
+        assert examples == sorted(examples) and examples[-1] <= 14_000  # 7,000 a pass each, over 2 passes
+    assert "![Training curve (running loss and AUC of each worker)](training_curve.png)" in (run_dir / "report.md").read_text()
+    html = (run_dir / "report.html").read_text()
+    assert '<img alt="Training curve (running loss and AUC of each worker)" src="data:image/png;base64,' in html
+    assert re.search(r"<td>server 0</td><td>[\d,]+ rows, peak RSS [\d,.]+ MiB</td>", html)
+
+
+def test_progress_of_all_workers_together():
+    state = PassProgress(epoch=1, total=1000)
+    state.workers[0] = {"examples": 300, "examples_per_s": 100.0, "loss": 0.5, "auc": 0.6}
+    state.workers[1] = {"examples": 100, "examples_per_s": 50.0, "loss": 0.7, "auc": 0.8}
+    assert state.examples == 400 and state.examples_per_s == 150.0
+    assert state.eta_s == pytest.approx(600 / 150)
+    assert state.metrics() == "loss 0.5500 auc 0.6500"  # weighted by each worker's examples
+    assert state.line() == "  epoch 1: 400/1,000 examples (40%), 150 ex/s, ETA 0:04, loss 0.5500 auc 0.6500"
+
+
+def test_verbose_shows_every_line(tmp_path):
+    screen, log = (tmp_path / "screen").open("w"), (tmp_path / "log").open("w")
+    quiet = RunConsole(screen, log, verbose=False, period_s=5, dataset_step="merge-data", dataset_stats=lambda: None)
+    quiet.take("    [KFP Executor 2026-12-01 10:05:25,560 INFO]: Looking for component `train`")
+    loud = RunConsole(screen, log, verbose=True, period_s=5, dataset_step="merge-data", dataset_stats=lambda: None)
+    loud.take("    effective config:")
+    screen.close(), log.close()
+    assert (tmp_path / "screen").read_text() == "    effective config:\n"
+    assert (tmp_path / "log").read_text().count("\n") == 2
