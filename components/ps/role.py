@@ -73,6 +73,7 @@ class TrainProgram:
     feeds: models.Feeds
     heads: models.Heads
     running_loss: object
+    running_loss_weight: object  # the same average of a constant 1: running_loss / it is unbiased from batch one
 
 
 def build_train_program(cfg: CtrConfig, schema: Schema, paddle) -> TrainProgram:
@@ -88,12 +89,16 @@ def build_train_program(cfg: CtrConfig, schema: Schema, paddle) -> TrainProgram:
         def lookup(slot):
             return paddle.static.nn.sparse_embedding(slot, size=[cfg.table.vocab_size, dim], param_attr=attr)
     heads = models.heads(models.net(cfg.model, feeds, lookup, dim, training=True), feeds.label, cfg.model.embedding_l2)
-    # An exponential average of the batch loss, persistable so the progress thread can read it.
+    # An exponential average of the batch loss, persistable so the progress thread can read it. It starts at 0, so
+    # it is divided by the same average of a constant 1 (Adam's bias correction): early reports are not too low.
     running_loss = paddle.static.create_global_var([1], 0.0, "float32", persistable=True, name="running_loss")
+    running_loss_weight = paddle.static.create_global_var([1], 0.0, "float32", persistable=True,
+                                                          name="running_loss_weight")
     paddle.assign(0.98 * running_loss + 0.02 * heads.loss, running_loss)
+    paddle.assign(0.98 * running_loss_weight + 0.02, running_loss_weight)
     optimizer = fleet.distributed_optimizer(dense_optimizer(cfg), build_strategy(cfg))
     optimizer.minimize(heads.loss)
-    return TrainProgram(feeds, heads, running_loss)
+    return TrainProgram(feeds, heads, running_loss, running_loss_weight)
 
 
 def auc_from_stats(pos: np.ndarray, neg: np.ndarray) -> float:
@@ -267,9 +272,10 @@ class Worker:
         epoch, started = self.in_pass
         pos, neg = (self._tensor(v) for v in self.program.heads.auc_stats)
         seen = float(pos.sum() + neg.sum())
+        weight = float(self._tensor(self.program.running_loss_weight).ravel()[0])
+        loss = float(self._tensor(self.program.running_loss).ravel()[0]) / weight if weight else None  # no batch yet
         return dict(role="worker", index=self.index, epoch=epoch, examples=int(seen),
-                    examples_per_s=seen / max(time.time() - started, 1e-9),
-                    loss=float(self._tensor(self.program.running_loss).ravel()[0]), auc=auc_from_stats(pos, neg))
+                    examples_per_s=seen / max(time.time() - started, 1e-9), loss=loss, auc=auc_from_stats(pos, neg))
 
     def _end_epoch(self, epoch: int, started: float) -> dict:
         """Global AUC of the pass: every worker's bucket counts summed over gloo."""
