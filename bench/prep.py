@@ -202,7 +202,7 @@ def pipeline_run(source: Path, oracle: dict, work: Path) -> dict:
     if done.returncode:
         raise RuntimeError(f"pipeline on {source} failed:\n{done.stderr[-3000:]}")
     ends = {}
-    for line in (done.stdout + done.stderr).splitlines():
+    for line in (run_dir / "ctr.log").read_text().splitlines():  # the run's log file holds kfp.local's task log
         found = _TASK_END.match(re.sub(r"\x1b\[[0-9;]*m", "", line))
         if found:
             h, m, s, task = found.groups()

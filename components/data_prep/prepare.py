@@ -40,7 +40,7 @@ import posixpath
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from multiprocessing import get_context
@@ -380,19 +380,16 @@ def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str 
             for s, counter in enumerate(counters):
                 counter.merge(DistinctCounter.from_bytes(saved[f"arr_{s}"].tobytes()))
     with _atomic_directory(Path(out_dir)) as staging:
-        shards = {}
+        shards = {split: [f"{split}/part-{s:05d}.txt" for s in range(plan.num_shards)] for split in SPLITS}
+        gathers = []  # (output shard, [(unit's split file, offset of the shard in it, bytes)])
         for split in SPLITS:
             (staging / split).mkdir()
-            shards[split] = [f"{split}/part-{s:05d}.txt" for s in range(plan.num_shards)]
-            targets = [open(staging / rel, "wb", buffering=0) for rel in shards[split]]
-            try:  # each unit's file holds its shards one after another: one pass over it
-                for i, result in enumerate(results):
-                    with open(parts[i] / f"{split}.txt", "rb", buffering=0) as source:
-                        for target, size in zip(targets, result["shard_bytes"][split]):
-                            _copy(source, target, size)
-            finally:
-                for target in targets:
-                    target.close()
+            for s, rel in enumerate(shards[split]):
+                gathers.append((staging / rel, [(parts[i] / f"{split}.txt", sum(r["shard_bytes"][split][:s]),
+                                                 r["shard_bytes"][split][s]) for i, r in enumerate(results)]))
+        # One thread per output file: the copies run in the kernel, which lets go of the GIL, so they use every core.
+        with ThreadPoolExecutor(default_processes()) as pool:
+            list(pool.map(lambda gather: _gather(*gather), gathers))
         stats = {
             "format": plan.fmt,
             "source": plan.source,
@@ -420,13 +417,23 @@ def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str 
     return stats
 
 
-def _copy(source, target, size: int) -> None:
-    """``size`` bytes from ``source``'s position to ``target``'s (unbuffered files), in the kernel."""
+def _gather(target: Path, pieces: list[tuple[Path, int, int]]) -> None:
+    """``target`` written as the ``(file, offset, size)`` pieces one after another."""
+    with open(target, "wb", buffering=0) as out:
+        for path, offset, size in pieces:
+            with open(path, "rb", buffering=0) as source:
+                _copy(source, out, size, offset)
+
+
+def _copy(source, target, size: int, offset: Optional[int] = None) -> None:
+    """``size`` bytes of ``source`` (from ``offset``, else its position) to ``target``'s position (unbuffered
+    files), in the kernel."""
     while size:
-        copied = os.copy_file_range(source.fileno(), target.fileno(), size)
+        copied = os.copy_file_range(source.fileno(), target.fileno(), size, offset)
         if not copied:
             raise DataPrepError(f"{source.name} ends {size} bytes early: the part is truncated")
         size -= copied
+        offset = None if offset is None else offset + copied
 
 
 def _malformed_examples(plan: DataPlan, results: list[dict]) -> list[dict]:
