@@ -5,7 +5,7 @@
 #
 #     containers/check.sh
 #
-# 1. installs what is missing (podman, podman-compose, runc, debootstrap, docker-registry, ...) with apt;
+# 1. installs what is missing (podman, podman-compose, runc, catatonit, netavark, debootstrap, ...) with apt;
 # 2. takes paddlepaddle/paddle:2.6.2 as the base, or, when it cannot be pulled, builds a Debian bookworm base
 #    with debootstrap from the Debian mirror apt uses (the image then gets the paddlepaddle wheel, from wheels
 #    prepared on this machine: pip inside a build may not reach the package index);
@@ -78,8 +78,10 @@ START=$(date +%s)
 
 # -- 1. tools --------------------------------------------------------------------------------------------------
 say "tools"
-needed=(podman podman-compose runc iptables debootstrap docker-registry gnupg curl python3-pip python3-yaml
-        python3-nacl python3-cryptography)
+# Installed without recommends, podman lacks catatonit (the init of the services' `init: true`) and takes CNI without
+# name resolution for its networks: netavark with aardvark-dns resolves the services by name.
+needed=(podman podman-compose runc catatonit netavark aardvark-dns iptables debootstrap docker-registry gnupg curl
+        python3-pip python3-yaml python3-nacl python3-cryptography)
 missing=()
 for package in "${needed[@]}"; do
     dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
@@ -93,11 +95,14 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 podman --version
 # No change under /etc: runc (crun refuses hybrid cgroups), ulimits within this sandbox's hard limits (no
-# CAP_SYS_RESOURCE for podman's defaults), logs and events in files (no journald or syslog in a CI container).
+# CAP_SYS_RESOURCE for podman's defaults), logs and events in files (no journald or syslog in a CI container),
+# netavark even where an earlier podman set up CNI (which leaves the services unable to resolve each other).
 cat > "$WORK/containers.conf" <<EOF
 [containers]
 default_ulimits = ["nofile=$(ulimit -Hn):$(ulimit -Hn)", "nproc=4096:4096"]
 log_driver = "k8s-file"
+[network]
+network_backend = "netavark"
 [engine]
 runtime = "runc"
 events_logger = "file"
