@@ -38,6 +38,19 @@ _METRIC_LABELS = {
 }
 
 
+def _figure(size: tuple[float, float]) -> Figure:
+    """A figure drawn by Agg, not by pyplot: no global state, no display needed."""
+    figure = Figure(figsize=size, dpi=100)
+    FigureCanvasAgg(figure)
+    return figure
+
+
+def _save_png(figure: Figure, path: str | os.PathLike[str]) -> None:
+    figure.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, format="png")
+
+
 def write_roc_png(
     path: str | os.PathLike[str],
     fpr: Sequence[float],
@@ -47,8 +60,7 @@ def write_roc_png(
 ) -> None:
     """Plot the ROC curve with the chance diagonal; the legend carries the AUC."""
     # A bare Figure on the Agg canvas leaves pyplot's global backend alone.
-    figure = Figure(figsize=(5.5, 5.5), dpi=100)
-    FigureCanvasAgg(figure)
+    figure = _figure((5.5, 5.5))
     axes = figure.add_subplot()
     axes.plot(fpr, tpr, color="tab:blue", linewidth=2, label=f"model (AUC = {auc:.4f})")
     axes.plot([0, 1], [0, 1], color="grey", linestyle="--", linewidth=1, label="chance (AUC = 0.5)")
@@ -63,9 +75,7 @@ def write_roc_png(
     axes.set_aspect("equal")
     axes.grid(alpha=0.3)
     axes.legend(loc="lower right")
-    figure.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
+    _save_png(figure, path)
 
 
 def write_reliability_png(
@@ -74,8 +84,7 @@ def write_reliability_png(
     calibrated_bins: Sequence[Mapping[str, Any]] | None = None,
 ) -> None:
     """Reliability diagram: observed click rate against mean prediction per bin, before and after calibration."""
-    figure = Figure(figsize=(5.5, 5.5), dpi=100)
-    FigureCanvasAgg(figure)
+    figure = _figure((5.5, 5.5))
     axes = figure.add_subplot()
     highest = max(max(r["mean_pred"], r["observed_rate"]) for r in [*bins, *(calibrated_bins or [])])
     axes.plot([0, highest], [0, highest], color="grey", linestyle="--", linewidth=1, label="perfectly calibrated")
@@ -90,9 +99,7 @@ def write_reliability_png(
     axes.set_ylabel("Observed click rate")
     axes.grid(alpha=0.3)
     axes.legend(loc="upper left")
-    figure.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
+    _save_png(figure, path)
 
 
 def write_training_curve_png(path: str | os.PathLike[str], curve: Mapping[str, Sequence[Sequence[float]]]) -> None:
@@ -100,8 +107,7 @@ def write_training_curve_png(path: str | os.PathLike[str], curve: Mapping[str, S
 
     ``curve``: worker name -> ``[examples, loss, auc]`` points (:attr:`components.train.job.EventLog.curve`).
     """
-    figure = Figure(figsize=(10, 4.2), dpi=100)
-    FigureCanvasAgg(figure)
+    figure = _figure((10, 4.2))
     loss_axes, auc_axes = figure.subplots(1, 2)
     for worker, points in sorted(curve.items(), key=lambda item: item[0]):
         examples, loss, auc = (np.asarray(column, dtype=float) for column in zip(*points))
@@ -112,9 +118,7 @@ def write_training_curve_png(path: str | os.PathLike[str], curve: Mapping[str, S
         axes.set_xlabel("Examples trained by the worker")
         axes.grid(alpha=0.3)
         axes.legend(loc="best")
-    figure.tight_layout()
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(path, format="png")
+    _save_png(figure, path)
 
 
 def write_report(
