@@ -41,6 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import log, publish  # noqa: E402
 from components.config import from_dict  # noqa: E402
 from components.data_prep.prepare import prepare_synthetic  # noqa: E402
 from components.data_prep.synthetic import SyntheticSpec  # noqa: E402
@@ -53,10 +54,6 @@ SIZES = {"small": 10_000, "large": 150_000}  # uniform categories per slot
 VOCAB = 1 << 26  # wide hash space: few collisions, so distinct categories ~ rows
 SERVERS, WORKERS, BATCH = 2, 2, 256
 MIB = 1 << 20
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def dataset(work: Path, name: str, spec: SyntheticSpec, vocab: int) -> Path:
@@ -175,11 +172,7 @@ def main() -> None:
     finally:
         shutil.rmtree(run_root, ignore_errors=True)
     table = render(rows, balance, {"when": time.strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count()})
-    print()
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table)
-    log(f"wrote {args.out}")
+    publish(table, args.out)
 
 
 if __name__ == "__main__":

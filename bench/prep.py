@@ -42,6 +42,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import log, publish  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "prep.md"
 BEFORE = "0ee324b"  # the last commit with the record-by-record data prep
 BEFORE_FILES = ("components/__init__.py", "components/data_prep/__init__.py", "components/data_prep/hashing.py",
@@ -50,10 +52,6 @@ BEFORE_FILES = ("components/__init__.py", "components/data_prep/__init__.py", "c
                 "components/evaluate/__init__.py", "components/evaluate/metrics.py")
 SETTINGS = dict(test_fraction=0.1, num_shards=2, vocab_size=1 << 20, seed=0, max_malformed_fraction=0.01)
 MIB = 1 << 20
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 # -- the measured programs: each runs in a process of its own (python bench/prep.py --measure ...) ----------------
@@ -286,10 +284,7 @@ def main() -> None:
     meta = {"when": datetime.now().strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "quick": args.quick,
             "pyarrow": pyarrow.__version__, "rows": compared, "mb": source.stat().st_size / 1e6}
     table = render(conversion, memory, pipeline, meta)
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table)
-    log(f"wrote {args.out}")
+    publish(table, args.out)
 
 
 if __name__ == "__main__":

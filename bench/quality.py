@@ -34,13 +34,13 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import log, publish  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results" / "quality.md"
 MODELS = ("dnn", "wide_deep", "deepfm", "dcn")
 RUNS = 3
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 def criteo_like(work: Path, rows: int, seed: int) -> tuple[Path, dict]:
@@ -131,10 +131,7 @@ def main() -> None:
     meta = {"when": datetime.now().strftime("%Y-%m-%d %H:%M"), "cpus": __import__("os").cpu_count(),
             "quick": args.quick, "rows": rows, "oracle": oracle["auc"], "oracles": oracles}
     table = render(models if not args.quick else [], calibration, stopping, meta)
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table)
-    log(f"wrote {args.out}")
+    publish(table, args.out)
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.common import log, publish  # noqa: E402
 from components.config import from_dict  # noqa: E402
 from components.data_prep.prepare import prepare_synthetic  # noqa: E402
 from components.ps.contract import Role, role_env  # noqa: E402
@@ -77,10 +78,6 @@ JOB_TIMEOUT_S = 600.0
 END_GRACE_S = 30.0
 PROGRESS_RE = re.compile(r"\[worker (\d+)\] epoch \d+ \| ([\d,]+) examples \| ([\d,]+) ex/s")
 EPOCH_RE = re.compile(r"== epoch \d+ done")
-
-
-def log(msg: str) -> None:
-    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", flush=True)
 
 
 # -- machine hygiene -------------------------------------------------------------------------------------
@@ -381,11 +378,7 @@ def main() -> None:
     table = render(results, {"when": time.strftime("%Y-%m-%d %H:%M"), "paddle": version("paddlepaddle"),
                              "cpus": os.cpu_count(), "train_rows": stats["rows"]["train"], "quick": args.quick,
                              })
-    print()
-    print(table)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(table)
-    log(f"wrote {args.out}")
+    publish(table, args.out)
 
 
 if __name__ == "__main__":
