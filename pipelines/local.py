@@ -23,6 +23,7 @@ started has, with status 128 + the signal. A driver killed outright (SIGKILL) is
 which stops its job the same way (:func:`components.ps.liveness.stop_when_gone`, through ``$CTR_DRIVER_PID``).
 """
 
+import builtins
 import dataclasses
 import glob
 import io
@@ -235,7 +236,7 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
                workspace_root=str(workspace))
     started = time.time()
-    stdout = sys.stdout
+    stdout, print_function = sys.stdout, builtins.print
     with open(log_path(run_dir), "a") as log:
         console = RunConsole(stdout, log, verbose=cfg.verbose, period_s=cfg.ps.progress_period_s,
                              dataset_step=MERGE_STEP, dataset_stats=lambda: read_stats(_merged_stats(pipeline_root)))
@@ -253,6 +254,9 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
         finally:
             console.close()
             sys.stdout = stdout
+            # kfp.local indents a task's output by swapping builtins.print while the task runs; once in the suite the
+            # swap outlived the run (a later plan printed indented), so the run's own print comes back regardless.
+            builtins.print = print_function
             for handler, level in quieted:
                 handler.setLevel(level)
             if tap._partial:

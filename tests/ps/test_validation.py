@@ -29,7 +29,11 @@ def test_early_stopping_survives_a_resume():
 
 def test_more_passes_never_deliver_a_worse_model(tmp_path):
     """Small data, plain SGD on the embeddings: the model learns for a pass or two, then overfits. The job stops
-    once the validation split stops improving, and delivers the best checkpoint on it, not the last."""
+    once the validation split stops improving, and delivers the best checkpoint on it, not the last.
+
+    The validation AUC of the passes is noisy (2,400 rows; an async PS job is not bit-reproducible): it may improve
+    again at pass 3 or 4 before the overfitting wins (measured: 0.676, 0.693, 0.688, 0.696, 0.628, 0.670). So the
+    maximum leaves room for that, and the job's stops are checked against the rule replayed on its own values."""
     from components.checkpoint.pointer import fetch_for_scoring
     from components.config import EvalConfig, from_dict
     from components.data_prep.prepare import prepare_synthetic
@@ -38,13 +42,16 @@ def test_more_passes_never_deliver_a_worse_model(tmp_path):
 
     prepare_synthetic(tmp_path / "data", rows=8000, test_fraction=0.3, valid_fraction=0.3, num_shards=1,
                       vocab_size=1 << 20, seed=3)
-    cfg = from_dict({"ps": {"servers": 1, "workers": 1, "epochs": 6, "batch_size": 16, "patience": 2},
+    cfg = from_dict({"ps": {"servers": 1, "workers": 1, "epochs": 10, "batch_size": 16, "patience": 2},
                      "model": {"hidden": [64, 32], "learning_rate": 0.01},
                      "table": {"learning_rate": 0.5, "rule": "naive"},
-                     "checkpoint": {"uri": str(tmp_path / "ckpt"), "keep_last": 6}, "run_dir": str(tmp_path)})
+                     "checkpoint": {"uri": str(tmp_path / "ckpt"), "keep_last": 10}, "run_dir": str(tmp_path)})
     result = launch_ps_job(cfg, tmp_path / "data", tmp_path / "logs", echo=lambda line: None)
     judged = [(c["epoch"], c["validation"]["auc"], c["best"]) for c in result.checkpoints]
-    assert len(result.epochs) < 6 and result.checkpoints[-1]["stop"], judged  # stopped early
+    replayed = EarlyStopping("auc", patience=2)
+    assert [(c["best"], c["stop"]) for c in result.checkpoints] == [
+        replayed.judge(c["id"], c["validation"]["auc"]) for c in result.checkpoints], judged
+    assert len(result.epochs) < 10 and result.checkpoints[-1]["stop"], judged  # stopped early
     summary = training_summary(result, cfg.checkpoint.uri)
     best = max(result.checkpoints, key=lambda c: c["validation"]["auc"])
     assert summary["id"] == best["id"] and summary["stopped_early"]
