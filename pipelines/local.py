@@ -303,8 +303,12 @@ def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str, serving_dir:
 
 
 def summary_rows(metrics: dict, training: Optional[dict], wall_s: float) -> list[tuple[str, str]]:
-    rows = [("test AUC", f"{metrics['auc']:.4f}"), ("test logloss", f"{metrics['logloss']:.4f}"),
-            ("calibration", f"{metrics['calibration']:.4f}")]
+    rows = [("test AUC", f"{metrics['auc']:.4f}"), ("test logloss", f"{metrics['logloss']:.4f}")]
+    before = metrics.get("uncalibrated_calibration")
+    rows.append(("calibration", f"{metrics['calibration']:.4f}" + (f" ({before:.4f} before the post-hoc calibration)"
+                                                                    if before is not None else "")))
+    if metrics.get("baseline_auc") is not None:  # whether the model earns its cost, at a glance
+        rows.append(("LR baseline AUC", f"{metrics['baseline_auc']:.4f} (the model's lift {metrics['lift_auc']:+.4f})"))
     if metrics.get("auc_ratio_to_bayes") is not None:
         rows.append(("AUC / Bayes AUC", f"{metrics['auc_ratio_to_bayes']:.2%} (Bayes {metrics['bayes_auc']:.4f})"))
     if training and training.get("seconds") is not None:
