@@ -217,9 +217,10 @@ class EventLog:
         return True
 
     def _add_to_curve(self, source: str, event: dict) -> None:
-        # Early in a pass the AUC can be undefined (one class seen so far): NaN, which no curve point keeps.
-        if event.get("role") != Role.WORKER.value or not all(
-                math.isfinite(event.get(key) if event.get(key) is not None else math.nan) for key in ("loss", "auc")):
+        # Before a worker's first batch it reports no loss, and early in a pass the AUC can be NaN (one class seen
+        # so far): no curve point keeps either.
+        values = [event.get("loss"), event.get("auc")]
+        if event.get("role") != Role.WORKER.value or any(v is None or not math.isfinite(v) for v in values):
             return
         passes = self._passes.setdefault(source, {})
         passes[event["epoch"]] = max(passes.get(event["epoch"], 0), int(event["examples"]))
