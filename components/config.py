@@ -46,7 +46,10 @@ SparseRule = _vocabulary("SparseRule", ["naive", "adagrad", "std_adagrad", "adam
 Calibration = _vocabulary("Calibration", ["none", "platt"],
                           "Post-hoc calibration fitted on the validation split (README: calibration).")
 ExportDtype = _vocabulary("ExportDtype", ["float32", "float16"],
-                          "How a checkpoint's export stores the embedding rows (README: float16 exports).")
+                          "How the serving export stores the embedding rows (README: float16 exports).")
+ExportFormat = _vocabulary("ExportFormat", ["sharded", "single"],
+                           "The serving export: the dense program plus id-sorted embedding shards looked up per "
+                           "batch (any table size), or one Paddle inference model holding every row (small tables).")
 PipelineRunner = _vocabulary("PipelineRunner", ["local", "kubeflow"],
                              "Where the pipeline's steps run: kfp.local on this machine, or Kubeflow Pipelines.")
 ClusterBackend = _vocabulary("ClusterBackend", ["local", "trainjob", "jobset", "paddlejob"],
@@ -169,9 +172,19 @@ class CheckpointConfig:
     # Start from another run's weights when this store has nothing to resume: "<store uri>" (its latest
     # checkpoint) or "<store uri>#<checkpoint id>". Training starts at pass 1.
     warm_start: Optional[str] = None
-    # The dtype of the export's embedding rows (what evaluation and serving read). float16 halves them;
-    # resume reads the servers' own float32 table files, so it stays exact either way.
-    export_dtype: ExportDtype = ExportDtype.float32
+
+
+@dataclass
+class ExportConfig:
+    format: ExportFormat = ExportFormat.sharded
+    # The dtype of the serving export's embedding rows. float16 halves them; checkpoints keep the servers' own
+    # float32 table files, so resume stays exact either way.
+    dtype: ExportDtype = ExportDtype.float32
+    # The export store: every export is a version there (a base, or a delta on the version before it).
+    # null: "<checkpoint.uri>-serving", so runs continuing one checkpoint store continue one chain of exports.
+    uri: Optional[str] = None
+    # A new base after this many deltas (0: every export is a base).
+    base_every: int = 8
 
 
 @dataclass
@@ -181,6 +194,9 @@ class EvalConfig:
     calibration: Calibration = Calibration.platt  # fitted on the validation split, applied in evaluation and serving
     baseline: bool = True  # also train and score a hashed logistic regression on the same shards
     baseline_rows: int = 1_000_000  # the baseline's train rows at most (the first ones): ~20 s on one core
+    # The baseline's weights at most: ids are hashed into this many buckets, so its memory is bounded whatever
+    # the table's size.
+    baseline_features: int = 1 << 22
     # The decision threshold of the confusion matrix (predicted click when p >= threshold).
     # null: the training split's CTR, the base rate a calibrated model's predictions scatter around.
     threshold: Optional[float] = None
@@ -301,6 +317,7 @@ class CtrConfig:
     ps: PsConfig = field(default_factory=PsConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     run_dir: str = "."
     objective: str = "auc"
@@ -387,7 +404,7 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     for key in ("ps.servers", "ps.workers", "ps.threads", "ps.batch_size", "ps.epochs",
                 "table.embedding_dim", "table.vocab_size", "table.learning_rate",
                 "model.learning_rate", "data.shards_per_worker", "data.prep_parallelism", "ps.patience",
-                "model.cross_layers", "eval.baseline_rows", "ps.rpc_timeout_ms",
+                "model.cross_layers", "eval.baseline_rows", "eval.baseline_features", "ps.rpc_timeout_ms",
                 "ps.rpc_connect_timeout_ms", "ps.table_save_max_retry"):
         group, name = key.split(".")
         _positive(key, getattr(getattr(cfg, group), name))

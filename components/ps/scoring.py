@@ -43,33 +43,58 @@ class LocalProgram:
         return ([self.feeds.dense] if self.feeds.dense is not None else []) + list(self.feeds.sparse)
 
 
-def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embedding_dim: int,
-                  table_dtype: str = "float32", calibration: Optional[dict] = None) -> LocalProgram:
-    """The network of ``model_cfg`` over a local ``[table_rows, embedding_dim]`` table named ``EMBEDDING_TABLE``.
+@dataclass
+class NetworkProgram:
+    """A CTR network as a static program whose embedding lookup was injected (:func:`network_program`)."""
 
-    Its dense parameters carry the names the PS programs give them, so a checkpoint's export maps onto it.
-    A ``float16`` table stays float16 (half the table's bytes, in memory and in a saved inference model); the
-    network computes in float32 on its rows, as it does on a float32 table. ``calibration`` (Platt's ``a``, ``b``)
-    is applied in the program: ``sigmoid(a * logit + b)``.
+    main: Any
+    startup: Any
+    feeds: models.Feeds
+    prob: Any  # [batch, 1] click probability (calibrated when the program was built with a calibration)
+    raw_prob: Any  # [batch, 1] the network's own probability, before any calibration
+
+
+def network_program(model_cfg: ModelConfig, schema: Schema, embedding_dim: int,
+                    make_lookup: Callable[[Any], models.Lookup], calibration: Optional[dict] = None) -> NetworkProgram:
+    """The network of ``model_cfg`` in a program of its own, its rows looked up by ``make_lookup(block)``'s lookup
+    (called inside the program, so the variables it creates are the program's).
+
+    Its dense parameters carry the names the PS programs give them, so a checkpoint's dense parameters map onto it.
+    ``calibration`` (Platt's ``a``, ``b``) is applied in the program: ``sigmoid(a * logit + b)``.
     """
     import paddle
 
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()
-    shape = (int(table_rows), int(embedding_dim))
     with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
         feeds = models.create_feeds(schema)
+        logit = models.net(model_cfg, feeds, make_lookup(main.global_block()), embedding_dim).logit
+        raw_prob = prob = paddle.nn.functional.sigmoid(logit)
+        if calibration and calibration.get("method") == "platt":
+            prob = paddle.nn.functional.sigmoid(logit * float(calibration["a"]) + float(calibration["b"]))
+    return NetworkProgram(main, startup, feeds, prob, raw_prob)
 
+
+def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embedding_dim: int,
+                  table_dtype: str = "float32", calibration: Optional[dict] = None) -> LocalProgram:
+    """The network of ``model_cfg`` over a local ``[table_rows, embedding_dim]`` table named ``EMBEDDING_TABLE``.
+
+    A ``float16`` table stays float16 (half the table's bytes, in memory and in a saved inference model); the
+    network computes in float32 on its rows, as it does on a float32 table.
+    """
+    import paddle
+
+    shape = (int(table_rows), int(embedding_dim))
+
+    def make_lookup(block):
         def lookup(slot):
             rows = paddle.static.nn.embedding(slot, size=list(shape), dtype=table_dtype,
                                               param_attr=paddle.ParamAttr(name=EMBEDDING_TABLE))
             return rows if table_dtype == "float32" else paddle.cast(rows, "float32")  # keeps the LoD
+        return lookup
 
-        logit = models.net(model_cfg, feeds, lookup, shape[1]).logit
-        raw_prob = prob = paddle.nn.functional.sigmoid(logit)
-        if calibration and calibration.get("method") == "platt":
-            prob = paddle.nn.functional.sigmoid(logit * float(calibration["a"]) + float(calibration["b"]))
-    return LocalProgram(main, startup, feeds, prob, raw_prob, shape, table_dtype)
+    built = network_program(model_cfg, schema, shape[1], make_lookup, calibration)
+    return LocalProgram(built.main, built.startup, built.feeds, built.prob, built.raw_prob, shape, table_dtype)
 
 
 def local_table(checkpoint: ckpt_io.Checkpoint) -> np.ndarray:
