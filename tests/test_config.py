@@ -15,7 +15,7 @@ def test_defaults(config, tmp_path):
     assert cfg.model.name is ModelName.dnn
     assert cfg.cluster.runner.value == "local" and cfg.cluster.backend.value == "local"
     assert cfg.checkpoint.uri == f"{tmp_path}/checkpoint"
-    assert cfg.checkpoint.export_dtype.value == "float32"
+    assert cfg.export.dtype.value == "float32"
 
 
 @pytest.mark.parametrize("group,option", [
@@ -40,7 +40,7 @@ def test_cluster_is_added_explicitly(config):
     ("model.name=transformer", "[dnn, wide_deep, deepfm, dcn]"),
     ("table.rule=rmsprop", "[naive, adagrad, std_adagrad, adam]"),
     ("table.table_class=HashTable", "[MemorySparseTable, SSDSparseTable]"),
-    ("checkpoint.export_dtype=bfloat16", "[float32, float16]"),
+    ("export.dtype=bfloat16", "[float32, float16]"),
 ])
 def test_closed_vocabularies_fail_at_composition(config, override, allowed):
     key, _, value = override.partition("=")
