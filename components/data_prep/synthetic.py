@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from components.data_prep.formats import normalize_count
 from components.data_prep.hashing import feature_ids
 from components.data_prep.multislot import Schema, format_float, text_bytes
-from components.evaluate.metrics import binary_metrics
+from components.metrics import binary_metrics
 
 # Criteo-like spread: a few tiny fields, many mid-sized, several large ones.
 DEFAULT_CARDINALITIES = (

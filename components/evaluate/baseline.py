@@ -1,10 +1,15 @@
 """The built-in baseline: a hashed logistic regression on the same shards, the first model a practitioner would try.
 
-One weight per hashed id (the ids data prep wrote, so the baseline sees exactly the model's features), one per
-dense value, and a bias, fitted by Adagrad on the train split (its first ``eval.baseline_rows`` rows), three passes
-in mini-batches of 256; ids it never saw score 0. Settings chosen on the default synthetic data (400k rows; test
-AUC 0.807-0.809 against batch 4096's 0.761, 2026-12-01): small batches give each rare id's weight more steps. The evaluation reports the deep model's lift over it: whether the
-deep model earns its cost.
+One weight per bucket of ``features`` (``eval.baseline_features``), one per dense value, and a bias, fitted by
+Adagrad on the train split (its first ``eval.baseline_rows`` rows), three passes in mini-batches of 256. An id's
+bucket is ``id % features``: the ids data prep wrote are already avalanche-hashed and reduced into
+``[0, vocab_size)`` (:mod:`components.data_prep.hashing`), so the remainder spreads them evenly, and it gives every
+id a weight of its own whenever the table's ``vocab_size`` is at most the cap (a further mix would only add
+collisions). Its memory is the weights and their Adagrad sums, 16 bytes a bucket (64 MiB at the default 1 << 22),
+whatever the table's size; ids sharing a bucket share its weight, and a bucket no training id reached scores 0.
+Settings chosen on the default synthetic data (400k rows; test AUC 0.807-0.809 against batch 4096's 0.761,
+2026-12-01): small batches give each rare id's weight more steps. The evaluation reports the deep model's lift over
+it: whether the deep model earns its cost.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ class _Features:
     starts: np.ndarray
 
     @classmethod
-    def of(cls, sparse: list[RaggedIds], vocabulary: np.ndarray) -> "_Features":
+    def of(cls, sparse: list[RaggedIds], features: int) -> "_Features":
         rows = len(sparse[0].offsets) - 1
         counts = sum(np.diff(slot.offsets) for slot in sparse)
         starts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
@@ -39,10 +44,7 @@ class _Features:
             per_row = np.diff(slot.offsets)
             row_of = np.repeat(np.arange(rows), per_row)
             within = np.arange(len(slot.values)) - np.repeat(slot.offsets[:-1], per_row)
-            position = np.searchsorted(vocabulary, slot.values)
-            known = (position < len(vocabulary)) & (vocabulary[np.minimum(position, len(vocabulary) - 1)]
-                                                    == slot.values)
-            index[fill[row_of] + within] = np.where(known, position, len(vocabulary))  # unseen: the zero weight
+            index[fill[row_of] + within] = slot.values % features
             fill += per_row
         return cls(index, starts)
 
@@ -54,13 +56,17 @@ class _Features:
 
 
 class HashedLogisticRegression:
+    def __init__(self, features: int):
+        if features < 1:
+            raise ValueError(f"the baseline needs at least one feature bucket, got features={features}")
+        self.features = features
+
     def fit(self, labels: np.ndarray, dense: np.ndarray, sparse: list[RaggedIds],
             seed: int = 0) -> "HashedLogisticRegression":
-        self.vocabulary = np.unique(np.concatenate([slot.values for slot in sparse]))
-        features = _Features.of(sparse, self.vocabulary)
-        self.weights = np.zeros(len(self.vocabulary) + 1)  # the last one: unseen ids, never trained
+        features = _Features.of(sparse, self.features)
+        self.weights = np.zeros(self.features)
         self.dense_weights, self.bias = np.zeros(dense.shape[1]), 0.0
-        squares = np.full(len(self.weights), 1e-8)
+        squares = np.full(self.features, 1e-8)
         dense_squares, bias_square = np.full(dense.shape[1], 1e-8), 1e-8
         order = np.random.default_rng(seed).permutation(-(-len(labels) // BATCH))
         for _ in range(EPOCHS):
@@ -79,7 +85,6 @@ class HashedLogisticRegression:
                 bias_grad = error.sum()
                 bias_square += bias_grad ** 2
                 self.bias -= LEARNING_RATE * bias_grad / np.sqrt(bias_square)
-                self.weights[-1] = 0.0
         return self
 
     def _logits(self, index: np.ndarray, rows: np.ndarray, dense: np.ndarray) -> np.ndarray:
@@ -87,7 +92,7 @@ class HashedLogisticRegression:
                 + dense @ self.dense_weights + self.bias)
 
     def predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
-        features = _Features.of(sparse, self.vocabulary)
+        features = _Features.of(sparse, self.features)
         out = np.empty(len(dense))
         for start in range(0, len(dense), BATCH):
             stop = min(start + BATCH, len(dense))

@@ -23,7 +23,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from components.evaluate.metrics import CONFUSION_CLASSES
+from components.metrics import CONFUSION_CLASSES
 
 # Display labels for the keys binary_metrics returns, in table order; any other
 # scalar key in the metrics dict is still shown, under its own name.

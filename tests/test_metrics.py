@@ -1,4 +1,4 @@
-"""Unit tests for components.evaluate.metrics and components.evaluate.report (no Paddle, no Hydra)."""
+"""Unit tests for components.metrics and components.evaluate.report (no Paddle, no Hydra)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,13 @@ import numpy as np
 import pytest
 from kfp.dsl import ClassificationMetrics, Metrics
 
-from components.evaluate.metrics import LOGLOSS_EPS, binary_metrics, calibration_bins, confusion_matrix, roc_curve
 from components.evaluate.report import (confusion_summary, log_kfp_metrics, write_reliability_png, write_report,
                                         write_report_html,
                                         write_roc_png)
+from components.metrics import (LOGLOSS_EPS, ScoreCounts, binary_metrics, binary_metrics_counts, calibrate,
+                                calibration_bins, calibration_bins_counts, confusion_matrix, confusion_matrix_counts,
+                                expected_calibration_error, expected_calibration_error_counts, fit_platt,
+                                fit_platt_counts, roc_curve, roc_curve_counts)
 from tests.conftest import calibrated_reference
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -335,8 +338,6 @@ def test_log_kfp_metrics_rejects_non_finite_metric(tmp_path):
 
 
 def test_platt_scaling_recovers_a_miscalibrated_model():
-    from components.evaluate.metrics import expected_calibration_error, fit_platt
-
     rng = np.random.default_rng(0)
     logit = rng.normal(size=100_000)
     labels = (rng.random(logit.size) < 1 / (1 + np.exp(-logit))).astype(int)
@@ -348,3 +349,155 @@ def test_platt_scaling_recovers_a_miscalibrated_model():
     assert expected_calibration_error(labels, calibrated) < 0.01 < expected_calibration_error(labels, skewed)
     assert binary_metrics(labels, calibrated)["calibration"] == pytest.approx(1.0, abs=0.01)
     assert binary_metrics(labels, calibrated)["auc"] == pytest.approx(binary_metrics(labels, skewed)["auc"])
+
+
+# -- ScoreCounts: the mergeable form every metric is computed from -------------------------------------------------
+def tied_float32_data(seed: int, size: int = 3000) -> tuple[np.ndarray, np.ndarray]:
+    """float32 predictions, as the workers emit them: a coarse grid (many ties) and a continuous part."""
+    rng = np.random.default_rng(seed)
+    preds = np.where(rng.random(size) < 0.7, rng.integers(0, 41, size) / 40.0, rng.random(size)).astype(np.float32)
+    labels = (rng.random(size) < 0.1 + 0.8 * preds).astype(np.int64)
+    return labels, preds
+
+
+def platt_on_rows(labels: np.ndarray, preds: np.ndarray) -> tuple[float, float]:
+    """Platt's Newton iteration row by row (the fit before counts): the reference of the fit on counts."""
+    clipped = np.clip(preds.astype(np.float64), LOGLOSS_EPS, 1 - LOGLOSS_EPS)
+    features = np.stack([np.log(clipped) - np.log1p(-clipped), np.ones(preds.size)], axis=1)
+    params = np.array([1.0, 0.0])
+    for _ in range(50):
+        p = 1 / (1 + np.exp(-(features @ params)))
+        hessian = (features * (p * (1 - p))[:, None]).T @ features + 1e-6 * np.eye(2)
+        params -= np.linalg.solve(hessian, features.T @ (p - labels) + 1e-6 * params)
+    return float(params[0]), float(params[1])
+
+
+def assert_same_counts(actual: ScoreCounts, expected: ScoreCounts) -> None:
+    for field in ("values", "positives", "negatives"):
+        a, e = getattr(actual, field), getattr(expected, field)
+        assert a.dtype == e.dtype and np.array_equal(a, e), field
+
+
+def every_metric(counts: ScoreCounts) -> dict:
+    return {"binary": binary_metrics_counts(counts), "roc": [a.tolist() for a in roc_curve_counts(counts, 50)],
+            "bins": calibration_bins_counts(counts, 7), "ece": expected_calibration_error_counts(counts, 7),
+            "confusion": confusion_matrix_counts(counts, 0.45), "platt": fit_platt_counts(counts)}
+
+
+def test_counts_hold_each_distinct_float32_prediction_exactly():
+    labels, preds = tied_float32_data(0)
+    counts = ScoreCounts.of(labels[:, None], preds[:, None])
+    assert counts.values.dtype == np.float64 and np.all(np.diff(counts.values) > 0)
+    assert np.array_equal(counts.values.astype(np.float32), np.unique(preds))  # no float32 value lost or merged
+    assert counts.count == labels.size and counts.positive_count == labels.sum()
+    at = np.searchsorted(counts.values, preds.astype(np.float64))
+    assert np.array_equal(np.bincount(at, weights=labels), counts.positives)
+    assert np.array_equal(np.bincount(at, weights=1 - labels), counts.negatives)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_every_metric_of_counts_equals_the_metric_of_rows(seed):
+    labels, preds = tied_float32_data(seed)
+    counts = ScoreCounts.of(labels, preds)
+    of_counts = binary_metrics_counts(counts)
+    assert of_counts == binary_metrics(labels, preds)
+    # Held to the definitions on the rows, not only to the row functions (which count first).
+    assert of_counts["auc"] == pytest.approx(brute_force_auc(labels, preds.astype(np.float64)), abs=1e-12)
+    clipped = np.clip(preds.astype(np.float64), LOGLOSS_EPS, 1 - LOGLOSS_EPS)
+    row_logloss = -np.mean(np.where(labels == 1, np.log(clipped), np.log1p(-clipped)))
+    assert of_counts["logloss"] == pytest.approx(row_logloss, abs=1e-12)
+    assert of_counts["mean_pred"] == pytest.approx(np.mean(preds.astype(np.float64)), abs=1e-12)
+    for rows_result, counts_result in zip(roc_curve(labels, preds, 50), roc_curve_counts(counts, 50)):
+        np.testing.assert_array_equal(rows_result, counts_result)
+    assert calibration_bins(labels, preds, 7) == calibration_bins_counts(counts, 7)
+    assert expected_calibration_error(labels, preds, 7) == expected_calibration_error_counts(counts, 7)
+    predicted = preds.astype(np.float64) >= 0.45  # as the metrics compare: the float32 value exactly
+    assert confusion_matrix_counts(counts, 0.45) == confusion_matrix(labels, preds, 0.45) == [
+        [int(np.sum((labels == 0) & ~predicted)), int(np.sum((labels == 0) & predicted))],
+        [int(np.sum((labels == 1) & ~predicted)), int(np.sum((labels == 1) & predicted))]]
+    fitted = fit_platt_counts(counts)
+    assert fitted == fit_platt(labels, preds)
+    assert (fitted["a"], fitted["b"]) == pytest.approx(platt_on_rows(labels, preds), abs=1e-6)
+
+
+def test_calibration_bins_share_the_labels_of_a_tie_across_bins_by_rows():
+    # Sorted rows: 0.5 0.5 0.5 | 0.9 -> bins of two rows; the 0.5 rows (2 of 3 positive) straddle both bins.
+    rows = calibration_bins([1, 1, 0, 1], [0.5, 0.5, 0.5, 0.9], bins=2)
+    assert [(row["count"], row["pred_min"], row["pred_max"]) for row in rows] == [(2, 0.5, 0.5), (2, 0.5, 0.9)]
+    assert [row["observed_rate"] for row in rows] == pytest.approx([2 / 3, (2 / 3 + 1) / 2])
+    assert [row["mean_pred"] for row in rows] == pytest.approx([0.5, 0.7])
+    assert calibration_bins([0, 1, 1, 1], [0.5, 0.5, 0.5, 0.9], bins=2) == rows  # the rows' order does not matter
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_merged_counts_of_any_split_of_the_rows_are_the_counts_of_all_rows(seed):
+    labels, preds = tied_float32_data(seed)
+    worker = np.random.default_rng(seed).integers(0, 3, labels.size)
+    parts = [ScoreCounts.of(labels[worker == w], preds[worker == w]) for w in range(3)]
+    merged = ScoreCounts.merge([*parts, ScoreCounts.of([], [])])  # a worker without rows of the split
+    whole = ScoreCounts.of(labels, preds)
+    assert_same_counts(merged, whole)
+    assert every_metric(merged) == every_metric(whole)
+    assert_same_counts(ScoreCounts.merge([ScoreCounts.merge(parts[:2]), parts[2]]), whole)  # in any grouping
+
+
+def test_empty_counts_are_the_identity_of_merge_and_no_metric_scores_them():
+    labels, preds = tied_float32_data(0, size=200)
+    counts = ScoreCounts.of(labels, preds)
+    empty = ScoreCounts.of(np.empty(0), np.empty(0, np.float32))
+    assert empty.count == empty.positive_count == 0 and empty.values.size == 0
+    assert_same_counts(ScoreCounts.merge([empty, counts, empty]), counts)
+    assert_same_counts(ScoreCounts.merge([empty, empty]), empty)
+    assert_same_counts(ScoreCounts.merge([]), empty)
+    for metric in (binary_metrics_counts, roc_curve_counts, calibration_bins_counts, fit_platt_counts,
+                   lambda c: confusion_matrix_counts(c, 0.5)):
+        with pytest.raises(ValueError, match="empty"):
+            metric(empty)
+
+
+def test_counts_validate_like_the_row_metrics():
+    with pytest.raises(ValueError, match="differ in length"):
+        ScoreCounts.of([0, 1], [0.5])
+    with pytest.raises(ValueError, match=r"labels must be 0 or 1; found \[2\]"):
+        ScoreCounts.of([0, 2], [0.1, 0.5])
+    with pytest.raises(ValueError, match="without NaN"):
+        ScoreCounts.of([0, 1], [float("nan"), 0.5])
+    for values, positives, negatives, message in [([0.2, 0.1], [1, 1], [0, 0], "distinct and ascending"),
+                                                  ([0.1, 0.1], [1, 1], [0, 0], "distinct and ascending"),
+                                                  ([0.1, 1.5], [1, 1], [0, 0], r"probabilities in \[0, 1\]"),
+                                                  ([0.1, 0.2], [1, 0], [0, 0], "at least one row"),
+                                                  ([0.1, 0.2], [1, -1], [0, 2], "non-negative"),
+                                                  ([0.1, 0.2], [1], [0, 1], "of one length")]:
+        with pytest.raises(ValueError, match=message):
+            ScoreCounts(np.array(values), np.array(positives), np.array(negatives))
+    with pytest.raises(TypeError, match="int64"):
+        ScoreCounts(np.array([0.1]), np.array([0.5]), np.array([1]))
+
+
+def test_counts_survive_a_save_and_load(tmp_path):
+    labels, preds = tied_float32_data(3, size=500)
+    for name, counts in (("split.npz", ScoreCounts.of(labels, preds)), ("none.npz", ScoreCounts.of([], []))):
+        counts.save(tmp_path / name)
+        assert_same_counts(ScoreCounts.load(tmp_path / name), counts)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["none.npz", "split.npz"]  # no temporary file left
+
+
+def test_mapped_counts_merge_the_values_a_transform_makes_equal():
+    counts = ScoreCounts(np.array([0.1, 0.2, 0.3, 0.4]), np.array([1, 2, 3, 4]), np.array([5, 6, 7, 8]))
+    folded = counts.mapped(lambda v: np.where(v < 0.25, 0.6, 0.3))  # not monotone: 0.1, 0.2 -> 0.6; 0.3, 0.4 -> 0.3
+    assert_same_counts(folded, ScoreCounts(np.array([0.3, 0.6]), np.array([7, 3]), np.array([15, 11])))
+    assert folded.count == counts.count and folded.positive_count == counts.positive_count
+    with pytest.raises(ValueError, match="changed the shape"):
+        counts.mapped(lambda v: v[:2])
+
+
+def test_calibrated_counts_are_the_counts_of_the_calibrated_rows():
+    labels, preds = tied_float32_data(4)
+    calibration = fit_platt(labels, preds)
+    calibrated = calibrate(preds, calibration)
+    assert calibrated.dtype == np.float32
+    np.testing.assert_allclose(calibrated, calibrated_reference(preds, calibration), rtol=1e-6)
+    mapped = ScoreCounts.of(labels, preds).mapped(lambda values: calibrate(values, calibration))
+    assert_same_counts(mapped, ScoreCounts.of(labels, calibrated))
+    with pytest.raises(ValueError, match="unknown calibration method 'isotonic'"):
+        calibrate(preds, {"method": "isotonic"})

@@ -1,0 +1,374 @@
+"""Binary-classification metrics for CTR evaluation, in plain numpy.
+
+Every metric is computed from :class:`ScoreCounts`, the distinct predicted values with the positive and negative
+labels at each. That form is exact (AUC with ties counted one half, logloss as a count-weighted sum) and merges
+exactly by summing counts, so each worker can count its share of a split and the evaluation scores their union; its
+size is bounded by the split's rows. ``f_counts(counts, ...)`` is a metric's implementation and ``f(labels, preds,
+...)`` the same metric of rows, which it counts first. Everything is O(n log n), so it runs on the full evaluation
+set (tens of millions of rows) without Paddle.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+import numpy as np
+import numpy.typing as npt
+
+# Paddle emits float32 probabilities, whose resolution just below 1.0 is ~6e-8;
+# clipping tighter than that would charge a saturated wrong prediction ~35 nats
+# for a precision the model output does not have.
+LOGLOSS_EPS = 1e-7
+
+
+@dataclass(eq=False)
+class ScoreCounts:
+    """Predictions grouped by value: ``positives[i]`` rows labelled 1 and ``negatives[i]`` labelled 0 were predicted
+    ``values[i]``. ``values`` are distinct and ascending, in float64, which holds float32 predictions exactly; every
+    value is the prediction of at least one row. Checked on construction, so a loaded file is checked too."""
+
+    values: np.ndarray
+    positives: np.ndarray
+    negatives: np.ndarray
+
+    def __post_init__(self) -> None:
+        self.values = np.asarray(self.values, dtype=np.float64)
+        self.positives = np.asarray(self.positives).astype(np.int64, casting="same_kind", copy=False)
+        self.negatives = np.asarray(self.negatives).astype(np.int64, casting="same_kind", copy=False)
+        if not self.values.ndim == 1 or not self.values.shape == self.positives.shape == self.negatives.shape:
+            raise ValueError(f"values, positives and negatives must be 1-D and of one length, got shapes "
+                             f"{self.values.shape}, {self.positives.shape} and {self.negatives.shape}")
+        if np.any(~((self.values >= 0.0) & (self.values <= 1.0))):
+            raise ValueError("values must be probabilities in [0, 1] without NaN")
+        if np.any(np.diff(self.values) <= 0.0):
+            raise ValueError("values must be distinct and ascending")
+        if np.any((self.positives < 0) | (self.negatives < 0) | (self.positives + self.negatives == 0)):
+            raise ValueError("counts must be non-negative, with at least one row at each value")
+
+    @classmethod
+    def of(cls, labels: npt.ArrayLike, preds: npt.ArrayLike) -> "ScoreCounts":
+        """The counts of rows: 0/1 ``labels`` and their predicted probabilities ``preds`` (1-D or ``(n, 1)``
+        columns). No rows give empty counts: a worker may hold no rows of a split.
+
+        Raises ValueError for mismatched lengths, labels other than 0/1, or predictions outside [0, 1] or NaN.
+        """
+        is_positive, pred_array = _validated(labels, preds)
+        values, value_of_row, rows_per_value = np.unique(pred_array, return_inverse=True, return_counts=True)
+        positives = np.bincount(value_of_row[is_positive], minlength=values.size)
+        return cls(values, positives, rows_per_value - positives)
+
+    @classmethod
+    def merge(cls, parts: Iterable["ScoreCounts"]) -> "ScoreCounts":
+        """The counts of all the parts' rows together: the union of their values, counts summed (exact)."""
+        parts = list(parts)
+        return cls._regrouped(np.concatenate([np.empty(0), *(part.values for part in parts)]),
+                              np.concatenate([np.empty(0, np.int64), *(part.positives for part in parts)]),
+                              np.concatenate([np.empty(0, np.int64), *(part.negatives for part in parts)]))
+
+    def mapped(self, transform: Callable[[np.ndarray], npt.ArrayLike]) -> "ScoreCounts":
+        """The counts of the rows' predictions after ``transform`` (elementwise, e.g. a calibration; it need not be
+        monotone): values that coincide after it are merged, and the values sorted again."""
+        transformed = np.asarray(transform(self.values), dtype=np.float64)
+        if transformed.shape != self.values.shape:
+            raise ValueError(f"transform changed the shape of the values: {self.values.shape} -> "
+                             f"{transformed.shape}; it must map each value to one")
+        return self._regrouped(transformed, self.positives, self.negatives)
+
+    @property
+    def count(self) -> int:
+        """Rows counted."""
+        return int(self.positives.sum() + self.negatives.sum())
+
+    @property
+    def positive_count(self) -> int:
+        """Rows labelled 1."""
+        return int(self.positives.sum())
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write as an ``.npz`` at ``path``, atomically (a reader never sees half a file)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to a name
+            np.savez(f, values=self.values, positives=self.positives, negatives=self.negatives)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "ScoreCounts":
+        with np.load(path) as saved:
+            return cls(saved["values"], saved["positives"], saved["negatives"])
+
+    @classmethod
+    def _regrouped(cls, values: np.ndarray, positives: np.ndarray, negatives: np.ndarray) -> "ScoreCounts":
+        """Counts at values that may repeat and be unsorted, summed per distinct value."""
+        if values.size == 0:
+            return cls(values, positives, negatives)
+        order = np.argsort(values, kind="stable")
+        values = values[order]
+        starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
+        return cls(values[starts], np.add.reduceat(positives[order], starts),
+                   np.add.reduceat(negatives[order], starts))
+
+
+def binary_metrics_counts(counts: ScoreCounts) -> dict[str, Any]:
+    """Summarise predicted click probabilities against 0/1 labels.
+
+    Returns a dict with ``auc`` (exact ROC AUC, ties count one half),
+    ``logloss`` (mean negative log-likelihood, probabilities clipped to
+    ``[LOGLOSS_EPS, 1 - LOGLOSS_EPS]``), ``calibration`` (mean prediction /
+    observed CTR; 1.0 is perfectly calibrated on average), ``mean_pred``,
+    ``observed_ctr``, ``count`` and ``positives``.
+
+    Raises ValueError for empty counts or labels of a single class.
+    """
+    _require_both_classes(counts)
+    count, positives = counts.count, counts.positive_count
+    observed_ctr = positives / count
+    mean_pred = float(np.sum(counts.values * (counts.positives + counts.negatives)) / count)
+    clipped = np.clip(counts.values, LOGLOSS_EPS, 1.0 - LOGLOSS_EPS)
+    logloss = -float(np.sum(counts.positives * np.log(clipped) + counts.negatives * np.log1p(-clipped)) / count)
+    return {
+        "auc": _auc(counts),
+        "logloss": logloss,
+        "calibration": mean_pred / observed_ctr,
+        "mean_pred": mean_pred,
+        "observed_ctr": observed_ctr,
+        "count": count,
+        "positives": positives,
+    }
+
+
+def binary_metrics(labels: npt.ArrayLike, preds: npt.ArrayLike) -> dict[str, Any]:
+    """:func:`binary_metrics_counts` of rows; raises ValueError as :meth:`ScoreCounts.of` does, and for no rows or
+    labels of a single class."""
+    return binary_metrics_counts(ScoreCounts.of(labels, preds))
+
+
+def roc_curve_counts(counts: ScoreCounts, max_points: int = 200) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """ROC curve as ``(fpr, tpr, thresholds)``, at most ``max_points`` long.
+
+    Point ``i`` is the rate of negatives / positives with ``pred >= thresholds[i]``.
+    The curve starts at (0, 0) with threshold ``+inf`` (nothing predicted
+    positive) and ends at (1, 1) with the smallest prediction; fpr and tpr are
+    non-decreasing and thresholds strictly decreasing. Downsampling keeps
+    points evenly spaced along the curve (by fpr + tpr) and always keeps both
+    endpoints, so the plot keeps its shape however many rows there are.
+    """
+    if max_points < 2:
+        raise ValueError(f"max_points must be at least 2 (the two endpoints), got {max_points}")
+    _require_both_classes(counts)
+
+    # Walk thresholds from the highest prediction down; prepend the empty selection.
+    true_positives = np.concatenate(([0], np.cumsum(counts.positives[::-1])))
+    false_positives = np.concatenate(([0], np.cumsum(counts.negatives[::-1])))
+    tpr = true_positives / true_positives[-1]
+    fpr = false_positives / false_positives[-1]
+    thresholds = np.concatenate(([np.inf], counts.values[::-1]))
+
+    if tpr.size > max_points:
+        # fpr + tpr rises monotonically from 0 to exactly 2, so equal steps in it
+        # spread the kept points evenly over the drawn curve.
+        distance_along_curve = fpr + tpr
+        targets = np.linspace(0.0, 2.0, max_points)
+        kept = np.searchsorted(distance_along_curve, targets, side="left")
+        kept = np.unique(np.concatenate(([0], np.minimum(kept, tpr.size - 1), [tpr.size - 1])))
+        fpr, tpr, thresholds = fpr[kept], tpr[kept], thresholds[kept]
+    return fpr, tpr, thresholds
+
+
+def roc_curve(
+    labels: npt.ArrayLike, preds: npt.ArrayLike, max_points: int = 200
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`roc_curve_counts` of rows."""
+    return roc_curve_counts(ScoreCounts.of(labels, preds), max_points)
+
+
+CONFUSION_CLASSES = ("no click", "click")
+
+
+def confusion_matrix_counts(counts: ScoreCounts, threshold: float) -> list[list[int]]:
+    """Counts by actual class (rows) and predicted class (columns), in :data:`CONFUSION_CLASSES` order: a
+    prediction ``>= threshold`` is a predicted click, as on the ROC curve. ``[[tn, fp], [fn, tp]]``."""
+    if not 0.0 < threshold < 1.0:
+        raise ValueError(f"threshold must be a probability in (0, 1), got {threshold}")
+    _require_rows(counts)
+    predicted = counts.values >= threshold
+    return [[int(counts.negatives[~predicted].sum()), int(counts.negatives[predicted].sum())],
+            [int(counts.positives[~predicted].sum()), int(counts.positives[predicted].sum())]]
+
+
+def confusion_matrix(labels: npt.ArrayLike, preds: npt.ArrayLike, threshold: float) -> list[list[int]]:
+    """:func:`confusion_matrix_counts` of rows."""
+    return confusion_matrix_counts(ScoreCounts.of(labels, preds), threshold)
+
+
+def calibration_bins_counts(counts: ScoreCounts, bins: int = 10) -> list[dict[str, float | int]]:
+    """Mean prediction vs observed positive rate in equal-count bins of prediction.
+
+    Rows are sorted by prediction and cut into ``bins`` chunks of (nearly) equal
+    size, lowest predictions first (the sizes of ``np.array_split``), so every bin
+    has enough rows to be meaningful even when predictions are heavily skewed.
+    Tied predictions may straddle two bins; their labels are then shared in
+    proportion to the rows on each side (so the bins do not depend on the rows'
+    order, which counts do not keep). Fewer bins are returned when there are
+    fewer rows. Each dict has ``bin``, ``count``, ``pred_min``, ``pred_max``,
+    ``mean_pred`` and ``observed_rate``. Single-class labels are allowed here.
+    """
+    if bins < 1:
+        raise ValueError(f"bins must be at least 1, got {bins}")
+    _require_rows(counts)
+    rows_per_value = counts.positives + counts.negatives
+    value_ends = np.cumsum(rows_per_value)
+    total = int(value_ends[-1])
+    bin_count = min(bins, total)
+    bin_rows = np.full(bin_count, total // bin_count)
+    bin_rows[:total % bin_count] += 1
+    bin_ends = np.cumsum(bin_rows)
+    bin_starts = bin_ends - bin_rows
+
+    # Cut the sorted rows at every value's end and every bin's end: each piece is rows of one value in one bin.
+    piece_ends = np.union1d(value_ends, bin_ends)
+    piece_starts = np.concatenate(([0], piece_ends[:-1]))
+    piece_rows = piece_ends - piece_starts
+    value_of_piece = np.searchsorted(value_ends, piece_starts, side="right")
+    bin_of_piece = np.searchsorted(bin_ends, piece_starts, side="right")
+    pred_sums = np.bincount(bin_of_piece, weights=piece_rows * counts.values[value_of_piece], minlength=bin_count)
+    positive_share = counts.positives / rows_per_value
+    positives = np.bincount(bin_of_piece, weights=piece_rows * positive_share[value_of_piece], minlength=bin_count)
+    pred_min = counts.values[np.searchsorted(value_ends, bin_starts, side="right")]
+    pred_max = counts.values[np.searchsorted(value_ends, bin_ends - 1, side="right")]
+    return [
+        {
+            "bin": index,
+            "count": int(bin_rows[index]),
+            "pred_min": float(pred_min[index]),
+            "pred_max": float(pred_max[index]),
+            "mean_pred": float(pred_sums[index] / bin_rows[index]),
+            "observed_rate": float(positives[index] / bin_rows[index]),
+        }
+        for index in range(bin_count)
+    ]
+
+
+def calibration_bins(
+    labels: npt.ArrayLike, preds: npt.ArrayLike, bins: int = 10
+) -> list[dict[str, float | int]]:
+    """:func:`calibration_bins_counts` of rows."""
+    return calibration_bins_counts(ScoreCounts.of(labels, preds), bins)
+
+
+def expected_calibration_error_counts(counts: ScoreCounts, bins: int = 10) -> float:
+    """Mean |mean prediction - observed rate| over the equal-count bins of :func:`calibration_bins_counts`,
+    weighted by the rows in each: 0 for a perfectly calibrated model."""
+    rows = calibration_bins_counts(counts, bins)
+    total = sum(row["count"] for row in rows)
+    return float(sum(row["count"] * abs(row["mean_pred"] - row["observed_rate"]) for row in rows) / total)
+
+
+def expected_calibration_error(labels: npt.ArrayLike, preds: npt.ArrayLike, bins: int = 10) -> float:
+    """:func:`expected_calibration_error_counts` of rows."""
+    return expected_calibration_error_counts(ScoreCounts.of(labels, preds), bins)
+
+
+def fit_platt_counts(counts: ScoreCounts, iterations: int = 50) -> dict[str, float]:
+    """Platt scaling: ``p' = sigmoid(a * logit(p) + b)`` with ``a``, ``b`` minimising the logloss of ``p'`` on
+    (held-out) labels (Newton's method on the two parameters, a little ridge for separable data). Each value's
+    rows weigh in by their counts, so the fit is the one on the rows."""
+    _require_both_classes(counts)
+    logit = _logit(counts.values)
+    rows = (counts.positives + counts.negatives).astype(np.float64)
+    features = np.stack([logit, np.ones_like(logit)], axis=1)
+    params = np.array([1.0, 0.0])
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-(features @ params)))
+        gradient = features.T @ (rows * p - counts.positives) + 1e-6 * params
+        hessian = (features * (rows * p * (1 - p))[:, None]).T @ features + 1e-6 * np.eye(2)
+        step = np.linalg.solve(hessian, gradient)
+        params -= step
+        if np.abs(step).max() < 1e-10:
+            break
+    return {"method": "platt", "a": float(params[0]), "b": float(params[1])}
+
+
+def fit_platt(labels: npt.ArrayLike, preds: npt.ArrayLike, iterations: int = 50) -> dict[str, float]:
+    """:func:`fit_platt_counts` of rows."""
+    return fit_platt_counts(ScoreCounts.of(labels, preds), iterations)
+
+
+def calibrate(preds: npt.ArrayLike, calibration: Mapping[str, Any]) -> np.ndarray:
+    """``preds`` through a calibration of :func:`fit_platt` (``{"method": "platt", "a", "b"}``), as float32, the
+    served model's precision: ``sigmoid(a * logit(p) + b)``, the logit clipped as the fit clipped it. Computed in
+    float64 from the probabilities; the served program computes it in float32 from its logits, so the two can differ
+    in the last float32 place. For counts: ``counts.mapped(lambda values: calibrate(values, calibration))``."""
+    if calibration.get("method") != "platt":
+        raise ValueError(f"unknown calibration method {calibration.get('method')!r}; only 'platt' is applied")
+    logit = _logit(np.asarray(preds, dtype=np.float64))
+    return (1.0 / (1.0 + np.exp(-(float(calibration["a"]) * logit + float(calibration["b"]))))).astype(np.float32)
+
+
+def _logit(preds: np.ndarray) -> np.ndarray:
+    clipped = np.clip(preds, LOGLOSS_EPS, 1.0 - LOGLOSS_EPS)
+    return np.log(clipped) - np.log1p(-clipped)
+
+
+def _require_rows(counts: ScoreCounts) -> None:
+    if counts.values.size == 0:
+        raise ValueError("no predictions: the counts (or labels and preds) are empty; metrics need at least one "
+                         "example")
+
+
+def _require_both_classes(counts: ScoreCounts) -> None:
+    _require_rows(counts)
+    count, positives = counts.count, counts.positive_count
+    if positives in (0, count):
+        only_class = 1 if positives else 0
+        raise ValueError(f"all {count} labels are {only_class}; "
+                         "AUC is undefined without both positive and negative examples")
+
+
+def _validated(labels: npt.ArrayLike, preds: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
+    """Check inputs and return them as a boolean label vector and float64 predictions."""
+    label_array = _as_vector(labels, "labels")
+    pred_array = _as_vector(preds, "preds").astype(np.float64, copy=False)
+    if label_array.size != pred_array.size:
+        raise ValueError(
+            f"labels and preds differ in length: {label_array.size} labels vs {pred_array.size} preds"
+        )
+
+    is_positive = label_array == 1
+    if not np.all(is_positive | (label_array == 0)):
+        unexpected = np.unique(label_array[~(is_positive | (label_array == 0))])[:5]
+        raise ValueError(f"labels must be 0 or 1; found {unexpected.tolist()}")
+
+    not_probability = np.isnan(pred_array) | (pred_array < 0.0) | (pred_array > 1.0)
+    if np.any(not_probability):
+        first_bad = int(np.flatnonzero(not_probability)[0])
+        raise ValueError(
+            f"preds must be probabilities in [0, 1] without NaN; "
+            f"{int(np.count_nonzero(not_probability))} are not, e.g. preds[{first_bad}] = "
+            f"{pred_array[first_bad]}"
+        )
+    return is_positive, pred_array
+
+
+def _as_vector(values: npt.ArrayLike, name: str) -> np.ndarray:
+    """Accept 1-D input or an (n, 1) column, as Paddle fetches come back."""
+    array = np.asarray(values)
+    if array.ndim == 2 and array.shape[1] == 1:
+        return array[:, 0]
+    if array.ndim != 1:
+        raise ValueError(f"{name} must be 1-D or an (n, 1) column, got shape {array.shape}")
+    return array
+
+
+def _auc(counts: ScoreCounts) -> float:
+    """Mann-Whitney AUC: P(pred of a positive > pred of a negative), ties counted 1/2.
+
+    Summed in int64 as twice the pair count, so it is exact (no float rank sums)
+    for up to ~4e9 rows.
+    """
+    negatives_below = np.cumsum(counts.negatives) - counts.negatives
+    doubled_wins = int(np.sum(counts.positives * (2 * negatives_below + counts.negatives)))
+    return doubled_wins / (2 * counts.positive_count * (counts.count - counts.positive_count))
