@@ -1,0 +1,11 @@
+"""The serving export: what the export step writes from a delivered checkpoint, and what serves it.
+
+* :mod:`~components.export.table`: a checkpoint's sparse table, read one shard at a time;
+* :mod:`~components.export.sharded`: the sharded format, versions of an export store (:mod:`~components.export.store`),
+  its rows in per-shard files (:mod:`~components.export.shards`), a base or a delta (:mod:`~components.export.delta`);
+* :mod:`~components.export.single`: the single-file Paddle inference model (small tables);
+* :mod:`~components.export.program`: the inference programs both save; :mod:`~components.export.manifest`:
+  ``serving.json``, file checks, putting a directory in place;
+* :mod:`~components.export.serving`: loading either format, predicting, the command line;
+  :mod:`~components.export.step`: the pipeline step.
+"""

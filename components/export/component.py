@@ -9,8 +9,9 @@ from components.config import DEFAULT_IMAGE
 
 @dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
 def export_model(config: dict, checkpoint: Input[Model], serving_model: Output[Model]):
-    """The trained checkpoint as a Paddle inference model (``.pdmodel`` + ``.pdiparams``, ``ids.npy``,
-    ``serving.json``), run by ``python -m components.serving predict``."""
+    """The trained checkpoint as the next version of the export store (``export.format=sharded``: the dense
+    program plus embedding shards, a base or a delta) or a single-file Paddle inference model, run by
+    ``python -m components.export.serving predict``."""
     from components.export.step import export_serving_model
 
     serving_model.metadata.update(export_serving_model(config, checkpoint.path, checkpoint.metadata,

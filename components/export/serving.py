@@ -1,29 +1,26 @@
-"""A servable inference model from a committed checkpoint, and the code that runs it on new data.
+"""Serving an exported model, in either format, and the command line that exports and scores.
 
-A serving model directory (written by :func:`export_inference_model`)::
+Two formats (``export.format``; ``serving.json["format"]`` says which a directory holds):
 
-    model.pdmodel     the inference program in Paddle's inference format (pruned to the inputs below)
-    model.pdiparams   its parameters: the dense weights (float32) and the embedding table, whose rows are
-                      the checkpoint's rows followed by one zero row (the row of every id never trained),
-                      in the export's dtype: float16 when the checkpoint was exported so, widened to
-                      float32 by the program right after the lookup
-    ids.npy           uint64 [n], sorted: the feature id of each table row (row i <-> ids[i]); any other
-                      id uses row n, the zero row
-    serving.json      schema, feed names in order, fetch names, model config and name, the source
-                      checkpoint (its path, or store URI and id; MANIFEST.json sha256), Paddle version,
-                      table shape and dtype, vocab_size
+* ``sharded`` (:mod:`components.export.sharded`, the default): versions in an export store, each the dense
+  program plus the embedding rows as memory-mapped, id-sorted shards; a version is a base or a delta on the one
+  before. :class:`ShardedModel` looks each batch's rows up in the shards, so its memory follows the rows the
+  batches touch, not the table, and :meth:`ShardedModel.apply_delta` moves a loaded model to the next version.
+* ``single`` (:mod:`components.export.single`): one Paddle inference model holding every row (small tables).
 
-The program is the one :class:`components.ps.scoring.Scorer` runs
-(:func:`components.ps.scoring.build_program`), so the served model scores exactly like the evaluation.
-The directory is staged next to ``out`` and renamed into place: it is complete or absent.
+Every file is checked against ``serving.json``'s sha256 when a model loads (``verify=False`` skips it).
 
 How to run it on new data
 -------------------------
 1. Export a committed checkpoint: a local directory holding ``MANIFEST.json`` (in a checkpoint store, the
-   directory of one checkpoint). The pipeline's ``export-model`` step does this, and a local run leaves its
-   result in ``run_dir/serving_model/``::
+   directory of one checkpoint). The pipeline's ``export-model`` step does this, and a local run leaves the
+   version it wrote in ``run_dir/serving_model/``::
 
-       python -m components.serving export --checkpoint CHECKPOINT_DIR --out serving_model
+       python -m components.export.serving export --checkpoint CHECKPOINT_DIR --out EXPORT_STORE
+       python -m components.export.serving export --checkpoint CHECKPOINT_DIR --out MODEL_DIR --format single
+
+   ``sharded`` writes the next version into the export store ``--out`` (a base, or a delta after one:
+   ``--base-every``); ``single`` writes the model directory ``--out``. ``--dtype float16`` halves the rows.
 
 2. Write the examples as MultiSlot shards (:mod:`components.data_prep.multislot`), the format the
    data-prep step writes: per line ``1 <click> [<dense_dim> <dense values>] <count> <ids> ...`` for each
@@ -33,29 +30,21 @@ How to run it on new data
    (both its splits are valid input).
 
 3. Score them: one probability per line, examples in input order (inputs in the order given, each glob's
-   matches sorted)::
+   matches sorted). ``--model`` is a single-file model, a sharded version directory (a delta loads its chain
+   from the export store its ``serving.json`` names) or an export store (its latest version)::
 
-       python -m components.serving predict --model serving_model --input 'new/part-*.txt' --output preds.txt
+       python -m components.export.serving predict --model EXPORT_STORE --input 'new/part-*.txt' --output preds.txt
 
-From Python: ``InferenceModel.load(dir).predict(dense, sparse)`` with ``(labels, dense, sparse) =
+From Python: ``InferenceModel.load(path).predict(dense, sparse)`` with ``(labels, dense, sparse) =
 read_shards(paths, model.schema)`` (or your own ``[n, dense_dim]`` float32 array and one
 :class:`~components.data_prep.multislot.RaggedIds` of raw ids per sparse slot).
-
-From another Paddle runtime (``paddle.inference`` predictor, Paddle Serving): load ``model.pdmodel`` +
-``model.pdiparams`` and feed ``serving.json["feed_names"]`` in order: ``dense`` float32 ``[batch, dense_dim]``
-(absent when dense_dim is 0), then per sparse slot an int64 ``[total_ids, 1]`` tensor of **row indices**
-(``i = searchsorted(ids, id)``; ``i`` if ``ids[i] == id`` else ``len(ids)``) with LoD
-``[[0, end_1, ..., end_batch]]`` (where each example's ids end). The output ``serving.json["fetch_names"][0]``
-is float32 ``[batch, 1]``: the click probability.
 """
 
 from __future__ import annotations
 
 import argparse
 import glob
-import json
 import os
-import shutil
 import sys
 import tempfile
 import uuid
@@ -65,176 +54,48 @@ from typing import Any, Optional, Sequence
 import numpy as np
 
 from components.checkpoint import format as ckpt_io
-from components.data_prep.hashing import HASH_FUNCTION, check_hash_function
+from components.config import ExportDtype, ExportFormat
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
-from components.ps.scoring import Scorer, predict_batches
+from components.export.delta import DELTA, LAYOUT_KEYS
+from components.export.manifest import MANIFEST, ServingModelError, read_manifest, verify_files
+from components.export.program import LoadedProgram, load_program
+from components.export.shards import ShardedTable
+from components.export.sharded import export_sharded
+from components.export.single import IDS_FILE, export_single
+from components.export.store import ExportStore
 from components.ps.models import EMBEDDING_TABLE
-
-FORMAT = 1
-MODEL_PREFIX = "model"  # model.pdmodel + model.pdiparams
-IDS_FILE = "ids.npy"
-SERVING_META = "serving.json"
-PROGRAM_FILES = (f"{MODEL_PREFIX}.pdmodel", f"{MODEL_PREFIX}.pdiparams")
-
-
-class ServingModelError(RuntimeError):
-    """A serving model directory that is incomplete or inconsistent."""
-
-
-def export_inference_model(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike,
-                           source: Optional[dict] = None) -> Path:
-    """Export the committed checkpoint at ``checkpoint_dir`` as a serving model directory ``out_dir``.
-
-    ``serving.json["source_checkpoint"]`` records the manifest's sha256 and ``source`` (e.g. ``{"uri": store,
-    "id": checkpoint id}`` when ``checkpoint_dir`` is a temporary local copy), by default ``{"path": checkpoint_dir}``.
-    Raises :class:`~components.checkpoint.CheckpointError` for a directory that is not a committed,
-    intact checkpoint. ``out_dir`` may be absent, empty or an earlier serving model (replaced as a
-    whole); any other existing path is refused. Returns ``out_dir``.
-    """
-    import paddle
-
-    local = Path(checkpoint_dir).resolve()
-    checkpoint = ckpt_io.load(local)  # verifies the manifest first
-    if np.any(checkpoint.ids[1:] <= checkpoint.ids[:-1]):
-        raise ckpt_io.CheckpointError(f"{local}: the exported ids are not sorted and unique: rows cannot be looked up")
-    out = Path(out_dir).absolute()
-    if out.exists() and not _replaceable(out):
-        raise FileExistsError(f"{out} exists and is not a serving model: refusing to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    scorer = Scorer(checkpoint, calibrated=True)  # what the servers deliver: calibrated probabilities
-    program = scorer.program
-    feeds = program.input_vars()
-    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        with paddle.static.scope_guard(scorer.scope):
-            paddle.static.save_inference_model(str(staging / MODEL_PREFIX), feeds, [program.prob], scorer.exe,
-                                               program=program.main)
-        fetch_names = _saved_fetch_names(paddle, staging, scorer.exe)
-        np.save(staging / IDS_FILE, checkpoint.ids.astype(np.uint64))
-        meta = checkpoint.meta
-        serving = {
-            "format": FORMAT,
-            "model_name": meta["model"]["name"],
-            "model": meta["model"],
-            "schema": meta["schema"],
-            "feed_names": [v.name for v in feeds],
-            "feeds": [_feed_description(v, program, scorer.schema) for v in feeds],
-            "fetch_names": fetch_names,
-            "model_file": PROGRAM_FILES[0],
-            "params_file": PROGRAM_FILES[1],
-            "ids_file": IDS_FILE,
-            "table_rows": program.table_shape[0],
-            "unseen_row": program.table_shape[0] - 1,
-            "sparse_values": f"a sparse feed holds row indices, not ids: the position of the id in {IDS_FILE} "
-                             f"(sorted), or unseen_row ({program.table_shape[0] - 1}) for an id not in it",
-            "embedding_dim": program.table_shape[1],
-            "embedding_dtype": program.table_dtype,
-            "vocab_size": meta.get("table", {}).get("vocab_size"),
-            # Checkpoints made before the name was recorded used the same (and only) function.
-            "hash_function": meta.get("hash_function") or HASH_FUNCTION,
-            # Applied in the program: model.pdmodel outputs calibrated probabilities.
-            "calibration": meta.get("calibration"),
-            "source_checkpoint": {"manifest_sha256": ckpt_io.file_digest(local / ckpt_io.MANIFEST)[1],
-                                  "mode": meta.get("mode"),
-                                  "rows": meta.get("rows"), "paddle_version": meta.get("paddle_version"),
-                                  **(source or {"path": str(local)})},
-            "paddle_version": paddle.__version__,
-        }
-        (staging / SERVING_META).write_text(json.dumps(serving, indent=2, sort_keys=True))
-        os.chmod(staging, 0o755)  # mkdtemp makes it private
-        _swap_in(staging, out)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return out
-
-
-def _feed_description(var: Any, program: Any, schema: Schema) -> dict:
-    """What one feed variable takes, for ``serving.json``."""
-    if program.feeds.dense is not None and var.name == program.feeds.dense.name:
-        return {"name": var.name, "slot": "dense", "dtype": "float32", "shape": [-1, schema.dense_dim],
-                "lod_level": 0, "values": "the dense features"}
-    slot = schema.sparse_slots[[v.name for v in program.feeds.sparse].index(var.name)]
-    return {"name": var.name, "slot": slot, "dtype": "int64", "shape": [-1, 1], "lod_level": 1,
-            "values": "row indices (see sparse_values), one LoD sequence per example"}
-
-
-def _saved_fetch_names(paddle: Any, staging: Path, exe: Any) -> list[str]:
-    """The fetch variables as saved (``save_inference_model`` appends a scale op after the target)."""
-    with paddle.static.scope_guard(paddle.static.Scope()):
-        _, _, fetch_targets = paddle.static.load_inference_model(str(staging / MODEL_PREFIX), exe)
-    return [v.name for v in fetch_targets]
-
-
-def _replaceable(out: Path) -> bool:
-    return out.is_dir() and (not any(out.iterdir()) or (out / SERVING_META).is_file())
-
-
-def _swap_in(staging: Path, out: Path) -> None:
-    """Rename ``staging`` to ``out``; an existing ``out`` is moved aside first and removed after."""
-    if not out.exists():
-        os.rename(staging, out)
-        return
-    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
-    os.rename(out, old)
-    try:
-        os.rename(staging, out)
-    except BaseException:
-        os.rename(old, out)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+from components.ps.scoring import SCORE_BATCH, predict_batches
 
 
 class InferenceModel:
-    """A serving model directory loaded for scoring: ``predict(dense, sparse) -> probabilities``."""
+    """An exported model loaded for scoring: ``predict(dense, sparse) -> probabilities``; :meth:`load` reads
+    either format."""
 
-    def __init__(self, root: Path, meta: dict, ids: np.ndarray, program: Any, feed_names: list[str],
-                 fetch_targets: list, scope: Any, exe: Any):
-        import paddle
-
-        self.paddle = paddle
-        self.root, self.meta, self.ids = root, meta, ids
+    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram):
+        if program.feed_names != list(meta["feed_names"]):
+            raise ServingModelError(f"{root}: the program feeds {program.feed_names}, {MANIFEST} says "
+                                    f"{meta['feed_names']}")
+        self.root, self.meta, self.program = root, meta, program
         self.schema = Schema.from_dict(meta["schema"])
-        self.program, self.feed_names, self.fetch_targets = program, feed_names, fetch_targets
-        self.scope, self.exe = scope, exe
-        self.dense_name = feed_names[0] if self.schema.dense_dim else None
-        self.sparse_names = feed_names[1:] if self.schema.dense_dim else list(feed_names)
+        feeds = program.feed_names
+        self.dense_name = feeds[0] if self.schema.dense_dim else None
+        self.sparse_names = feeds[1:] if self.schema.dense_dim else list(feeds)
 
     @classmethod
-    def load(cls, root: str | os.PathLike) -> InferenceModel:
-        """Load a serving model directory; raises :class:`ServingModelError` if it is incomplete or inconsistent."""
-        import paddle
-
-        root = Path(root)
-        for name in (SERVING_META, IDS_FILE, *PROGRAM_FILES):
-            if not (root / name).is_file():
-                raise ServingModelError(f"{root} is not a serving model: {name} is missing")
-        meta = json.loads((root / SERVING_META).read_text())
-        if meta.get("format") != FORMAT:
-            raise ServingModelError(f"{root / SERVING_META}: format {meta.get('format')!r}, this code reads {FORMAT}")
-        try:
-            check_hash_function(meta.get("hash_function"), str(root / SERVING_META))
-        except ValueError as err:
-            raise ServingModelError(str(err)) from None
-        ids = np.load(root / IDS_FILE)
-        paddle.enable_static()
-        scope = paddle.static.Scope()
-        exe = paddle.static.Executor(paddle.CPUPlace())
-        with paddle.static.scope_guard(scope):
-            program, feed_names, fetch_targets = paddle.static.load_inference_model(str(root / MODEL_PREFIX), exe)
-        if list(feed_names) != list(meta["feed_names"]):
-            raise ServingModelError(f"{root}: the program feeds {feed_names}, {SERVING_META} says {meta['feed_names']}")
-        table = scope.find_var(EMBEDDING_TABLE)
-        rows = np.array(table.get_tensor()).shape[0] if table is not None else None
-        if rows != len(ids) + 1:
-            raise ServingModelError(f"{root}: the embedding table has {rows} rows, {IDS_FILE} holds {len(ids)} ids "
-                                    "(expected one more row: the zero row of unseen ids)")
-        return cls(root, meta, ids, program, list(feed_names), fetch_targets, scope, exe)
-
-    def _run(self, feed: dict) -> np.ndarray:
-        with self.paddle.static.scope_guard(self.scope):
-            (prob,) = self.exe.run(self.program, feed=feed, fetch_list=self.fetch_targets)
-        return prob
+    def load(cls, path: str | os.PathLike, verify: bool = True,
+             cache_dir: Optional[str | os.PathLike] = None) -> InferenceModel:
+        """The model at ``path``: a single-file model, a sharded version directory (a delta: its chain is loaded
+        from the export store its ``serving.json`` names) or an export store (any fsspec URL: its latest
+        version). Versions of a store that is not local are downloaded into ``cache_dir`` (default: a
+        temporary directory that lives as long as the model). Raises :class:`ServingModelError` for an
+        incomplete, inconsistent or (``verify``: sha256) altered model."""
+        local = None if "://" in str(path) else Path(path)
+        if local is None or not (local / MANIFEST).is_file():
+            return ShardedModel.load_store(str(path), verify, cache_dir)
+        manifest = read_manifest(local)
+        if manifest["format"] == ExportFormat.single.value:
+            return SingleModel.open(local, manifest, verify)
+        return ShardedModel.load_version(local, manifest, verify, cache_dir)
 
     def predict(self, dense: Optional[np.ndarray], sparse: Sequence[RaggedIds]) -> np.ndarray:
         """Click probabilities (float32 ``[n]``) of ``n`` examples.
@@ -246,12 +107,146 @@ class InferenceModel:
         if dense is None:
             n = len(sparse[0].offsets) - 1 if sparse else 0
             dense = np.zeros((n, self.schema.dense_dim), np.float32)
-        return predict_batches(self._run, self.ids, self.dense_name, self.sparse_names, dense, list(sparse))[:, 0]
+        return self._predict(dense, list(sparse))
 
     def predict_files(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
         """Probabilities of every example of the MultiSlot files ``paths``, in order."""
         _, dense, sparse = read_shards(paths, self.schema)
         return self.predict(dense, sparse)
+
+    def _predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
+        raise NotImplementedError
+
+
+class SingleModel(InferenceModel):
+    """A single-file model (:mod:`components.export.single`): the program looks rows up in its own table."""
+
+    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram, ids: np.ndarray):
+        super().__init__(root, meta, program)
+        self.ids = ids
+
+    @classmethod
+    def open(cls, root: Path, meta: dict[str, Any], verify: bool = True) -> SingleModel:
+        if verify:
+            verify_files(root, meta)
+        ids = np.load(root / IDS_FILE)
+        program = load_program(root)
+        table = program.scope.find_var(EMBEDDING_TABLE)
+        rows = np.array(table.get_tensor()).shape[0] if table is not None else None
+        if rows != len(ids) + 1:
+            raise ServingModelError(f"{root}: the embedding table has {rows} rows, {IDS_FILE} holds {len(ids)} ids "
+                                    "(expected one more row: the zero row of unseen ids)")
+        return cls(root, meta, program, ids)
+
+    def _predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
+        return predict_batches(self.program.run, self.ids, self.dense_name, self.sparse_names, dense, sparse)[:, 0]
+
+
+class ShardedModel(InferenceModel):
+    """A version of a sharded export: the dense program fed with rows looked up per batch in memory-mapped
+    shards (:class:`~components.export.shards.ShardedTable`). The version's directories must stay in place
+    while it is loaded."""
+
+    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram, table: ShardedTable):
+        super().__init__(root, meta, program)
+        self.table = table
+        self.version: int = meta["version"]
+        self._downloads: Optional[tempfile.TemporaryDirectory] = None  # versions fetched from a remote store
+
+    @classmethod
+    def load_store(cls, uri: str, verify: bool = True,
+                   cache_dir: Optional[str | os.PathLike] = None) -> ShardedModel:
+        """The latest version of the export store ``uri``."""
+        store = ExportStore(uri)
+        latest = store.latest()
+        if latest is None:
+            raise ServingModelError(f"{store.display_uri} is not a serving model: it holds no {MANIFEST}, and as an "
+                                    "export store no published version")
+        return cls._load_chain(store, store.manifest(latest)["chain"], None, verify, cache_dir)
+
+    @classmethod
+    def load_version(cls, root: Path, manifest: dict[str, Any], verify: bool = True,
+                     cache_dir: Optional[str | os.PathLike] = None) -> ShardedModel:
+        """The version at ``root``: a base, or a delta whose chain's other versions come from its store."""
+        if manifest["kind"] != DELTA:
+            return cls._open_base(root, manifest, verify)
+        return cls._load_chain(ExportStore(manifest["store"]), manifest["chain"][:-1], root, verify, cache_dir)
+
+    @classmethod
+    def _load_chain(cls, store: ExportStore, chain: list[int], last: Optional[Path], verify: bool,
+                    cache_dir: Optional[str | os.PathLike]) -> ShardedModel:
+        """The base ``chain[0]`` with the deltas ``chain[1:]`` applied, then the delta directory ``last``, if any."""
+        downloads = tempfile.TemporaryDirectory(prefix="serving-") if cache_dir is None and not store.local else None
+        cache = Path(downloads.name) if downloads else (Path(cache_dir) if cache_dir else None)
+        base = store.local_dir(chain[0], cache)
+        model = cls._open_base(base, read_manifest(base), verify)
+        model._downloads = downloads
+        for root in [store.local_dir(version, cache) for version in chain[1:]] + ([last] if last else []):
+            model.apply_delta(root, verify)
+        return model
+
+    @classmethod
+    def _open_base(cls, root: Path, manifest: dict[str, Any], verify: bool) -> ShardedModel:
+        if verify:
+            verify_files(root, manifest)
+        table = ShardedTable(manifest["shard_num"], manifest["embedding_dim"])
+        table.push(root, manifest)
+        return cls(root, manifest, load_program(root), table)
+
+    def apply_delta(self, delta_dir: str | os.PathLike, verify: bool = True) -> None:
+        """Move the loaded model to the delta at ``delta_dir``: its dense program, and its rows and tombstones on
+        top of the loaded ones. A delta whose parent is not the loaded version is refused, naming both."""
+        root = Path(delta_dir)
+        manifest = read_manifest(root)
+        if manifest["format"] != ExportFormat.sharded.value or manifest["kind"] != DELTA:
+            raise ServingModelError(f"{root} is not a delta of a sharded export ({manifest['format']} "
+                                    f"{manifest.get('kind', '')}): load it instead")
+        if manifest["parent"] != self.version:
+            raise ServingModelError(f"{root}: delta version {manifest['version']} applies to version "
+                                    f"{manifest['parent']}, the loaded model is version {self.version}: refusing it")
+        changed = [key for key in LAYOUT_KEYS if manifest[key] != self.meta[key]]
+        if changed:
+            raise ServingModelError(f"{root}: delta version {manifest['version']} changes {changed} of version "
+                                    f"{self.version}: a delta never does (a written export is altered)")
+        if verify:
+            verify_files(root, manifest)
+        program = load_program(root)
+        if program.feed_names != self.program.feed_names:
+            raise ServingModelError(f"{root}: the program feeds {program.feed_names}, version {self.version}'s "
+                                    f"{self.program.feed_names}")
+        self.table.push(root, manifest)
+        self.root, self.meta, self.program, self.version = root, manifest, program, manifest["version"]
+
+    def _predict(self, dense: np.ndarray, sparse: list[RaggedIds], batch: int = SCORE_BATCH) -> np.ndarray:
+        import paddle
+
+        if len(sparse) != len(self.sparse_names):
+            raise ValueError(f"the model reads {len(self.sparse_names)} sparse slots, got {len(sparse)}")
+        n = len(sparse[0].offsets) - 1
+        for name, slot in zip(self.sparse_names, sparse):
+            if len(slot.offsets) != n + 1:
+                raise ValueError(f"sparse slot {name} holds {len(slot.offsets) - 1} rows, expected {n}")
+        if self.dense_name is not None:
+            dense = np.asarray(dense, dtype=np.float32)
+            if dense.ndim != 2 or len(dense) != n:
+                raise ValueError(f"dense features must be a [{n}, dense_dim] array, got shape {dense.shape}")
+        out = np.empty(n, np.float32)
+        for start in range(0, n, batch):
+            stop = min(start + batch, n)
+            spans = [(int(slot.offsets[start]), int(slot.offsets[stop])) for slot in sparse]
+            values = np.concatenate([slot.values[lo:hi] for slot, (lo, hi) in zip(sparse, spans)]).astype(np.uint64)
+            unique, inverse = np.unique(values, return_inverse=True)  # each id looked up once per batch
+            rows = self.table.lookup(unique)[inverse]
+            feed: dict[str, Any] = {self.dense_name: dense[start:stop]} if self.dense_name is not None else {}
+            at = 0
+            for name, slot, (lo, hi) in zip(self.sparse_names, sparse, spans):
+                tensor = paddle.base.core.LoDTensor()
+                tensor.set(rows[at:at + hi - lo], paddle.CPUPlace())
+                tensor.set_lod([(slot.offsets[start:stop + 1] - lo).tolist()])
+                feed[name] = tensor
+                at += hi - lo
+            out[start:stop] = np.asarray(self.program.run(feed), np.float32).reshape(-1)
+        return out
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[Path]:
@@ -285,25 +280,43 @@ def write_predictions(path: str | os.PathLike, preds: np.ndarray) -> None:
         tmp.unlink(missing_ok=True)
 
 
+def _export(args: argparse.Namespace) -> str:
+    """Run the ``export`` command; returns its one-line summary."""
+    dtype = ExportDtype(args.dtype)
+    if args.format == ExportFormat.single.value:
+        out = export_single(args.checkpoint, args.out, dtype)
+        meta = read_manifest(out)
+        return (f"serving model {meta['model_name']} ({meta['table_rows'] - 1} rows, feeds "
+                f"{', '.join(meta['feed_names'])}) -> {out}")
+    meta = export_sharded(args.checkpoint, args.out, dtype, args.base_every)
+    on = f" on version {meta['parent']}" if meta["parent"] is not None else ""
+    return (f"serving version {meta['version']} ({meta['kind']}{on}) of {meta['model_name']}: {meta['rows']} rows "
+            f"in {meta['shard_num']} shards, {meta['written_rows']} written, {meta['removed_rows']} removed -> "
+            f"{meta['store']}")
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m components.serving", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m components.export.serving", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
-    export = commands.add_parser("export", help="checkpoint -> serving model directory")
+    export = commands.add_parser("export", help="checkpoint -> the next version of an export store, or a model")
     export.add_argument("--checkpoint", required=True, help="a committed checkpoint directory (with MANIFEST.json)")
-    export.add_argument("--out", required=True, help="the serving model directory to write")
-    predict = commands.add_parser("predict", help="score MultiSlot files with a serving model")
-    predict.add_argument("--model", required=True, help="a serving model directory")
+    export.add_argument("--out", required=True, help="sharded: the export store; single: the model directory")
+    export.add_argument("--format", choices=[f.value for f in ExportFormat], default=ExportFormat.sharded.value)
+    export.add_argument("--dtype", choices=[d.value for d in ExportDtype], default=ExportDtype.float32.value,
+                        help="of the embedding rows")
+    export.add_argument("--base-every", type=int, default=8, help="sharded: a new base after this many deltas "
+                        "(0: always a base)")
+    predict = commands.add_parser("predict", help="score MultiSlot files with an exported model")
+    predict.add_argument("--model", required=True, help="a model or version directory, or an export store")
     predict.add_argument("--input", required=True, nargs="+", help="MultiSlot files or globs (quote globs)")
     predict.add_argument("--output", required=True, help="file to write, one probability per line")
+    predict.add_argument("--no-verify", action="store_true", help="skip checking every file's sha256 at load")
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
-            out = export_inference_model(args.checkpoint, args.out)
-            meta = json.loads((out / SERVING_META).read_text())
-            print(f"serving model {meta['model_name']} ({meta['table_rows'] - 1} rows, feeds "
-                  f"{', '.join(meta['feed_names'])}) -> {out}")
+            print(_export(args))
         else:
-            model = InferenceModel.load(args.model)
+            model = InferenceModel.load(args.model, verify=not args.no_verify)
             files = expand_inputs(args.input)
             preds = model.predict_files(files)
             write_predictions(args.output, preds)

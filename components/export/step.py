@@ -1,35 +1,62 @@
-"""What the export step runs: a plain function over :func:`components.serving.export_inference_model`.
+"""What the export step runs: the delivered checkpoint exported per ``export.format``.
 
-The ``serving_model`` artifact is the serving model directory itself (``model.pdmodel``,
-``model.pdiparams``, ``ids.npy``, ``serving.json``): unlike the checkpoint it is small and immutable, so it
-lives in the artifact store; its metadata names the model, its feeds and the checkpoint it came from.
+* ``sharded`` (default): the next version of the export store (``export.uri``, else ``<checkpoint.uri>-serving``):
+  a base, or a delta on the latest version, with a new base every ``export.base_every`` deltas
+  (:func:`components.export.sharded.export_sharded`). The checkpoint's table files are fetched and converted
+  one at a time, so the step never holds the whole table. The ``serving_model`` artifact gets a copy of that
+  version; a delta's ``serving.json`` names its chain and store, so a user loads the store (or the artifact,
+  which loads the chain from there).
+* ``single``: one Paddle inference model holding every row (:func:`components.export.single.export_single`),
+  the artifact itself; the step's memory grows with the table.
+
+The artifact's metadata names the format, version, kind, parent, rows and shards, and the checkpoint it came from.
 """
 
-import json
 from pathlib import Path
 from typing import Any, Optional
 
-from components.config import from_dict
-from components.serving import SERVING_META, export_inference_model
-from components.checkpoint.pointer import fetched_checkpoint
+from components.checkpoint.pointer import fetch_file, fetched_checkpoint
+from components.config import ExportFormat, from_dict
+from components.export.manifest import read_manifest
+from components.export.sharded import export_sharded
+from components.export.single import export_single
+from components.export.store import ExportStore, export_store_uri
 
 
 def serving_metadata(serving: dict) -> dict:
     """The facts worth showing on the Model artifact (the full set is ``serving.json`` inside it)."""
     source = serving["source_checkpoint"]
-    return {"model_name": serving["model_name"], "feed_names": serving["feed_names"],
-            "fetch_names": serving["fetch_names"], "table_rows": serving["table_rows"],
-            "checkpoint_uri": source.get("uri"), "checkpoint_id": source.get("id"),
-            "checkpoint_manifest_sha256": source["manifest_sha256"],
-            "paddle_version": serving["paddle_version"], "format": "paddle-inference"}
+    facts = {"format": serving["format"], "model_name": serving["model_name"], "feed_names": serving["feed_names"],
+             "fetch_names": serving["fetch_names"], "embedding_dtype": serving["embedding_dtype"],
+             "checkpoint_uri": source.get("uri"), "checkpoint_id": source.get("id"),
+             "checkpoint_manifest_sha256": source["manifest_sha256"], "paddle_version": serving["paddle_version"]}
+    if serving["format"] == ExportFormat.single.value:
+        return {**facts, "rows": serving["table_rows"] - 1}
+    return {**facts, "version": serving["version"], "kind": serving["kind"], "parent": serving["parent"],
+            "chain": serving["chain"], "store": serving["store"], "rows": serving["rows"],
+            "written_rows": serving["written_rows"], "removed_rows": serving["removed_rows"],
+            "shards": serving["shard_num"]}
 
 
 def export_serving_model(config: Any, checkpoint_path: str, checkpoint_metadata: Optional[dict],
                          out_dir: str) -> dict:
-    """Export the checkpoint the Model artifact points at into ``out_dir``; returns the artifact metadata."""
-    from_dict(config)  # the same config check as every step
+    """Export the checkpoint the Model artifact points at; ``out_dir`` gets the model (or version) written.
+    Returns the artifact metadata."""
+    cfg = from_dict(config)
     with fetched_checkpoint(checkpoint_path, checkpoint_metadata) as (uri, ckpt_id, local):
-        out = export_inference_model(local, out_dir, source={"uri": uri, "id": ckpt_id})
-    serving = json.loads((Path(out) / SERVING_META).read_text())
-    print(f"serving model: {serving['model_name']} from checkpoint {ckpt_id} in {uri} -> {out}", flush=True)
+        source = {"uri": uri, "id": ckpt_id}
+
+        def fetch(rel: str) -> Path:
+            return fetch_file(uri, ckpt_id, rel, local.parent / "tables")
+
+        if cfg.export.format is ExportFormat.single:
+            serving = read_manifest(export_single(local, out_dir, cfg.export.dtype, source, fetch))
+        else:
+            store_uri = export_store_uri(cfg)
+            serving = export_sharded(local, store_uri, cfg.export.dtype, cfg.export.base_every, source, fetch)
+            ExportStore(store_uri).copy_to(serving["version"], Path(out_dir))
+    what = (f"version {serving['version']} ({serving['kind']}) in {serving['store']}"
+            if serving["format"] == ExportFormat.sharded.value else "single-file model")
+    print(f"serving model: {serving['model_name']} from checkpoint {ckpt_id} in {uri} -> {what}, {out_dir}",
+          flush=True)
     return serving_metadata(serving)

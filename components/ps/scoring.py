@@ -4,7 +4,7 @@ The network is rebuilt from ``model.json`` with a local embedding table holding 
 their exported dtype (a float16 table's looked-up rows are widened to float32, exactly, before the network);
 ids the servers never saw map to a zero row (the PS would create them with near-zero weights).
 :func:`build_program` is the one place that builds that program: :class:`Scorer` runs it here, and
-:func:`components.serving.export_inference_model` saves it in Paddle's inference format.
+:func:`components.export.single.export_single` saves it in Paddle's inference format.
 """
 
 from __future__ import annotations
@@ -133,13 +133,14 @@ def row_indices(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
     return np.where(ids[pos] == values, pos, len(ids)).astype(np.int64)
 
 
-def predict_batches(run: Callable[[dict], np.ndarray], ids: np.ndarray, dense_name: Optional[str],
+def predict_batches(run: Callable[[dict], np.ndarray], ids: Optional[np.ndarray], dense_name: Optional[str],
                     sparse_names: list[str], dense: np.ndarray, sparse: list[RaggedIds],
                     batch: int = SCORE_BATCH) -> np.ndarray:
     """``[n, k]``: the ``k`` outputs of every row, ``run(feed)`` scoring one batch into ``[b, k]``.
 
     ``feed`` maps ``dense_name`` to a float32 ``[b, dense_dim]`` array and each sparse name to a LoD tensor
-    of row indices (:func:`row_indices`) with one sequence per example.
+    of row indices (:func:`row_indices` in ``ids``; ``ids`` None: the feature ids themselves, for a program that
+    looks them up on the servers) with one sequence per example.
     """
     import paddle
 
@@ -161,7 +162,9 @@ def predict_batches(run: Callable[[dict], np.ndarray], ids: np.ndarray, dense_na
                 raise ValueError(f"sparse slot {name} holds {len(slot.offsets) - 1} rows, expected {n}")
             lo, hi = int(slot.offsets[start]), int(slot.offsets[stop])
             tensor = paddle.base.core.LoDTensor()
-            tensor.set(row_indices(ids, slot.values[lo:hi]).reshape(-1, 1), paddle.CPUPlace())
+            values = slot.values[lo:hi]
+            rows = values.astype(np.int64) if ids is None else row_indices(ids, values)
+            tensor.set(rows.reshape(-1, 1), paddle.CPUPlace())
             tensor.set_lod([(slot.offsets[start:stop + 1] - lo).tolist()])
             feed[name] = tensor
         scores = np.asarray(run(feed), dtype=np.float32).reshape(stop - start, -1)

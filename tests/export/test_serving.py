@@ -1,5 +1,5 @@
-"""The servable inference model (components.serving) and the pipeline's export step, on real checkpoints
-built directly (random but fixed parameters; no PS job)."""
+"""The servable models of both export formats (components.export) and their command line, on real checkpoints
+built directly (random but fixed parameters; no PS job; the rows in the servers' text shard files)."""
 
 import dataclasses
 import json
@@ -13,47 +13,37 @@ import paddle
 import pytest
 
 from components.checkpoint import format as ckpt_io
-from components.config import ExportDtype, from_dict, to_dict
+from components.config import ExportDtype
 from components.data_prep.hashing import HASH_FUNCTION
 from components.data_prep.multislot import RaggedIds, Schema, format_line, read_shards
 from components.data_prep.prepare import prepare_synthetic
-from components.evaluate.evaluate import evaluate
-from components.ps.scoring import Scorer, build_program, read_test_split, row_indices
-from components.evaluate.metrics import binary_metrics
-from components.serving import (IDS_FILE, SERVING_META, InferenceModel, ServingModelError, export_inference_model,
-                                main)
-from components.ps.models import EMBEDDING_TABLE
-from tests.conftest import calibrated_reference, commit_staged_checkpoint, score_serving_model
+from components.export.manifest import MANIFEST, ServingModelError
+from components.export.serving import InferenceModel, ShardedModel, SingleModel, main
+from components.export.sharded import export_sharded
+from components.export.shards import SHARDS
+from components.export.single import IDS_FILE, export_single
+from components.export.store import VERSION_NAME, ExportStore
+from components.metrics import binary_metrics
+from components.ps.scoring import Scorer, read_test_split, row_indices
+from tests.conftest import calibrated_reference, score_serving_model
+from tests.export.checkpoints import (CALIBRATION, EMBEDDING_DIM, SHARD_NUM, VOCAB, commit_checkpoint,
+                                      make_checkpoint)
 
 FAMILIES = ("dnn", "wide_deep", "deepfm", "dcn")
-# The calibration a checkpoint carries (fitted on the validation split while it trained): serving applies it.
-CALIBRATION = {"method": "platt", "a": 1.3, "b": -0.2}
-EMBEDDING_DIM = 5
-VOCAB = 5000
+FORMATS = ("single", "sharded")
 # float16 keeps 11 significant bits: rounding moves a weight by at most 2**-11 of its value.
 FLOAT16_MAX_RELATIVE_ERROR = 2.0 ** -11
 
 
-def build_checkpoint(root: Path, data_dir: Path, model: str, seed: int = 0) -> Path:
-    """A committed checkpoint as the train step leaves it: rows for the train split's ids (every 5th id left
-    out, so the test split holds unseen ids) and every dense parameter of the model."""
-    stats = json.loads((data_dir / "stats.json").read_text())
-    schema = Schema.from_dict(stats["schema"])
-    cfg = from_dict({"model": {"name": model, "hidden": [16, 8]},
-                     "table": {"embedding_dim": EMBEDDING_DIM, "vocab_size": VOCAB}})
-    _, _, sparse = read_shards([data_dir / p for p in stats["shards"]["train"]], schema)
-    ids = np.delete(np.unique(np.concatenate([slot.values for slot in sparse])).astype(np.uint64), np.s_[::5])
-    rng = np.random.default_rng(seed)
-    rows = rng.normal(0, 0.3, (len(ids), EMBEDDING_DIM)).astype(np.float32)
-    program = build_program(cfg.model, schema, len(ids) + 1, EMBEDDING_DIM)
-    dense = {p.name: rng.normal(0, 0.3, p.shape).astype(np.float32)
-             for p in program.main.all_parameters() if p.name != EMBEDDING_TABLE}
-    ckpt_io.save_export(root, ids, rows, dense)
-    full = to_dict(cfg)
-    return commit_staged_checkpoint(root, {"model": full["model"], "table": full["table"], "mode": "async",
-                                           "schema": stats["schema"], "servers": 1, "workers": 1,
-                                           "paddle_version": paddle.__version__, "training": {}, "rows": int(len(ids)),
-                                           "calibration": CALIBRATION})
+@dataclasses.dataclass
+class Exported:
+    checkpoint: ckpt_io.Checkpoint  # what was committed
+    ckpt: Path  # the committed checkpoint directory
+    single: Path  # its single-file model
+    store: Path  # an export store holding its sharded base, version 1
+
+    def model_path(self, fmt: str) -> Path:
+        return self.single if fmt == "single" else self.store
 
 
 @pytest.fixture(scope="module")
@@ -64,72 +54,112 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module", params=FAMILIES)
-def exported(request, data_dir, tmp_path_factory):
-    """``(checkpoint dir, serving model dir)`` of one model family."""
+def exported(request, data_dir, tmp_path_factory) -> Exported:
+    """One model family's checkpoint exported in both formats."""
     root = tmp_path_factory.mktemp(request.param)
-    ckpt = build_checkpoint(root / "checkpoint", data_dir, request.param, seed=FAMILIES.index(request.param))
-    return ckpt, export_inference_model(ckpt, root / "serving")
+    checkpoint = make_checkpoint(data_dir, request.param, seed=FAMILIES.index(request.param))
+    ckpt = commit_checkpoint(root / "checkpoint", checkpoint)
+    export_sharded(ckpt, str(root / "store"))
+    return Exported(checkpoint, ckpt, export_single(ckpt, root / "single"), root / "store")
 
 
-def test_export_writes_the_paddle_inference_format(exported):
-    ckpt, serving = exported
+def test_single_export_writes_the_paddle_inference_format(exported):
+    serving = exported.single
     assert sorted(p.name for p in serving.iterdir()) == ["ids.npy", "model.pdiparams", "model.pdmodel",
                                                          "serving.json"]
     assert not [p for p in serving.parent.iterdir() if p.name.startswith(".")]  # no staging left behind
-    meta = json.loads((serving / SERVING_META).read_text())
-    checkpoint = ckpt_io.load(ckpt)
+    meta = json.loads((serving / MANIFEST).read_text())
+    checkpoint = exported.checkpoint
+    assert meta["format"] == "single" and sorted(meta["files"]) == ["ids.npy", "model.pdiparams", "model.pdmodel"]
     assert meta["model_name"] == checkpoint.meta["model"]["name"] and meta["schema"] == checkpoint.meta["schema"]
     assert meta["feed_names"] == ["dense", *checkpoint.meta["schema"]["sparse_slots"]]
     assert [feed["name"] for feed in meta["feeds"]] == meta["feed_names"]
     assert meta["paddle_version"] == paddle.__version__
-    assert meta["source_checkpoint"]["path"] == str(ckpt.resolve())
+    assert meta["source_checkpoint"]["path"] == str(exported.ckpt.resolve())
     assert meta["table_rows"] == len(checkpoint.ids) + 1 and meta["unseen_row"] == len(checkpoint.ids)
     assert np.array_equal(np.load(serving / IDS_FILE), checkpoint.ids)
 
 
-def test_exported_model_predicts_like_the_scorer_and_evaluation(exported, data_dir, tmp_path):
-    ckpt, serving = exported
+def test_sharded_export_writes_a_version_of_id_sorted_shards(exported):
+    version = exported.store / VERSION_NAME.format(1)
+    assert sorted(p.name for p in exported.store.iterdir()) == ["v000001"]  # no staging left behind
+    meta = json.loads((version / MANIFEST).read_text())
+    assert (meta["format"], meta["kind"], meta["version"], meta["parent"], meta["chain"]) == ("sharded", "base", 1,
+                                                                                             None, [1])
+    assert meta["store"] == str(exported.store) and meta["shard_num"] == SHARD_NUM
+    slots = exported.checkpoint.meta["schema"]["sparse_slots"]
+    assert meta["feed_names"] == ["dense", *[f"{slot}.rows" for slot in slots]]
+    assert meta["slot_tables"] == {slot: "embedding" for slot in slots}
+    assert (meta["embedding_dim"], meta["embedding_dtype"], meta["hash_function"]) == (EMBEDDING_DIM, "float32",
+                                                                                       HASH_FUNCTION)
+    assert meta["calibration"] == CALIBRATION and meta["vocab_size"] == VOCAB
+    assert meta["source_checkpoint"]["manifest_sha256"] == ckpt_io.file_digest(exported.ckpt / ckpt_io.MANIFEST)[1]
+    assert sorted(meta["files"]) == sorted(["model.pdmodel", "model.pdiparams",
+                                            *(f"{SHARDS}/{s:05d}.{kind}.npy" for s in range(SHARD_NUM)
+                                              for kind in ("ids", "rows"))])
+    ids, rows = exported.checkpoint.ids, exported.checkpoint.rows
+    assert meta["rows"] == meta["written_rows"] == len(ids) and meta["removed_rows"] == 0
+    for shard, entry in enumerate(meta["shards"]):
+        mine = ids % np.uint64(SHARD_NUM) == np.uint64(shard)
+        assert np.array_equal(np.load(version / entry["ids"]), ids[mine])  # sorted: ids are
+        assert np.array_equal(np.load(version / entry["rows"]), rows[mine])
+        assert entry["total"] == entry["written"] == mine.sum()
+
+
+def test_both_formats_predict_like_the_scorer(exported, data_dir):
     labels, dense, sparse = read_test_split(data_dir)
-    raw = Scorer(ckpt_io.load(ckpt)).predict(dense, sparse)
+    raw = Scorer(exported.checkpoint).predict(dense, sparse)
     expected = calibrated_reference(raw, CALIBRATION)  # what the served program computes, in float32
-    got = InferenceModel.load(serving).predict(dense, sparse)
+    single = InferenceModel.load(exported.single)
+    sharded = InferenceModel.load(exported.store)
+    assert type(single) is SingleModel and type(sharded) is ShardedModel
+    got = single.predict(dense, sparse)
     assert got.shape == expected.shape == labels.shape
     assert np.max(np.abs(got - expected)) < 1e-6 and np.max(np.abs(got - raw)) > 1e-3
-    scored = score_serving_model(serving, data_dir)
-    assert np.max(np.abs(scored["preds"] - expected)) < 1e-6
-    metrics = evaluate(ckpt, data_dir, tmp_path / "eval", from_dict({"eval": {"baseline": False}}).eval)
-    for key in ("auc", "calibration", "logloss"):  # the evaluation scores with the served program's arithmetic
-        assert scored["metrics"][key] == pytest.approx(metrics[key], abs=1e-12), key
-    assert metrics["uncalibrated_logloss"] == pytest.approx(binary_metrics(labels, raw)["logloss"], abs=1e-9)
+    assert np.max(np.abs(sharded.predict(dense, sparse) - got)) <= 1e-6  # the sharded model is the single one
+    for path in (exported.single, exported.store):
+        scored = score_serving_model(path, data_dir)
+        assert np.max(np.abs(scored["preds"] - got)) <= 1e-6
+        assert scored["metrics"]["auc"] == pytest.approx(binary_metrics(labels, got)["auc"], abs=1e-9)
     assert len(np.unique(got)) > len(got) // 2  # the model is not a constant
 
 
-def test_a_paddle_inference_predictor_serves_it(exported, data_dir):
-    _, serving = exported
+def test_a_paddle_inference_predictor_serves_both_formats(exported, data_dir):
     _, dense, sparse = read_test_split(data_dir)
     n = 300
-    got = _paddle_inference_predict(serving, dense, sparse, n)
-    expected = InferenceModel.load(serving).predict(dense[:n], [_head(slot, n) for slot in sparse])
-    assert np.max(np.abs(got - expected)) < 1e-6
+    expected = InferenceModel.load(exported.single).predict(dense[:n], [_head(slot, n) for slot in sparse])
+    assert np.max(np.abs(_paddle_inference_predict(exported.single, dense, sparse, n) - expected)) < 1e-6
+    version = exported.store / VERSION_NAME.format(1)
+    assert np.max(np.abs(_paddle_inference_predict(version, dense, sparse, n) - expected)) < 1e-6
 
 
 def _paddle_inference_predict(serving: Path, dense: np.ndarray, sparse: list[RaggedIds], n: int) -> np.ndarray:
-    """Another runtime, fed as serving.json says: row indices (ids.npy) with one LoD sequence per example."""
-    meta = json.loads((serving / SERVING_META).read_text())
+    """Another runtime, fed as serving.json says: row indices of ids.npy (single), or the rows themselves, looked
+    up in the id-sorted shards (sharded), with one LoD sequence per example."""
+    meta = json.loads((serving / MANIFEST).read_text())
     config = paddle.inference.Config(str(serving / meta["model_file"]), str(serving / meta["params_file"]))
     config.disable_gpu()
     config.disable_glog_info()
     predictor = paddle.inference.create_predictor(config)
     assert predictor.get_input_names() == meta["feed_names"]
-    ids = np.load(serving / IDS_FILE)
     handle = predictor.get_input_handle("dense")
     handle.reshape([n, dense.shape[1]])
     handle.copy_from_cpu(np.ascontiguousarray(dense[:n]))
     for name, slot in zip(meta["feed_names"][1:], sparse):
-        rows = row_indices(ids, slot.values[:slot.offsets[n]]).reshape(-1, 1)
+        values = slot.values[:slot.offsets[n]].astype(np.uint64)
+        if meta["format"] == "single":
+            fed = row_indices(np.load(serving / IDS_FILE), values).reshape(-1, 1)
+        else:
+            fed = np.zeros((len(values), meta["embedding_dim"]), np.float32)
+            for shard, entry in enumerate(meta["shards"]):
+                ids, rows = np.load(serving / entry["ids"]), np.load(serving / entry["rows"])
+                mine = np.flatnonzero(values % np.uint64(meta["shard_num"]) == np.uint64(shard))
+                pos = np.minimum(np.searchsorted(ids, values[mine]), len(ids) - 1)
+                found = ids[pos] == values[mine]
+                fed[mine[found]] = rows[pos[found]]
         handle = predictor.get_input_handle(name)
-        handle.reshape(list(rows.shape))
-        handle.copy_from_cpu(rows)
+        handle.reshape(list(fed.shape))
+        handle.copy_from_cpu(fed)
         handle.set_lod([slot.offsets[:n + 1].tolist()])
     predictor.run()
     return predictor.get_output_handle(meta["fetch_names"][0]).copy_to_cpu().ravel()
@@ -144,14 +174,15 @@ def _one_example(slots: list[list[int]], dense_dim: int) -> tuple[np.ndarray, li
     return dense, [RaggedIds(np.asarray(ids, np.int64), np.asarray([0, len(ids)], np.int64)) for ids in slots]
 
 
-def test_unseen_ids_score_with_the_zero_row(exported):
-    ckpt, serving = exported
-    model = InferenceModel.load(serving)
-    scorer = Scorer(ckpt_io.load(ckpt), calibrated=True)  # as served
-    seen = [int(i) for i in model.ids[: len(model.schema.sparse_slots)]]
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_unseen_ids_score_with_the_zero_row(exported, fmt):
+    model = InferenceModel.load(exported.model_path(fmt))
+    scorer = Scorer(exported.checkpoint, calibrated=True)  # as served
+    ids = exported.checkpoint.ids
+    seen = [int(i) for i in ids[: len(model.schema.sparse_slots)]]
     unseen = [VOCAB + 7, VOCAB + 11]  # outside the hashed id range: never trained
-    assert not np.isin(np.asarray(unseen, np.uint64), model.ids).any()
-    assert list(row_indices(model.ids, np.asarray(unseen))) == [len(model.ids)] * 2
+    assert not np.isin(np.asarray(unseen, np.uint64), ids).any()
+    assert list(row_indices(ids, np.asarray(unseen))) == [len(ids)] * 2
     dim = model.schema.dense_dim
     # Sum pooling over a zero row: an unseen id next to a seen one changes nothing.
     alone = model.predict(*_one_example([[i] for i in seen], dim))
@@ -166,58 +197,35 @@ def test_unseen_ids_score_with_the_zero_row(exported):
 
 
 def test_the_test_split_holds_unseen_ids(exported, data_dir):
-    _, serving = exported
     _, _, sparse = read_test_split(data_dir)
     values = np.concatenate([slot.values for slot in sparse]).astype(np.uint64)
-    unseen = ~np.isin(values, np.load(serving / IDS_FILE))
+    unseen = ~np.isin(values, np.load(exported.single / IDS_FILE))
     assert 0 < unseen.sum() < len(values)
 
 
-def _float16_twin(ckpt: Path, out: Path) -> Path:
-    """The same checkpoint, its export's rows stored as ``checkpoint.export_dtype=float16`` stores them."""
-    checkpoint = ckpt_io.load(ckpt)
-    ckpt_io.save_export(out, checkpoint.ids, checkpoint.rows, checkpoint.dense, ExportDtype.float16)
-    return commit_staged_checkpoint(out, checkpoint.meta)
-
-
-def _file_size(root: Path, rel: str) -> int:
-    return (root / rel).stat().st_size
-
-
-def test_float16_export_halves_the_rows_and_loads_back_rounded(exported, tmp_path):
-    ckpt, _ = exported
-    full = ckpt_io.load(ckpt)
-    half = ckpt_io.load(_float16_twin(ckpt, tmp_path / "float16"))
-    assert half.rows.dtype == np.float16 and np.array_equal(half.rows, full.rows.astype(np.float16))
-    assert np.array_equal(half.ids, full.ids)
-    # Dense parameters stay float32: resume restores them from this export.
-    assert half.dense.keys() == full.dense.keys()
-    for name, value in full.dense.items():
-        assert half.dense[name].dtype == np.float32 and np.array_equal(half.dense[name], value)
-    # The file loses exactly half the rows' bytes; the uint64 ids and the npz framing stay as they were.
-    embedding = f"{ckpt_io.EXPORT}/{ckpt_io.EMBEDDING_FILE}"
-    assert _file_size(ckpt, embedding) - _file_size(tmp_path / "float16", embedding) == full.rows.nbytes // 2
-
-
-def test_float16_serving_model_predicts_like_the_float32_one(exported, data_dir, tmp_path):
-    ckpt, serving = exported
-    half_ckpt = _float16_twin(ckpt, tmp_path / "float16")
-    half_serving = export_inference_model(half_ckpt, tmp_path / "serving16")
-    assert json.loads((serving / SERVING_META).read_text())["embedding_dtype"] == "float32"
-    assert json.loads((half_serving / SERVING_META).read_text())["embedding_dtype"] == "float16"
-    # The table (checkpoint rows + the zero row) is stored float16: the params file loses half its bytes.
-    full = ckpt_io.load(ckpt)
-    table_bytes = (len(full.ids) + 1) * EMBEDDING_DIM * 4
-    params = "model.pdiparams"
-    assert _file_size(serving, params) - _file_size(half_serving, params) == table_bytes // 2
+def test_float16_models_predict_like_each_other_and_near_float32(exported, data_dir, tmp_path):
+    single16 = export_single(exported.ckpt, tmp_path / "single16", ExportDtype.float16)
+    export_sharded(exported.ckpt, str(tmp_path / "store16"), ExportDtype.float16)
+    version16, version = tmp_path / "store16" / "v000001", exported.store / "v000001"
+    for path in (single16, version16):
+        assert json.loads((path / MANIFEST).read_text())["embedding_dtype"] == "float16"
+    # The rows are stored float16: the single model's table (rows + the zero row) and each rows shard lose half.
+    full = exported.checkpoint
+    assert _size(exported.single, "model.pdiparams") - _size(single16, "model.pdiparams") == \
+        (len(full.ids) + 1) * EMBEDDING_DIM * 2
+    for entry in json.loads((version16 / MANIFEST).read_text())["shards"]:
+        assert np.array_equal(np.load(version16 / entry["rows"]), np.load(version / entry["rows"]).astype(np.float16))
 
     labels, dense, sparse = read_test_split(data_dir)
-    expected = InferenceModel.load(serving).predict(dense, sparse)
-    got = InferenceModel.load(half_serving).predict(dense, sparse)
+    expected = InferenceModel.load(exported.single).predict(dense, sparse)
+    got = InferenceModel.load(single16).predict(dense, sparse)
+    assert np.max(np.abs(InferenceModel.load(tmp_path / "store16").predict(dense, sparse) - got)) <= 1e-6
     # It is the float16 checkpoint's scorer, and another runtime serves it the same.
-    assert np.max(np.abs(got - Scorer(ckpt_io.load(half_ckpt), calibrated=True).predict(dense, sparse))) < 1e-6
+    half = dataclasses.replace(full, rows=full.rows.astype(np.float16))
+    assert np.max(np.abs(got - Scorer(half, calibrated=True).predict(dense, sparse))) < 1e-6
     n = 300
-    assert np.max(np.abs(_paddle_inference_predict(half_serving, dense, sparse, n) - got[:n])) < 1e-6
+    assert np.max(np.abs(_paddle_inference_predict(single16, dense, sparse, n) - got[:n])) < 1e-6
+    assert np.max(np.abs(_paddle_inference_predict(version16, dense, sparse, n) - got[:n])) < 1e-6
     # Tolerance: rounding to float16 moves each weight by at most 2**-11 of its value, so the yardstick is a
     # float32 twin whose every row weight is moved by exactly that much (random signs). Most weights round
     # by less: float16 stayed at 0.3-0.6 of the twin's largest deviation (3 seeds x 3 model families).
@@ -228,43 +236,54 @@ def test_float16_serving_model_predicts_like_the_float32_one(exported, data_dir,
     assert binary_metrics(labels, got)["auc"] == pytest.approx(binary_metrics(labels, expected)["auc"], abs=0.002)
 
 
-def test_float16_export_refuses_values_it_cannot_hold(tmp_path):
-    ids = np.arange(3, dtype=np.uint64)
-    rows = np.array([[0.5, 1.0], [7e4, 0.0], [-1.0, 2.0]], np.float32)  # float16 ends at 65504
-    with pytest.raises(ckpt_io.CheckpointError, match="up to 70000 do not fit checkpoint.export_dtype=float16"):
-        ckpt_io.save_export(tmp_path / "half", ids, rows, {}, ExportDtype.float16)
-    assert not (tmp_path / "half").exists()
-    ckpt_io.save_export(tmp_path / "full", ids, rows, {}, ExportDtype.float32)
-    with np.load(tmp_path / "full" / ckpt_io.EXPORT / ckpt_io.EMBEDDING_FILE) as table:
-        assert np.array_equal(table["rows"], rows)
+def _size(root: Path, rel: str) -> int:
+    return (root / rel).stat().st_size
 
 
-def test_cli_predict_writes_one_probability_per_example(exported, data_dir, tmp_path, capsys):
-    _, serving = exported
+def test_float16_export_refuses_values_it_cannot_hold(data_dir, tmp_path):
+    checkpoint = make_checkpoint(data_dir, "dnn")
+    checkpoint.rows[3, 1] = 7e4  # float16 ends at 65504
+    ckpt = commit_checkpoint(tmp_path / "checkpoint", checkpoint)
+    with pytest.raises(ValueError, match="up to 70000 do not fit export.dtype=float16"):
+        export_single(ckpt, tmp_path / "single", ExportDtype.float16)
+    with pytest.raises(ValueError, match="up to 70000 do not fit export.dtype=float16"):
+        export_sharded(ckpt, str(tmp_path / "store"), ExportDtype.float16)
+    assert not (tmp_path / "single").exists() and ExportStore(str(tmp_path / "store")).versions() == []
+    assert not [p for p in tmp_path.rglob(".*")]  # nothing staged either
+    export_sharded(ckpt, str(tmp_path / "store"), ExportDtype.float32)
+    assert np.load(tmp_path / "store" / "v000001" / SHARDS / f"{int(checkpoint.ids[3]) % SHARD_NUM:05d}.rows.npy"
+                   ).max() == np.float32(7e4)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cli_predict_writes_one_probability_per_example(exported, fmt, data_dir, tmp_path, capsys):
+    model = exported.model_path(fmt)
     stats = json.loads((data_dir / "stats.json").read_text())
     shards = [data_dir / p for p in stats["shards"]["test"]]
     out = tmp_path / "out" / "preds.txt"
-    assert main(["predict", "--model", str(serving), "--input", str(data_dir / "test" / "part-*.txt"),
+    assert main(["predict", "--model", str(model), "--input", str(data_dir / "test" / "part-*.txt"),
                  "--output", str(out)]) == 0
     lines = out.read_text().splitlines()
     assert len(lines) == stats["rows"]["test"]
     assert f"{len(lines)} predictions from {len(shards)} file(s)" in capsys.readouterr().out
     _, dense, sparse = read_shards(sorted(shards), Schema.from_dict(stats["schema"]))
-    expected = InferenceModel.load(serving).predict(dense, sparse)
+    expected = InferenceModel.load(model).predict(dense, sparse)
     assert np.array_equal(np.asarray(lines, np.float32), expected)  # %.9g: float32 reads back exactly
     # Files in the order given, each glob's matches sorted.
     reverse = tmp_path / "reverse.txt"
-    assert main(["predict", "--model", str(serving), "--input", *map(str, sorted(shards)[::-1]),
-                 "--output", str(reverse)]) == 0
+    assert main(["predict", "--model", str(model), "--input", *map(str, sorted(shards)[::-1]),
+                 "--output", str(reverse), "--no-verify"]) == 0
     first = sum(1 for _ in open(sorted(shards)[-1]))
     # (a row's float32 result may move in the last bits with its position in the batch)
     assert np.allclose(np.asarray(reverse.read_text().splitlines()[:first], np.float32),
                        np.asarray(lines[-first:], np.float32), rtol=0, atol=1e-6)
 
 
-def test_cli_end_to_end_in_a_fresh_process(data_dir, tmp_path):
-    """``python -m components.serving export`` then ``predict`` on new MultiSlot lines, with unseen ids."""
-    ckpt = build_checkpoint(tmp_path / "checkpoint", data_dir, "deepfm")
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cli_end_to_end_in_a_fresh_process(data_dir, tmp_path, fmt):
+    """``python -m components.export.serving export`` then ``predict`` on new MultiSlot lines, with unseen ids."""
+    checkpoint = make_checkpoint(data_dir, "deepfm")
+    ckpt = commit_checkpoint(tmp_path / "checkpoint", checkpoint)
     schema = Schema.from_dict(json.loads((data_dir / "stats.json").read_text())["schema"])
     new = tmp_path / "new.txt"
     rng = np.random.default_rng(5)
@@ -273,72 +292,102 @@ def test_cli_end_to_end_in_a_fresh_process(data_dir, tmp_path):
                     [rng.integers(0, 2 * VOCAB, rng.integers(1, 3)).tolist() for _ in schema.sparse_slots], schema)
         + "\n" for _ in range(37)))
     serving, preds = tmp_path / "serving", tmp_path / "preds.txt"
-    for args in (["export", "--checkpoint", str(ckpt), "--out", str(serving)],
+    for args in (["export", "--checkpoint", str(ckpt), "--out", str(serving), "--format", fmt],
                  ["predict", "--model", str(serving), "--input", str(new), "--output", str(preds)]):
-        proc = subprocess.run([sys.executable, "-m", "components.serving", *args], cwd=tmp_path,
+        proc = subprocess.run([sys.executable, "-m", "components.export.serving", *args], cwd=tmp_path,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("37 predictions from 1 file(s)")
     lines = preds.read_text().splitlines()
     assert len(lines) == 37
     _, dense, sparse = read_shards([new], schema)
-    expected = Scorer(ckpt_io.load(ckpt), calibrated=True).predict(dense, sparse)
+    expected = Scorer(checkpoint, calibrated=True).predict(dense, sparse)
     assert np.max(np.abs(np.asarray(lines, np.float32) - expected)) < 1e-6
 
 
-def test_serving_names_the_id_function_and_refuses_one_it_does_not_implement(exported, tmp_path):
-    _, serving = exported
-    meta = json.loads((serving / SERVING_META).read_text())
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_serving_names_the_id_function_and_refuses_one_it_does_not_implement(exported, fmt, tmp_path):
+    root = exported.single if fmt == "single" else exported.store / "v000001"
+    meta = json.loads((root / MANIFEST).read_text())
     assert meta["hash_function"] == HASH_FUNCTION  # what maps raw values to the ids it looks up
     other = tmp_path / "other"
-    shutil.copytree(serving, other)
-    (other / SERVING_META).write_text(json.dumps({**meta, "hash_function": "murmur3_32(value) mod vocab_size"}))
+    shutil.copytree(root, other)
+    (other / MANIFEST).write_text(json.dumps({**meta, "hash_function": "murmur3_32(value) mod vocab_size"}))
     with pytest.raises(ServingModelError, match="'murmur3_32.*which this code does not implement"):
         InferenceModel.load(other)
 
 
-def test_export_of_a_directory_without_manifest_fails(exported, tmp_path, capsys):
-    ckpt, _ = exported
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_export_of_a_directory_without_manifest_fails(exported, fmt, tmp_path, capsys):
     partial = tmp_path / "partial"
-    shutil.copytree(ckpt, partial)
+    shutil.copytree(exported.ckpt, partial)
     (partial / ckpt_io.MANIFEST).unlink()
+    out = tmp_path / "serving"
     with pytest.raises(ckpt_io.CheckpointError, match="MANIFEST.json is missing"):
-        export_inference_model(partial, tmp_path / "serving")
-    assert not (tmp_path / "serving").exists()
+        export_single(partial, out) if fmt == "single" else export_sharded(partial, str(out))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["partial"]  # nothing staged either
-    assert main(["export", "--checkpoint", str(partial), "--out", str(tmp_path / "serving")]) == 2
+    assert main(["export", "--checkpoint", str(partial), "--out", str(out), "--format", fmt]) == 2
     assert "MANIFEST.json is missing" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["partial"]
 
 
 def test_export_replaces_an_earlier_export_but_nothing_else(exported, tmp_path):
-    ckpt, _ = exported
-    out = export_inference_model(ckpt, tmp_path / "serving")
+    out = export_single(exported.ckpt, tmp_path / "serving")
     (out / "stale").write_text("from an earlier export")
-    export_inference_model(ckpt, out)
-    assert not (out / "stale").exists() and (out / SERVING_META).is_file()
+    export_single(exported.ckpt, out)
+    assert not (out / "stale").exists() and (out / MANIFEST).is_file()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["serving"]
     other = tmp_path / "other"
     other.mkdir()
     (other / "notes.txt").write_text("keep me")
     with pytest.raises(FileExistsError):
-        export_inference_model(ckpt, other)
+        export_single(exported.ckpt, other)
     assert (other / "notes.txt").read_text() == "keep me"
 
 
 def test_load_refuses_an_incomplete_serving_model(exported, tmp_path):
-    _, serving = exported
     broken = tmp_path / "broken"
-    shutil.copytree(serving, broken)
+    shutil.copytree(exported.single, broken)
     (broken / IDS_FILE).unlink()
     with pytest.raises(ServingModelError, match="ids.npy is missing"):
         InferenceModel.load(broken)
-    np.save(broken / IDS_FILE, np.load(serving / IDS_FILE)[:-1])
-    with pytest.raises(ServingModelError, match="embedding table has"):
+    np.save(broken / IDS_FILE, np.load(exported.single / IDS_FILE)[:-1])
+    with pytest.raises(ServingModelError, match="ids.npy has sha256"):
         InferenceModel.load(broken)
+    with pytest.raises(ServingModelError, match="embedding table has"):
+        InferenceModel.load(broken, verify=False)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ServingModelError, match="empty is not a serving model: it holds no serving.json, and as an "
+                                                "export store no published version"):
+        InferenceModel.load(tmp_path / "empty")
 
 
-def test_predict_checks_its_inputs(exported, data_dir):
-    _, serving = exported
-    model = InferenceModel.load(serving)
+def test_a_tampered_shard_is_refused_in_one_line(exported, tmp_path):
+    copy = tmp_path / "v000001"
+    shutil.copytree(exported.store / "v000001", copy)
+    meta = json.loads((copy / MANIFEST).read_text())
+    rel = meta["shards"][1]["rows"]
+    rows = np.load(copy / rel)
+    rows[0, 0] += 1
+    np.save(copy / rel, rows)
+    digest = ckpt_io.file_digest(copy / rel)[1]
+    with pytest.raises(ServingModelError) as refused:
+        InferenceModel.load(copy)
+    message = str(refused.value)
+    assert "\n" not in message and str(copy / rel) in message
+    assert digest in message and meta["files"][rel]["sha256"] in message
+    assert InferenceModel.load(copy, verify=False).table.lookup(exported.checkpoint.ids[:1]).shape == (1, EMBEDDING_DIM)
+
+
+def test_the_sharded_model_maps_its_shards_instead_of_reading_them(exported):
+    model = InferenceModel.load(exported.store)
+    layers = [layer for shard in model.table.layers for layer in shard]
+    assert len(layers) == SHARD_NUM and all(isinstance(layer.rows, np.memmap) for layer in layers)
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_predict_checks_its_inputs(exported, fmt, data_dir):
+    model = InferenceModel.load(exported.model_path(fmt))
     _, dense, sparse = read_test_split(data_dir)
     with pytest.raises(ValueError, match="sparse slots"):
         model.predict(dense, sparse[:-1])
@@ -359,13 +408,31 @@ def test_a_schema_without_dense_features(tmp_path):
             for _ in range(rows)))
     (data / "stats.json").write_text(json.dumps({"schema": schema.to_dict(), "shards": {
         split: [f"{split}/part-00000.txt"] for split in ("train", "test")}}))
-    ckpt = build_checkpoint(tmp_path / "checkpoint", data, "deepfm")
-    serving = export_inference_model(ckpt, tmp_path / "serving")
-    assert json.loads((serving / SERVING_META).read_text())["feed_names"] == ["slot_1", "slot_2", "slot_3"]
+    checkpoint = make_checkpoint(data, "deepfm")
+    ckpt = commit_checkpoint(tmp_path / "checkpoint", checkpoint)
+    single = export_single(ckpt, tmp_path / "serving")
+    meta = export_sharded(ckpt, str(tmp_path / "store"))
+    assert json.loads((single / MANIFEST).read_text())["feed_names"] == ["slot_1", "slot_2", "slot_3"]
+    assert meta["feed_names"] == ["slot_1.rows", "slot_2.rows", "slot_3.rows"]
     labels, dense, sparse = read_test_split(data)
     assert dense.shape == (100, 0)
-    expected = Scorer(ckpt_io.load(ckpt), calibrated=True).predict(dense, sparse)
-    model = InferenceModel.load(serving)
-    assert np.max(np.abs(model.predict(dense, sparse) - expected)) < 1e-6
-    assert np.max(np.abs(model.predict(None, sparse) - expected)) < 1e-6
+    expected = Scorer(checkpoint, calibrated=True).predict(dense, sparse)
+    for path in (single, tmp_path / "store"):
+        model = InferenceModel.load(path)
+        assert np.max(np.abs(model.predict(dense, sparse) - expected)) < 1e-6
+        assert np.max(np.abs(model.predict(None, sparse) - expected)) < 1e-6
     assert len(np.unique(expected)) > 10
+
+
+def test_rows_merged_from_the_workers_export_as_the_servers_files_do(data_dir, tmp_path):
+    """Geo and SSD checkpoints carry their rows in export/embedding.npz: both formats read them from there."""
+    checkpoint = make_checkpoint(data_dir, "wide_deep")
+    from_files = commit_checkpoint(tmp_path / "files", checkpoint)
+    from_workers = commit_checkpoint(tmp_path / "workers", checkpoint, rows_from_workers=True)
+    assert not (from_workers / ckpt_io.TABLES).exists()
+    _, dense, sparse = read_test_split(data_dir)
+    expected = InferenceModel.load(export_single(from_files, tmp_path / "single")).predict(dense, sparse)
+    export_sharded(from_workers, str(tmp_path / "store"))
+    for model in (InferenceModel.load(export_single(from_workers, tmp_path / "single-workers")),
+                  InferenceModel.load(tmp_path / "store")):
+        assert np.max(np.abs(model.predict(dense, sparse) - expected)) <= 1e-6

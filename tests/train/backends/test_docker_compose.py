@@ -29,7 +29,7 @@ from components.ps.contract import SPEC_ENV, ClusterLayout, Role, role_env
 from components.train.backends import docker_compose as compose
 from components.train.job import planned_config
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET
-from tests.evaluate.test_serving import build_checkpoint
+from tests.export.checkpoints import build_checkpoint
 
 from tests.conftest import ROOT
 DOCKERFILE = ROOT / "containers" / "Dockerfile"

@@ -1,0 +1,115 @@
+"""What a serving directory says about itself (``serving.json``), how its files are checked, how one is put in place.
+
+Both formats write ``serving.json`` last, with ``format`` (``single`` or ``sharded``: ``export.format``),
+``format_version`` and, under ``files``, every other file with its size and sha256. A loader checks the files
+against it (:func:`verify_files`), so a truncated or altered file is refused in one line naming it and both
+digests. A directory is staged beside its final place and renamed there (:func:`swap_in`): complete or absent.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Any, Iterable
+
+from components.checkpoint.format import file_digest
+from components.data_prep.hashing import HASH_FUNCTION, check_hash_function
+
+MANIFEST = "serving.json"
+FORMAT_VERSION = 1
+FORMATS = ("single", "sharded")  # export.format
+
+
+class ServingModelError(RuntimeError):
+    """A serving model or export version that is incomplete, inconsistent or altered."""
+
+
+def checkpoint_facts(meta: dict[str, Any], manifest_sha256: str, source: dict[str, Any]) -> dict[str, Any]:
+    """What both formats record of the checkpoint they come from (its ``model.json``; ``source``: where it is)."""
+    table = meta["table"]
+    return {
+        "format_version": FORMAT_VERSION,
+        "model_name": meta["model"]["name"], "model": meta["model"], "schema": meta["schema"],
+        "embedding_dim": int(table["embedding_dim"]),
+        "vocab_size": table.get("vocab_size"),
+        # Checkpoints made before the name was recorded used the same (and only) function.
+        "hash_function": meta.get("hash_function") or HASH_FUNCTION,
+        # Applied in the program: it outputs calibrated probabilities.
+        "calibration": meta.get("calibration"),
+        "source_checkpoint": {"manifest_sha256": manifest_sha256, "mode": meta.get("mode"), "rows": meta.get("rows"),
+                              "paddle_version": meta.get("paddle_version"), **source},
+    }
+
+
+def file_entries(root: Path, rels: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """``{rel: {"size", "sha256"}}`` of files under ``root``: what ``serving.json["files"]`` records."""
+    entries = {}
+    for rel in sorted(rels):
+        size, sha = file_digest(root / rel)
+        entries[rel] = {"size": size, "sha256": sha}
+    return entries
+
+
+def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
+    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+
+
+def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
+    """``root/serving.json``, checked to be a format and version this code reads, with a hash function it implements."""
+    path = Path(root) / MANIFEST
+    if not path.is_file():
+        raise ServingModelError(f"{root} is not a serving model: {MANIFEST} is missing")
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as err:
+        raise ServingModelError(f"{path} is not valid JSON ({err}): truncated or altered") from None
+    if manifest.get("format") not in FORMATS or manifest.get("format_version") != FORMAT_VERSION:
+        raise ServingModelError(f"{path}: format {manifest.get('format')!r} version "
+                                f"{manifest.get('format_version')!r}; this code reads {' and '.join(FORMATS)} "
+                                f"version {FORMAT_VERSION}")
+    try:
+        check_hash_function(manifest.get("hash_function"), str(path))
+    except ValueError as err:
+        raise ServingModelError(str(err)) from None
+    return manifest
+
+
+def verify_file(path: Path, expected: dict[str, Any]) -> None:
+    """Refuse a file whose size or sha256 is not what its manifest recorded."""
+    if not path.is_file():
+        raise ServingModelError(f"{path} is missing: {MANIFEST} lists it")
+    size, sha = file_digest(path)
+    if sha != expected["sha256"] or size != expected["size"]:
+        raise ServingModelError(f"{path} has sha256 {sha} ({size} bytes), {MANIFEST} says {expected['sha256']} "
+                                f"({expected['size']} bytes): truncated or altered, refusing it")
+
+
+def verify_files(root: Path, manifest: dict[str, Any]) -> None:
+    """Check every file ``manifest`` lists under ``root`` (:func:`verify_file`)."""
+    for rel, expected in sorted(manifest["files"].items()):
+        verify_file(root / rel, expected)
+
+
+def check_replaceable(out: Path) -> None:
+    """``out`` may be absent, an empty directory or an earlier serving model; anything else is refused."""
+    if out.exists() and not (out.is_dir() and (not any(out.iterdir()) or (out / MANIFEST).is_file())):
+        raise FileExistsError(f"{out} exists and is not a serving model: refusing to replace it")
+
+
+def swap_in(staging: Path, out: Path) -> None:
+    """Rename ``staging`` to ``out``; an existing ``out`` is moved aside first and removed after."""
+    os.chmod(staging, 0o755)  # mkdtemp makes it private
+    if not out.exists():
+        os.rename(staging, out)
+        return
+    old = out.with_name(f".{out.name}.old-{uuid.uuid4().hex[:8]}")
+    os.rename(out, old)
+    try:
+        os.rename(staging, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
+    shutil.rmtree(old, ignore_errors=True)

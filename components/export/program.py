@@ -1,0 +1,104 @@
+"""The inference programs the serving formats save (``model.pdmodel`` + ``model.pdiparams``) and load back.
+
+The single-file model saves :class:`components.ps.scoring.Scorer`'s program: the network over a local table.
+The sharded format saves :func:`rows_program`: the same network (:func:`components.ps.scoring.network_program`)
+whose lookup is a feed, per sparse slot, of the rows already looked up (``<slot>.rows``: float32
+``[total_ids, dim]``, one LoD sequence per example), so everything after the lookup is the single-file model's,
+calibration included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.checkpoint.format import CheckpointError
+from components.config import from_dict
+from components.data_prep.multislot import Schema
+from components.ps.scoring import network_program
+
+MODEL_PREFIX = "model"
+PROGRAM_FILES = (f"{MODEL_PREFIX}.pdmodel", f"{MODEL_PREFIX}.pdiparams")
+ROWS_FEED = "{}.rows"  # the feed of one sparse slot's rows in the sharded format's program
+
+
+@dataclass
+class LoadedProgram:
+    """A saved inference program, loaded into a scope of its own."""
+
+    program: Any
+    feed_names: list[str]
+    fetch_targets: list
+    scope: Any
+    exe: Any
+
+    def run(self, feed: dict) -> np.ndarray:
+        import paddle
+
+        with paddle.static.scope_guard(self.scope):
+            (prob,) = self.exe.run(self.program, feed=feed, fetch_list=self.fetch_targets)
+        return prob
+
+
+def save_inference(staging: Path, feeds: list, prob: Any, program: Any, scope: Any, exe: Any) -> list[str]:
+    """Save ``program`` pruned to ``feeds`` -> ``prob`` under ``staging``; returns the fetch names as saved
+    (``save_inference_model`` appends a scale op after the target)."""
+    import paddle
+
+    with paddle.static.scope_guard(scope):
+        paddle.static.save_inference_model(str(staging / MODEL_PREFIX), feeds, [prob], exe, program=program)
+    return [v.name for v in load_program(staging).fetch_targets]
+
+
+def load_program(root: Path) -> LoadedProgram:
+    import paddle
+
+    paddle.enable_static()
+    scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+    with paddle.static.scope_guard(scope):
+        program, feed_names, fetch_targets = paddle.static.load_inference_model(str(root / MODEL_PREFIX), exe)
+    return LoadedProgram(program, list(feed_names), fetch_targets, scope, exe)
+
+
+@dataclass
+class RowsProgram:
+    """The sharded format's network, its dense parameters set in ``scope``."""
+
+    main: Any
+    feeds: list  # dense (when the schema has it), then each sparse slot's rows, in schema order
+    prob: Any  # [batch, 1] calibrated click probability
+    scope: Any
+    exe: Any
+
+
+def rows_program(meta: dict[str, Any], dense: dict[str, np.ndarray]) -> RowsProgram:
+    """The network of a checkpoint's ``model.json`` fed with looked-up rows, with its ``dense`` parameters and
+    the calibration it carries. Raises :class:`CheckpointError` when ``dense`` lacks a parameter."""
+    import paddle
+
+    model_cfg = from_dict({"model": meta["model"]}).model
+    schema = Schema.from_dict(meta["schema"])
+    dim = int(meta["table"]["embedding_dim"])
+    row_feeds = []
+
+    def make_lookup(block):
+        def lookup(slot):
+            rows = paddle.static.data(ROWS_FEED.format(slot.name), [-1, dim], "float32", lod_level=1)
+            row_feeds.append(rows)
+            return rows
+        return lookup
+
+    built = network_program(model_cfg, schema, dim, make_lookup, meta.get("calibration"))
+    missing = [p.name for p in built.main.all_parameters() if p.name not in dense]
+    if missing:
+        raise CheckpointError(f"checkpoint lacks parameters {missing} of model {model_cfg.name.value}")
+    scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+    with paddle.static.scope_guard(scope):
+        exe.run(built.startup)
+    for param in built.main.all_parameters():
+        scope.find_var(param.name).get_tensor().set(dense[param.name], paddle.CPUPlace())
+    feeds = ([built.feeds.dense] if built.feeds.dense is not None else []) + row_feeds
+    return RowsProgram(built.main, feeds, built.prob, scope, exe)

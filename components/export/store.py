@@ -1,0 +1,163 @@
+"""The export store: the serving export's versions under one fsspec URL, each complete or invisible.
+
+Layout under the store URI (a local path, ``s3://bucket/prefix``, any fsspec URL)::
+
+    <uri>/v000001/serving.json   a base (every row), then after it
+    <uri>/v000002/serving.json   deltas on the version before, up to ``export.base_every`` of them, then a base...
+
+A version is a directory named by its number (:data:`VERSION_NAME`; :mod:`components.export.sharded` writes
+it). It is staged and published by :meth:`ExportStore.publishing`: on a local filesystem the staging directory
+is renamed into place, elsewhere its files are uploaded with ``serving.json`` last. A version without
+``serving.json`` (an upload that died) is invisible: never listed, and replaced by the next export of that
+number.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from components.checkpoint.store import redact
+from components.config import CtrConfig
+from components.export.manifest import MANIFEST, ServingModelError, check_replaceable, swap_in
+
+VERSION_NAME = "v{:06d}"
+_VERSION = re.compile(r"^v(\d{6,})$")
+
+
+def export_store_uri(cfg: CtrConfig) -> str:
+    """``export.uri``, else ``<checkpoint.uri>-serving``: runs that continue one checkpoint store continue one
+    chain of exports."""
+    return cfg.export.uri or f"{cfg.checkpoint.uri.rstrip('/')}-serving"
+
+
+class ExportStore:
+    """The versions under ``uri``. Single writer; any number of readers."""
+
+    def __init__(self, uri: str, storage_options: Optional[dict] = None):
+        from fsspec.core import url_to_fs
+
+        self.uri = str(uri)
+        self.fs, self.root = url_to_fs(self.uri, **(storage_options or {}))
+        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
+        self.local = bool({"file", "local"} & set(protocols))
+        self.root = self.root.rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"ExportStore({self.display_uri!r})"
+
+    @property
+    def display_uri(self) -> str:
+        return redact(self.uri)
+
+    def path(self, version: Optional[int] = None, rel: str = "") -> str:
+        """A path in the store for ``self.fs`` calls."""
+        return "/".join([self.root] + ([VERSION_NAME.format(version)] if version is not None else [])
+                        + ([rel] if rel else []))
+
+    def url(self, version: Optional[int] = None, rel: str = "") -> str:
+        """The URL of a version or of one of its files (scrubbed of credentials), for messages and manifests."""
+        return redact(self.fs.unstrip_protocol(self.path(version, rel)) if not self.local else self.path(version, rel))
+
+    def versions(self) -> list[int]:
+        """The published versions (those with ``serving.json``), oldest first."""
+        self.fs.invalidate_cache()
+        try:
+            entries = self.fs.ls(self.root, detail=True)
+        except FileNotFoundError:
+            return []
+        numbers = []
+        for entry in entries:
+            match = _VERSION.match(entry["name"].rstrip("/").rsplit("/", 1)[-1])
+            if match and entry.get("type") == "directory" and self.fs.exists(self.path(int(match[1]), MANIFEST)):
+                numbers.append(int(match[1]))
+        return sorted(numbers)
+
+    def latest(self) -> Optional[int]:
+        versions = self.versions()
+        return versions[-1] if versions else None
+
+    def manifest(self, version: int) -> dict[str, Any]:
+        try:
+            return json.loads(self.fs.cat_file(self.path(version, MANIFEST)))
+        except FileNotFoundError:
+            raise ServingModelError(f"{self.url(version)} is not a published version of the export store "
+                                    f"{self.display_uri} (no {MANIFEST}); published: {self.versions()}") from None
+
+    @contextlib.contextmanager
+    def publishing(self, version: int) -> Iterator[Path]:
+        """A local staging directory for ``version``, published when the block ends without an error and removed
+        either way; the block writes ``serving.json`` into it last."""
+        if self.local:
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{VERSION_NAME.format(version)}.tmp-",
+                                        dir=self.root if self.local else None))
+        try:
+            yield staging
+            if not (staging / MANIFEST).is_file():
+                raise ServingModelError(f"{staging}: the export wrote no {MANIFEST}: nothing to publish")
+            self._clear_unpublished(version)
+            if self.local:
+                staging.chmod(0o755)  # mkdtemp makes it private
+                staging.rename(self.path(version))
+                return
+            files = sorted(p for p in staging.rglob("*") if p.is_file() and p.name != MANIFEST)
+            for local in files + [staging / MANIFEST]:  # serving.json last: it makes the version visible
+                self.fs.put_file(str(local), self.path(version, local.relative_to(staging).as_posix()))
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _clear_unpublished(self, version: int) -> None:
+        """Remove what an earlier, failed publication of ``version`` left; refuse to overwrite a published one."""
+        if self.fs.exists(self.path(version, MANIFEST)):
+            raise ServingModelError(f"{self.url(version)} is already published: another export wrote it meanwhile")
+        if self.fs.exists(self.path(version)):
+            self.fs.rm(self.path(version), recursive=True)
+
+    @contextlib.contextmanager
+    def fetched(self, version: int, rel: str) -> Iterator[Path]:
+        """A file of a version at a local path for the block: in place on a local store, else a downloaded copy
+        removed after."""
+        if self.local:
+            yield Path(self.path(version, rel))
+            return
+        with tempfile.TemporaryDirectory() as scratch:
+            local = Path(scratch) / Path(rel).name
+            self.fs.get_file(self.path(version, rel), str(local))
+            yield local
+
+    def local_dir(self, version: int, cache_dir: Optional[Path]) -> Path:
+        """A local directory holding ``version``: in place on a local store, else downloaded into ``cache_dir``."""
+        if self.local:
+            return Path(self.path(version))
+        if cache_dir is None:
+            raise ValueError(f"{self.display_uri} is not local: give a directory to download its versions into")
+        return self.download(version, Path(cache_dir) / VERSION_NAME.format(version))
+
+    def download(self, version: int, out: Path) -> Path:
+        """Every file of ``version`` into ``out`` (``serving.json`` last); the loader checks their digests."""
+        manifest = self.manifest(version)
+        for rel in sorted(manifest["files"]) + [MANIFEST]:
+            target = Path(out) / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            self.fs.get_file(self.path(version, rel), str(target))
+        return Path(out)
+
+    def copy_to(self, version: int, out: Path) -> Path:
+        """``version`` as the directory ``out`` (absent, empty or an earlier serving model), staged beside it and
+        renamed into place."""
+        out = Path(out).absolute()
+        check_replaceable(out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+        try:
+            swap_in(self.download(version, staging), out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return out
