@@ -121,13 +121,23 @@ def ctr_pipeline(cfg: CtrConfig):
 def add_kubeflow_settings(cfg: CtrConfig, tasks: dict) -> None:
     """What the Kubeflow run's tasks get (kfp.local has no use for it): display names; CPU and memory requests and
     limits (quota-enforced namespaces refuse pods without them), accelerators where configured; retries of the
-    steps that can run again; and the pods' Kubernetes settings (:func:`add_kubernetes_settings`)."""
+    steps that can run again; and the pods' Kubernetes settings (:func:`add_kubernetes_settings`).
+
+    The evaluate and export steps' memory is the larger of ``cluster.steps.<step>.memory`` and their plan with a
+    margin (:func:`components.train.planner.step_memories`: from the config alone, the table's rows bounded by
+    ``table.vocab_size``), so a step is not OOM-killed for a table or a split the config already names. The train
+    step's launcher keeps its configured memory: on Kubeflow it starts the PS pods and holds neither table nor data.
+    """
+    from components.train.planner import step_memories
+
     names = display_names(cfg)
+    planned = {step: quantity for step, (quantity, _) in step_memories(cfg).items()}
     for name, task in tasks.items():
         task.set_display_name(names[name])
         resources = getattr(cfg.cluster.steps, STEP_RESOURCES[name])
         task.set_cpu_request(resources.cpu).set_cpu_limit(resources.cpu_limit or resources.cpu)
-        task.set_memory_request(resources.memory).set_memory_limit(resources.memory)
+        memory = planned.get(STEP_RESOURCES[name], resources.memory)
+        task.set_memory_request(memory).set_memory_limit(memory)
         if resources.gpus:
             task.set_accelerator_type("nvidia.com/gpu").set_accelerator_limit(resources.gpus)
         if name in RETRIED_TASKS and cfg.cluster.step_retries:

@@ -3,8 +3,10 @@
 Every number comes from the code the run itself uses: the data plan of the data-prep step
 (:func:`components.data_prep.step.data_plan`: the files, their sizes, the shards), the job preparation of the
 train step (:func:`components.train.job.plan_job`: the restore target, ``table.shard_num``, the memory plan),
-the local launcher's layout (:func:`components.train.backends.local.local_layout`). The memory plan bounds the
-rows by ``table.vocab_size``: the distinct ids that bound them tighter are counted by data prep.
+the plan of every other process (:func:`components.train.planner.plan_processes`: workers, the evaluate and export
+steps, a serving replica; on Kubeflow the steps' memory requests it sets), the local launcher's layout
+(:func:`components.train.backends.local.local_layout`). The memory plan bounds the rows by ``table.vocab_size``:
+the distinct ids that bound them tighter are counted by data prep.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from components.config import CtrConfig, DataSource, PipelineRunner
 from components.data_prep.prepare import SYNTHETIC, synthetic_split_rows
 from components.data_prep.step import data_plan
 from components.train.job import PreparedJob, plan_job, plan_lines, plan_table
-from components.train.planner import MIB, size
+from components.train.planner import MIB, JobPlan, data_shape, plan_processes, size, step_memories
 
 
 def plan_lines_of(cfg: CtrConfig) -> list[str]:
@@ -28,13 +30,16 @@ def plan_lines_of(cfg: CtrConfig) -> list[str]:
     if on_kubeflow:
         # The cluster's storage is read with the cluster's credentials, by the train step: a fresh start assumed.
         planned, memory = plan_table(cfg, None, None)
+        processes = plan_processes(planned, data_shape(planned), memory)
         job_lines = ["checkpoint  resume/warm-start resolved by the train step in the cluster's storage", *plan_lines(memory)]
-        lines += [f"  {line}" for line in job_lines + pod_lines(planned)]
+        lines += [f"  {line}" for line in job_lines + processes.lines() + step_lines(planned, processes)
+                  + pod_lines(planned)]
     else:
         from components.checkpoint.store import CheckpointStore
 
         job = plan_job(cfg, None, CheckpointStore(cfg.checkpoint.uri))
-        lines += [f"  {line}" for line in plan_lines(job.plan) + process_lines(job)]
+        processes = plan_processes(job.cfg, data_shape(job.cfg), job.plan)
+        lines += [f"  {line}" for line in plan_lines(job.plan) + processes.lines() + process_lines(job)]
         lines.append(f"  checkpoint  {job.store.display_uri}: "
                      f"{job.restore.describe() if job.restore else 'a fresh start'}; keeps the last "
                      f"{cfg.checkpoint.keep_last}, one every {cfg.checkpoint.every_passes} pass(es)")
@@ -83,6 +88,14 @@ def process_lines(job: PreparedJob) -> list[str]:
              + [f"worker-{i} {endpoint}" for i, endpoint in enumerate(layout.worker_endpoints)])
     return [f"processes   {ps.servers} server(s) + {ps.workers} worker(s) on this machine: {', '.join(roles)}; "
             f"rendezvous {layout.gloo_endpoint} (ports free now; the job picks its own when it starts)"]
+
+
+def step_lines(cfg: CtrConfig, processes: JobPlan) -> list[str]:
+    """The memory the planned Kubeflow steps get (:func:`components.train.planner.step_memories`), as the compiled
+    pipeline requests it."""
+    memories = step_memories(cfg, processes)
+    return ["steps       memory " + "; ".join(f"{step} {quantity} ({source})"
+                                              for step, (quantity, source) in memories.items())]
 
 
 def pod_lines(cfg: CtrConfig) -> list[str]:

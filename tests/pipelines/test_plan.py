@@ -4,9 +4,11 @@ import math
 import subprocess
 
 import pytest
+import yaml
 
 from components.config import from_dict
 from components.data_prep.step import data_plan
+from components.train import planner
 from components.train.job import plan_lines, prepare_job
 from pipelines.ctr import run
 from pipelines.local import local_config
@@ -46,3 +48,75 @@ def test_plan_numbers_are_the_prepared_jobs(tmp_path, capsys, no_process):
     assert "5,000 rows (3,500 train, 500 validation, 1,000 test)" in data
     [processes] = [line for line in lines if line.startswith("  processes")]
     assert processes.count("server-") == 3 and processes.count("worker-") == 2
+
+
+def _plan_lines(tmp_path, capsys, *overrides):
+    run(compose_config(tmp_path / "run", "plan=true", *overrides))
+    return capsys.readouterr().out.splitlines()
+
+
+def _process_line(lines, kind):
+    [line] = [line for line in lines if line.startswith(f"  process plan: {kind} x")]
+    return line
+
+
+def test_plan_prints_every_process_from_the_planner(tmp_path, capsys, no_process):
+    overrides = ("ps.servers=3", "ps.workers=2", "data.rows=5000")
+    lines = _plan_lines(tmp_path, capsys, *overrides)
+    cfg = local_config(from_dict(compose_config(tmp_path / "run", "plan=true", *overrides)))
+    job = prepare_job(cfg, None)
+    plan = planner.plan_processes(job.cfg, planner.data_shape(job.cfg), job.plan)
+    for line in plan.lines():
+        assert f"  {line}" in lines
+    for kind in ("server", "worker", "evaluate", "export", "serving"):
+        assert _process_line(lines, kind)
+    # 5,000 rows: 1,000 test rows in 2 shard files, 500 a worker.
+    assert "its share of the test split (500 rows x 476 B)" in _process_line(lines, "worker")
+    server = _process_line(lines, "server")
+    assert server.startswith(f"  process plan: server x3: {planner.size(job.plan.server_bytes)}")
+
+
+@pytest.mark.parametrize("vocab", [1 << 20, 1 << 23])
+def test_a_geo_workers_line_grows_with_vocab_size(tmp_path, capsys, no_process, vocab):
+    worker = _process_line(_plan_lines(tmp_path, capsys, "ps.mode=geo", f"table.vocab_size={vocab}"), "worker")
+    copies = planner.GEO_TABLE_COPIES * vocab * 9 * 4
+    assert (f"{planner.size(copies)} geo: dense copies of the table (vocab_size {vocab:,} x dim 9 x 4 B x "
+            f"{planner.GEO_TABLE_COPIES})") in worker
+    plain = _process_line(_plan_lines(tmp_path, capsys, f"table.vocab_size={vocab}"), "worker")
+    assert "geo" not in plain and plain.split(" = ")[1] in worker  # the same parts, and the table's copies
+
+
+@pytest.mark.parametrize("vocab,shard_num", [(1 << 20, 16), (3_000_000, 7)])
+def test_the_export_line_follows_rows_over_shard_num(tmp_path, capsys, no_process, vocab, shard_num):
+    lines = _plan_lines(tmp_path, capsys, f"table.vocab_size={vocab}", f"table.shard_num={shard_num}")
+    largest = -(-vocab // shard_num)
+    assert (f"{planner.size(largest * 44 * planner.EXPORT_PARSE_FACTOR)} the largest shard ({vocab:,} rows / "
+            f"shard_num {shard_num} = {largest:,} rows x 44 B parsed x {planner.EXPORT_PARSE_FACTOR})") in \
+        _process_line(lines, "export")
+    single = _process_line(_plan_lines(tmp_path, capsys, f"table.vocab_size={vocab}", "export.format=single"), "export")
+    assert (f"{planner.size(vocab * 44 * planner.EXPORT_PARSE_FACTOR)} the whole table ({vocab:,} rows x 44 B parsed"
+            f" x {planner.EXPORT_PARSE_FACTOR})") in single
+
+
+KUBEFLOW = ("+cluster=prod", "checkpoint.uri=s3://ctr-bucket/plan/checkpoints", "cluster.submit=false")
+
+
+def test_kubeflow_steps_request_the_larger_of_the_config_and_the_plan(tmp_path, capsys, no_process):
+    """The compiled export step requests what plan=true says: its configured memory, or the plan's when larger."""
+    from pipelines.pipeline import compile_pipeline
+
+    for overrides, export in ((KUBEFLOW, "4Gi"), ((*KUBEFLOW, f"table.vocab_size={1 << 28}", "export.format=single"),
+                                                  None)):
+        cfg = from_dict(compose_config(tmp_path / "run", *overrides))
+        memories = planner.step_memories(cfg)
+        plan = planner.compile_time_plan(cfg)
+        expected = export or f"{math.ceil(plan.process('export').bytes * planner.PLAN_MARGIN / planner.GIB)}Gi"
+        assert memories["export"][0] == expected and memories["evaluate"][0] == "8Gi"
+        [steps] = [line for line in _plan_lines(tmp_path, capsys, *overrides) if line.startswith("  steps")]
+        assert f"export {expected} (" in steps and "evaluate 8Gi (cluster.steps.evaluate.memory)" in steps
+        compile_pipeline(cfg, tmp_path / "pipeline.yaml")
+        spec = next(yaml.safe_load_all((tmp_path / "pipeline.yaml").read_text()))
+        executors = spec["deploymentSpec"]["executors"]
+        resources = executors["exec-export-model"]["container"]["resources"]
+        assert resources["resourceMemoryRequest"] == resources["resourceMemoryLimit"] == expected
+        assert executors["exec-evaluate-model"]["container"]["resources"]["resourceMemoryLimit"] == "8Gi"
