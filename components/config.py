@@ -412,6 +412,8 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
                        ("data.prep_processes", cfg.data.prep_processes)):
         if value is not None:  # null: chosen by the planner / no budget
             _positive(key, value)
+    if cfg.export.base_every < 0:
+        raise ConfigError("export.base_every", cfg.export.base_every, "a number >= 0 (0: every export is a base)")
     if cfg.ps.mode is Mode.geo:
         _positive("ps.geo_k_steps", cfg.ps.geo_k_steps)
     if cfg.ps.mode is Mode.sync:

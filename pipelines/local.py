@@ -5,7 +5,7 @@ After the run the run directory holds what a person looks at::
     run_dir/metrics.json  report.md  report.html  roc.png
     run_dir/logs/<role>-<i>.log         the PS processes' logs
     run_dir/checkpoint/                 (checkpoint.uri; the train step writes it there directly)
-    run_dir/serving_model/              the exported inference model (python -m components.serving predict),
+    run_dir/serving_model/              the exported serving model (python -m components.export.serving predict),
                                         unless the test AUC was under eval.min_auc
     run_dir/kfp/                        kfp.local's pipeline root: every artifact of every step
 

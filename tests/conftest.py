@@ -58,9 +58,9 @@ def commit_staged_checkpoint(staged: Path, meta: dict) -> Path:
 def score_serving_model(serving_dir, data_dir) -> dict:
     """The test split of ``data_dir`` scored by an exported serving model: ``{"labels", "preds", "metrics"}``,
     what a check that the served model is the evaluated one needs."""
-    from components.evaluate.metrics import binary_metrics
+    from components.metrics import binary_metrics
     from components.ps.scoring import read_test_split
-    from components.serving import InferenceModel
+    from components.export.serving import InferenceModel
 
     model = InferenceModel.load(serving_dir)
     labels, dense, sparse = read_test_split(data_dir, model.schema)
@@ -238,7 +238,7 @@ def listening_sockets(marker: str) -> set[tuple[str, int]]:
 
 def calibrated_reference(preds, calibration: dict) -> np.ndarray:
     """Platt's ``sigmoid(a * logit(p) + b)`` in float64: the reference the programs' float32 calibration is held to."""
-    from components.evaluate.metrics import LOGLOSS_EPS
+    from components.metrics import LOGLOSS_EPS
 
     clipped = np.clip(np.asarray(preds, dtype=np.float64), LOGLOSS_EPS, 1.0 - LOGLOSS_EPS)
     return 1.0 / (1.0 + np.exp(-(calibration["a"] * (np.log(clipped) - np.log1p(-clipped)) + calibration["b"])))

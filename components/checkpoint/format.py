@@ -2,13 +2,20 @@
 
 A checkpoint directory holds::
 
-    tables/NNN/part-*.gz     the servers' own table files (fleet.save_persistables, mode 0):
-                             what a PS job reloads to resume
-    export/embedding.npz     ids (uint64, sorted) and rows ([n, dim], float32 or float16:
-                             ``checkpoint.export_dtype``) of the sparse table
+    tables/NNN/part-SSS-XXXXX  the servers' own table files (fleet.save_persistables), one per shard, written by
+                             every server in parallel: what a PS job reloads to resume and what the serving
+                             export converts, shard by shard (checkpoints before 2026-12 hold ``.gz`` files)
     export/dense.npz         every dense parameter by name (float32)
-    model.json               what rebuilds the network: model config, data schema, table config, mode,
-                             Paddle version, server count
+    export/embedding.npz     only when the servers cannot save their table (geo, SSD: see
+                             :func:`components.checkpoint.protocol.rows_from_workers`): ids (uint64, sorted) and
+                             rows ([n, dim] float32) the workers pulled
+    scores/valid.npz         the checkpoint's predictions on the validation and test splits, scored through the
+    scores/test.npz          servers by every worker and merged (:class:`components.metrics.ScoreCounts`): what
+    scores/test-calibrated.npz  validation and evaluation compute their metrics from; the calibrated ones (when
+                             the checkpoint carries a calibration) by the program that applies it as the served
+                             model does
+    model.json               what rebuilds the network: model config, data schema, table config (shard_num),
+                             the sparse table's directory (``sparse_table``), mode, Paddle version, server count
     MANIFEST.json            written last: every file with size and sha256
 
 A directory without ``MANIFEST.json`` is not a checkpoint: it is never loaded. Files are checked against
@@ -23,11 +30,14 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from components.config import ExportDtype
+
+if TYPE_CHECKING:
+    from components.metrics import ScoreCounts
 
 MANIFEST = "MANIFEST.json"
 MODEL_META = "model.json"
@@ -35,9 +45,14 @@ TABLES = "tables"
 EXPORT = "export"
 EMBEDDING_FILE = "embedding.npz"
 DENSE_FILE = "dense.npz"
+SCORES = "scores"
+VALID, TEST = "valid", "test"  # the splits a checkpoint is scored on
+TEST_CALIBRATED = "test-calibrated"  # the test split's scores through the calibration the checkpoint carries
 
 
-# What scoring needs of a checkpoint: the export and what rebuilds the network.
+# What the evaluation needs of a checkpoint: its scores and what describes it.
+EVALUATION_PARTS = (MODEL_META, SCORES + "/")
+# What rebuilds its model in one process (small tables, tests): the export and what rebuilds the network.
 SCORING_PARTS = (MODEL_META, EXPORT + "/")
 
 
@@ -114,6 +129,38 @@ def save_export(root: str | os.PathLike, ids: np.ndarray, rows: np.ndarray, dens
     np.savez(export / EMBEDDING_FILE, ids=ids.astype(np.uint64), rows=stored)
     np.savez(export / DENSE_FILE, **dense)
     return stored
+
+
+def verify_meta(root: str | os.PathLike, parts: Optional[tuple[str, ...]] = None) -> dict[str, Any]:
+    """The ``model.json`` of a committed checkpoint, after checking its files (those of ``parts``, or all)."""
+    verify(root, parts)
+    return json.loads((Path(root) / MODEL_META).read_text())
+
+
+def load_scores(root: str | os.PathLike, split: str) -> "ScoreCounts":
+    """The merged counts of the checkpoint's predictions on ``split`` (:data:`VALID`, :data:`TEST`)."""
+    from components.metrics import ScoreCounts
+
+    path = Path(root) / SCORES / f"{split}.npz"
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {root} holds no scores of the {split} split ({SCORES}/{split}.npz): it "
+                              "was made before checkpoints were scored through the servers, or its data has no "
+                              f"{split} split")
+    return ScoreCounts.load(path)
+
+
+def save_dense(root: str | os.PathLike, dense: dict[str, np.ndarray]) -> None:
+    """Every dense parameter by name (float32): what resume restores and every scoring program reads."""
+    export = Path(root) / EXPORT
+    export.mkdir(parents=True, exist_ok=True)
+    np.savez(export / DENSE_FILE, **dense)
+
+
+def save_worker_rows(root: str | os.PathLike, ids: np.ndarray, rows: np.ndarray) -> None:
+    """The rows the workers pulled, where the servers cannot save their table (geo, SSD)."""
+    export = Path(root) / EXPORT
+    export.mkdir(parents=True, exist_ok=True)
+    np.savez(export / EMBEDDING_FILE, ids=ids.astype(np.uint64), rows=rows.astype(np.float32))
 
 
 def load(root: str | os.PathLike) -> Checkpoint:

@@ -9,13 +9,16 @@ worker together:
 2. when the servers cannot save the table (:func:`rows_from_workers`), step 1 saves nothing and each
    worker instead uploads rows for the ids of its shards to ``_worker_rows/`` in the store; worker 0
    merges them into the export and removes them;
-3. worker 0 writes the export (sparse rows parsed from the shards or merged from the workers, dense
-   parameters) and the training state, uploads everything, and commits: ``MANIFEST.json`` last, then
-   ``LATEST`` (and ``BEST`` when the validation split says it is the best so far: :mod:`components.ps.validation`);
-   then prunes.
+3. every worker scores its share of the validation and test splits through the servers (a program that only
+   pulls: :mod:`components.ps.pull_scoring`) and uploads its :class:`~components.metrics.ScoreCounts` to
+   ``_scores/`` in the store; worker 0 merges them into the checkpoint's ``scores/<split>.npz`` and removes them;
+4. worker 0 writes the dense parameters (and, when the rows came from the workers, the export of their rows)
+   and the training state, uploads them, and commits: ``MANIFEST.json`` last, then ``LATEST`` (and ``BEST``
+   when the validation split says it is the best so far: :mod:`components.ps.validation`); then prunes.
 
-Nothing assumes a shared disk: each server's sidecar (:mod:`components.ps.shard_uploader`) uploads the
-shards that server wrote, worker 0 reads them back from the store for the export, and workers' rows travel
+No process but a server holds the table: the servers write their own shards, in parallel, and worker 0 only
+collects their sizes and checksums. Nothing assumes a shared disk: each server's sidecar
+(:mod:`components.ps.shard_uploader`) uploads the shards that server wrote, and workers' rows and scores travel
 through the store too.
 """
 
@@ -24,18 +27,22 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
+from components.checkpoint.format import SCORES
 from components.checkpoint.restore import STATE_FILE
 from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, Mode, TableClass
+from components.metrics import ScoreCounts
 
 # Tries per store call in a running job: backoff 0.5 + 1 + 2 + 4 + 8 s rides out an endpoint that is away for
 # about 15 s (a restart), then the call fails and names the store's error.
 JOB_STORE_RETRIES = 6
 WORKER_ROWS = "worker_rows"  # in a checkpoint: each worker's part of the export's rows
 WORKER_ROWS_SCRATCH = "_worker_rows"  # in the store: the parts until worker 0 merged them
+SCORES_SCRATCH = "_scores"  # in the store: each worker's score counts until worker 0 merged them
 
 
 def should_save(epoch: int, epochs: int, every_passes: int) -> bool:
@@ -88,14 +95,48 @@ def merged_worker_rows(store: CheckpointStore, epoch: int, workers: int, staging
     return unique, (summed / counts[:, None]).astype(np.float32)
 
 
-def fetch_uploaded_table(store: CheckpointStore, ckpt_id: str, table_dir_rel: str, local: Path) -> Path:
-    """The servers' uploaded shards of one table, fetched for the export (the checkpoint is not committed yet)."""
-    if local.exists():
-        shutil.rmtree(local)
-    local.mkdir(parents=True)
-    for rel in store.list_files(ckpt_id, table_dir_rel):
-        store.fs.get_file(store.fs_path(ckpt_id, rel), str(local / Path(rel).name))
-    return local
+def _scores_part(round_key: str, split: str, worker: int) -> str:
+    return f"{SCORES_SCRATCH}/{round_key}/{split}-worker-{worker}.npz"
+
+
+def upload_scores(store: CheckpointStore, round_key: str, split: str, worker: int, counts: ScoreCounts,
+                  local_root: Path) -> None:
+    """One worker's score counts of ``split`` in checkpoint round ``round_key``, into the store's scratch area."""
+    local = local_root / f"scores-{split}-worker-{worker}.npz"
+    counts.save(local)
+    target = store.fs_path(None, _scores_part(round_key, split, worker))
+    store.ensure_parent(target)
+    store.fs.put_file(str(local), target)
+    local.unlink()
+
+
+def merged_scores(store: CheckpointStore, round_key: str, splits: tuple[str, ...], workers: int,
+                  staging: Path) -> dict[str, ScoreCounts]:
+    """Every worker's counts of each split merged (exactly: :meth:`ScoreCounts.merge`), written into the
+    checkpoint's ``scores/<split>.npz`` under ``staging``; the parts are removed from the scratch area (a job that
+    died meanwhile leaves them to the next job's :func:`clear_scores`)."""
+    merged = {}
+    (staging / SCORES).mkdir(parents=True, exist_ok=True)
+    for split in splits:
+        parts = []
+        for worker in range(workers):
+            local = staging / SCORES / f".{split}-worker-{worker}.npz"
+            part = store.fs_path(None, _scores_part(round_key, split, worker))
+            store.fs.get_file(part, str(local))
+            store.fs.rm_file(part)
+            parts.append(ScoreCounts.load(local))
+            local.unlink()
+        merged[split] = ScoreCounts.merge(parts)
+        merged[split].save(staging / SCORES / f"{split}.npz")
+    return merged
+
+
+def clear_scores(store: CheckpointStore, round_key: Optional[str] = None) -> None:
+    """Remove a merged round's scratch folder, or (no ``round_key``) the score parts a killed job left in the scratch
+    area (only for a job holding the store's lease)."""
+    path = store.fs_path(None, f"{SCORES_SCRATCH}/{round_key}" if round_key else SCORES_SCRATCH)
+    if store.fs.exists(path):
+        store.fs.rm(path, recursive=True)
 
 
 def commit_checkpoint(store: CheckpointStore, ckpt_id: str, local_dir: Path, server_files: dict, meta: dict,

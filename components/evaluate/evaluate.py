@@ -1,9 +1,10 @@
 """The evaluation of a checkpoint on the test split: metrics, ROC curve, calibration, the baseline, the report.
 
-The checkpoint is scored by :class:`components.ps.scoring.Scorer`, the program the serving model runs too, and its
-predictions go through the calibration the checkpoint carries (fitted on the validation split while it was
-trained: :mod:`components.ps.validation`), as the served model's do: the metrics are those of the delivered model,
-with the uncalibrated ones beside them. A hashed logistic regression trained on the same shards
+The checkpoint was scored on the test split while the job trained, through the servers, by every worker
+(:mod:`components.ps.pull_scoring`): this step reads the merged counts of its predictions (``scores/test.npz``, a
+few bytes per distinct prediction: no process here holds the table) and applies the calibration the checkpoint
+carries (fitted on the validation split while it was trained: :mod:`components.ps.validation`), as the served
+model does: the metrics are those of the delivered model, with the uncalibrated ones beside them. A hashed logistic regression trained on the same shards
 (:mod:`components.evaluate.baseline`) is scored too: the model's lift over it.
 """
 
@@ -19,10 +20,10 @@ import numpy as np
 from components.checkpoint import format as ckpt_io
 from components.config import EvalConfig
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
-from components.evaluate import metrics as metric_fns
+from components import metrics as metric_fns
 from components.evaluate import report
 from components.evaluate.baseline import HashedLogisticRegression
-from components.ps.scoring import Scorer, read_test_split
+from components.ps.scoring import read_test_split
 
 
 CONFUSION_FILE = "confusion.json"
@@ -48,52 +49,54 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
     training_curve.png; ``servers``: what the job measured of each server, a table of the report."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    checkpoint = ckpt_io.load(checkpoint_dir)
+    meta = ckpt_io.verify_meta(checkpoint_dir, parts=ckpt_io.EVALUATION_PARTS)
     stats = json.loads((Path(data_dir) / "stats.json").read_text())
-    if None not in (stats.get("hash_function"), checkpoint.meta.get("hash_function")) and \
-            stats["hash_function"] != checkpoint.meta["hash_function"]:
+    if None not in (stats.get("hash_function"), meta.get("hash_function")) and \
+            stats["hash_function"] != meta["hash_function"]:
         raise ckpt_io.CheckpointError(f"checkpoint {checkpoint_dir} was trained on ids of "
-                                      f"{checkpoint.meta['hash_function']!r}, the data in {data_dir} has ids of "
+                                      f"{meta['hash_function']!r}, the data in {data_dir} has ids of "
                                       f"{stats['hash_function']!r}")
-    schema = Schema.from_dict(checkpoint.meta["schema"])
-    labels, dense, sparse = read_test_split(data_dir, schema)
-    # The calibrated probabilities come from the program the serving model runs: the same float32 arithmetic.
-    preds, raw = Scorer(checkpoint, calibrated=True).predict_with_uncalibrated(dense, sparse)
-    calibration = checkpoint.meta.get("calibration")
-    measured = {**metric_fns.binary_metrics(labels, preds),
-                "ece": metric_fns.expected_calibration_error(labels, preds, cfg.calibration_bins)}
+    raw_counts = ckpt_io.load_scores(checkpoint_dir, ckpt_io.TEST)
+    calibration = meta.get("calibration")
+    # Scored by the program that applies the calibration as the served model does: the same float32 arithmetic.
+    counts = ckpt_io.load_scores(checkpoint_dir, ckpt_io.TEST_CALIBRATED) if calibration else raw_counts
+    measured = {**metric_fns.binary_metrics_counts(counts),
+                "ece": metric_fns.expected_calibration_error_counts(counts, cfg.calibration_bins)}
     result = dict(measured)
-    uncalibrated = metric_fns.binary_metrics(labels, raw)
+    uncalibrated = metric_fns.binary_metrics_counts(raw_counts)
     if calibration:
         result.update(uncalibrated_logloss=uncalibrated["logloss"], uncalibrated_calibration=uncalibrated["calibration"],
-                      uncalibrated_ece=metric_fns.expected_calibration_error(labels, raw, cfg.calibration_bins))
+                      uncalibrated_ece=metric_fns.expected_calibration_error_counts(raw_counts, cfg.calibration_bins))
     if cfg.baseline:
-        baseline = metric_fns.binary_metrics(labels, _baseline(data_dir, stats, schema, cfg.baseline_rows, dense,
-                                                               sparse))
+        schema = Schema.from_dict(meta["schema"])
+        labels, dense, sparse = read_test_split(data_dir, schema)
+        baseline_preds, baseline_rows = _baseline(data_dir, stats, schema, cfg, dense, sparse)
+        baseline = metric_fns.binary_metrics(labels, baseline_preds)
         result.update(baseline_auc=baseline["auc"], baseline_logloss=baseline["logloss"],
-                      lift_auc=result["auc"] - baseline["auc"])
-    validation = checkpoint.meta.get("validation") or {}
+                      lift_auc=result["auc"] - baseline["auc"], baseline_rows=baseline_rows,
+                      baseline_features=cfg.baseline_features)
+    validation = meta.get("validation") or {}
     result.update({f"validation_{key}": validation[key] for key in ("auc", "logloss") if key in validation})
     reference = stats.get("bayes")
     if reference:
         result["bayes_auc"] = reference["auc"]
         result["bayes_logloss"] = reference["logloss"]
         result["auc_ratio_to_bayes"] = result["auc"] / reference["auc"]
-    fpr, tpr, thresholds = metric_fns.roc_curve(labels, preds, max_points=cfg.roc_points)
-    bins = metric_fns.calibration_bins(labels, preds, bins=cfg.calibration_bins)
+    fpr, tpr, thresholds = metric_fns.roc_curve_counts(counts, max_points=cfg.roc_points)
+    bins = metric_fns.calibration_bins_counts(counts, bins=cfg.calibration_bins)
     threshold, threshold_source = confusion_threshold(cfg, stats)
-    confusion = report.confusion_summary(metric_fns.confusion_matrix(labels, preds, threshold), threshold,
+    confusion = report.confusion_summary(metric_fns.confusion_matrix_counts(counts, threshold), threshold,
                                          threshold_source)
     report.write_roc_png(out / "roc.png", fpr, tpr, result["auc"], reference_auc=(reference or {}).get("auc"))
     report.write_reliability_png(out / "calibration.png",
-                                 metric_fns.calibration_bins(labels, raw, bins=cfg.calibration_bins) if calibration
-                                 else bins, bins if calibration else None)
-    meta = checkpoint.meta
+                                 metric_fns.calibration_bins_counts(raw_counts, bins=cfg.calibration_bins)
+                                 if calibration else bins, bins if calibration else None)
     summary = {"model": meta["model"]["name"], "mode": meta["mode"], "servers": meta["servers"],
                "workers": meta["workers"], "embedding_dim": meta["table"]["embedding_dim"],
                "sparse_rule": meta["table"]["rule"], "table_rows": meta["rows"]}
     comparisons = [("Baseline: hashed logistic regression on the same shards",
-                    {k: result[k] for k in ("baseline_auc", "baseline_logloss", "lift_auc") if k in result}),
+                    {k: result[k] for k in ("baseline_auc", "baseline_logloss", "lift_auc", "baseline_rows",
+                                            "baseline_features") if k in result}),
                    ("Calibration (fitted on the validation split)",
                     {**{k: result[k] for k in ("ece", "uncalibrated_ece", "uncalibrated_calibration",
                                                "uncalibrated_logloss") if k in result},
@@ -118,9 +121,11 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
     return result
 
 
-def _baseline(data_dir: str | os.PathLike, stats: dict, schema: Schema, max_rows: int, dense: np.ndarray,
-              sparse: list) -> np.ndarray:
-    """The baseline's test predictions, trained on the first ``max_rows`` rows of the train split."""
+def _baseline(data_dir: str | os.PathLike, stats: dict, schema: Schema, cfg: EvalConfig, dense: np.ndarray,
+              sparse: list) -> tuple[np.ndarray, int]:
+    """``(the baseline's test predictions, the train rows it was fitted on)``: the first ``eval.baseline_rows`` rows
+    of the train split, its ids hashed into ``eval.baseline_features`` weights."""
+    max_rows = cfg.baseline_rows
     paths, rows = [], 0
     for rel, count in zip(stats["shards"]["train"], stats["shard_rows"]["train"]):
         if rows >= max_rows:
@@ -130,5 +135,5 @@ def _baseline(data_dir: str | os.PathLike, stats: dict, schema: Schema, max_rows
     labels, train_dense, train_sparse = read_shards(paths, schema)
     cut = [RaggedIds(slot.values[:slot.offsets[max_rows]] if len(slot.offsets) > max_rows else slot.values,
                      slot.offsets[:max_rows + 1]) for slot in train_sparse]
-    model = HashedLogisticRegression().fit(labels[:max_rows], train_dense[:max_rows], cut)
-    return model.predict(dense, sparse)
+    model = HashedLogisticRegression(cfg.baseline_features).fit(labels[:max_rows], train_dense[:max_rows], cut)
+    return model.predict(dense, sparse), min(max_rows, len(labels))

@@ -21,6 +21,7 @@ from typing import Any, Optional
 import numpy as np
 
 from components.checkpoint.evaluation import record_evaluation
+from components.checkpoint.format import EVALUATION_PARTS
 from components.checkpoint.pointer import fetched_checkpoint
 from components.config import from_dict, ints_from_struct
 from components.evaluate.evaluate import CONFUSION_FILE, evaluate
@@ -63,7 +64,7 @@ def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkp
     ``tpr``, ``thresholds`` and the ``confusion`` summary (the arguments of ``report.log_kfp_metrics``).
     """
     cfg = from_dict(config)
-    with fetched_checkpoint(checkpoint_path, checkpoint_metadata) as (uri, ckpt_id, local):
+    with fetched_checkpoint(checkpoint_path, checkpoint_metadata, EVALUATION_PARTS) as (uri, ckpt_id, local):
         metrics = evaluate(local, data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata),
                            markdown_path=markdown_path, curve=(checkpoint_metadata or {}).get("curve"),
                            servers=server_facts(checkpoint_metadata))

@@ -34,23 +34,20 @@ from omegaconf.errors import OmegaConfBaseException
 from components.checkpoint import format as checkpoint
 from components.checkpoint import protocol
 from components.checkpoint.restore import restart_target, restore_dense, resume_state, server_restore_dir
-from components.checkpoint.store import CheckpointStore, make_id
+from components.checkpoint.store import CheckpointStore
 from components.config import ConfigError, CtrConfig, Mode, from_dict, validate
-from components.data_prep.multislot import Schema, read_shards
+from components.data_prep.multislot import Schema
 from components.ps import models
-from components.ps.accessor import read_sparse_table
-from components.ps.contract import (CHECKPOINT, CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV,
-                                    JobSpec, emit, wait_until_listening)
+from components.ps.checkpointing import SCORED_SPLITS, Checkpointer
+from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV, JobSpec, emit,
+                                    wait_until_listening)
 from components.ps.liveness import Heartbeat, children_die_with_this_process, die_with_parent, parent_from_env
 from components.ps.models import EMBEDDING_TABLE
 from components.ps.network import bind_to_own_host
-from components.ps.shard_uploader import collect_shards
-from components.ps.sharding import rows_per_server, saved_bytes_per_server
-from components.ps.strategy import (build_strategy, dense_optimizer, install_rpc_gflags, rpc_gflags, server_flags,
-                                    table_save_mode)
+from components.ps.pull_scoring import split_share
+from components.ps.strategy import (build_strategy, dense_optimizer, install_ps_desc_settings, rpc_gflags,
+                                    server_flags)
 from components.ps.validation import Validator
-
-PULL_BATCH = 1 << 16  # ids per request when a worker pulls rows from the servers for a checkpoint
 
 
 def import_paddle():
@@ -135,14 +132,9 @@ class Worker:
         shard_rows = self.stats["shard_rows"]["train"]
         self.rows_per_worker = [sum(shard_rows[w::self.count]) for w in range(self.count)]
         self.workdir = Path(job.workdir)
-        self.store = CheckpointStore(cfg.checkpoint.uri, retries=protocol.JOB_STORE_RETRIES)
         self.in_pass: Optional[tuple[int, float]] = None  # (epoch, when it started) while a pass trains
         self._chunk_files: dict[int, list[list[str]]] = {}  # batches per chunk -> the chunk files
         self.heartbeat = Heartbeat("worker", self.index, cfg.ps.progress_period_s, progress=self._progress)
-        self._pull = None  # the program that pulls rows from the servers, once built
-        # Eviction: the ids of the previous checkpoint's export, to count the rows evicted since.
-        self.exported_ids: Optional[np.ndarray] = None
-        self.evicted: Optional[int] = None
 
     # -- training -------------------------------------------------------------------------------
     def _tensor(self, var) -> np.ndarray:
@@ -204,10 +196,11 @@ class Worker:
         self._barrier()
         history = list(state["history"])
         self.last_checkpoint = time.time()
-        # Every worker follows worker 0's early-stopping decision after each checkpoint; it alone scores them.
+        # Every worker scores its share of each checkpoint and follows worker 0's early-stopping decision.
         self.validating = bool(self.stats["rows"].get("valid"))
-        self.validator = (Validator.of(self.cfg, Path(self.job.data_dir), self.stats, state)
-                          if self.validating and self.index == 0 else None)
+        validator = Validator.of(self.cfg, self.stats, state) if self.validating and self.index == 0 else None
+        self.checkpointer = Checkpointer(self.cfg, self.job, self.stats, fleet, self.paddle, self.exe, self.scope,
+                                         self.place, self.heartbeat, self._barrier, self._all_reduce, validator)
         for epoch in range(state["epoch"] + 1, self.cfg.ps.epochs + 1):
             self._reset_auc()
             # The heartbeat reports this pass's progress (Paddle's own fetch_handler costs ~3 s per pass to stop:
@@ -293,55 +286,16 @@ class Worker:
 
     # -- checkpoints and ending -------------------------------------------------------------------
     def _checkpoint(self, epoch: int, history: list[dict], chunk: int = 0, chunks_in_pass: int = 0) -> bool:
-        """All workers together; see :mod:`components.checkpoint.protocol` for the protocol. True when the
-        validation says to stop (:mod:`components.ps.validation`).
+        """All workers together (:class:`components.ps.checkpointing.Checkpointer`). True when the validation says
+        to stop (:mod:`components.ps.validation`).
 
         ``chunk`` > 0: taken inside pass ``epoch`` after that many of its ``chunks_in_pass`` chunks.
         """
-        fleet = self.fleet
-        main = self.paddle.static.default_main_program()
-        # The servers write their shards where worker 0's save call says: one path for all workers.
-        staging = Path(self.job.staging_dir) / f"pass-{epoch:04d}-{chunk:05d}"
         # Examples trained so far, this pass's part summed over the workers' AUC counters.
         pos, neg = (self._tensor(v) for v in self.program.heads.auc_stats)
         in_pass = self._all_reduce(np.array([pos.sum() + neg.sum()]), "sum").ravel()[0]
         examples = sum(h["examples"] for h in history) + (int(in_pass) if chunk else 0)
-        from_workers = protocol.rows_from_workers(self.cfg)
-        self._barrier()
-        with self.heartbeat.waiting():  # every call here ends in a barrier of all workers
-            if self.cfg.table.eviction.enabled:
-                fleet.shrink()  # worker 0 asks every server to decay and evict; all barrier
-            if not from_workers:
-                fleet.save_persistables(self.exe, str(staging / checkpoint.TABLES), main,  # worker 0 asks; all barrier
-                                        mode=table_save_mode(self.cfg.table))
-            # Pulls the servers' dense parameters into every worker's scope.
-            fleet.save_dense_params(self.exe, str(self.workdir / "dense.pdparams"), self.scope, main)
-        if from_workers:
-            ids, rows = self._worker_rows(main)
-            protocol.upload_worker_rows(self.store, epoch, self.index, ids, rows, self.workdir)
-        self._barrier()
-        verdict = None
-        if self.index == 0:
-            ckpt_id = make_id(epoch, examples)
-            server_files = {} if from_workers else collect_shards(
-                self.store, ckpt_id, str(staging / checkpoint.TABLES), self.cfg.ps.servers, self.cfg.ps.startup_timeout_s)
-            local = self.workdir / f"checkpoint-e{epoch:04d}"
-            meta = self._meta(history)
-            exported = self._export(local, ckpt_id, epoch, main, meta)
-            verdict = self.validator.judge(ckpt_id, exported) if self.validator else None
-            if verdict:
-                meta.update(validation=verdict.metrics, calibration=verdict.calibration)
-            # Resume continues after pass ``epoch``, or inside it after ``chunk`` chunks.
-            state = {"epoch": epoch - 1 if chunk else epoch, "chunk": chunk, "chunks_in_pass": chunks_in_pass,
-                     "history": history, "examples": examples, "seed": self.cfg.data.seed, "run_id": self.job.run_id,
-                     "stopping": self.validator.state() if self.validator else None}
-            protocol.commit_checkpoint(self.store, ckpt_id, local, server_files, meta, state,
-                                       self.cfg.checkpoint.keep_last, best=bool(verdict and verdict.best))
-            emit(CHECKPOINT, id=ckpt_id, epoch=epoch, chunk=chunk, uri=self.store.uri,
-                 servers=self._server_load(server_files), evicted=self.evicted,
-                 validation=verdict.metrics if verdict else None, best=bool(verdict and verdict.best),
-                 stop=bool(verdict and verdict.stop))
-        self._barrier()
+        verdict = self.checkpointer.take(epoch, chunk, chunks_in_pass, history, examples)
         self.last_checkpoint = time.time()
         if not self.validating:
             return False
@@ -357,89 +311,6 @@ class Worker:
             self.fleet.fleet._runtime_handle._worker.stop_server()
         self.heartbeat.stop()
         emit(DONE, role="worker", index=self.index)
-
-    def _worker_rows(self, main) -> tuple[np.ndarray, np.ndarray]:
-        """Rows for the ids this worker trained, when the servers cannot save the table: geo's local copy,
-        else the rows the servers serve."""
-        schema = Schema.from_dict(self.stats["schema"])
-        _, _, sparse = read_shards(self.shards, schema)
-        ids = np.unique(np.concatenate([slot.values for slot in sparse]))
-        if self.cfg.ps.mode is Mode.geo:
-            return ids, np.array(self.scope.find_var(EMBEDDING_TABLE).get_tensor())[ids]
-        program, scope, feed, pulled = self._pull_program(main)
-        rows = [self.exe.run(program, feed={feed.name: ids[i:i + PULL_BATCH].reshape(-1, 1).astype(np.int64)},
-                             fetch_list=[pulled], scope=scope)[0] for i in range(0, len(ids), PULL_BATCH)]
-        return ids, np.concatenate(rows).reshape(len(ids), -1)
-
-    def _pull_program(self, main):
-        """The training program's sparse lookup (same table, same attributes) alone in a program, in test
-        mode: it returns the rows the servers serve.
-
-        It runs in a scope of its own, where the table variable is a [1, dim] tensor (the lookup reads only
-        its width): in the training scope, a pull after the next pass failed ("Variable Id ... is not
-        registered"). Built once and kept, since Paddle's executor caches programs by ``id()``.
-        """
-        if self._pull is None:
-            lookup = self._sparse_lookup(main)
-            table = main.global_block().var(lookup.input("W")[0])
-            program, scope = self.paddle.static.Program(), self.paddle.static.Scope()
-            scope.var(table.name).get_tensor().set(np.zeros((1, table.shape[1]), np.float32), self.place)
-            block = program.global_block()
-            weights = block.create_var(name=table.name, shape=[1, table.shape[1]], dtype=table.dtype, persistable=True)
-            feed = block.create_var(name="pull_ids", shape=[-1, 1], dtype="int64")
-            pulled = block.create_var(name="pulled_rows", shape=[-1, table.shape[1]], dtype=table.dtype)
-            attrs = {name: lookup.attr(name) for name in lookup.attr_names}
-            block.append_op(type=lookup.type, inputs={"Ids": [feed], "W": [weights]}, outputs={"Outputs": [pulled]},
-                            attrs={**attrs, "is_test": True})
-            self._pull = (program, scope, feed, pulled)
-        return self._pull
-
-    def _sparse_lookup(self, main):
-        for op in main.global_block().ops:
-            if op.type == "distributed_lookup_table":
-                return op
-        raise RuntimeError("no distributed sparse lookup in the training program")
-
-    def _export(self, local: Path, ckpt_id: str, epoch: int, main, meta: dict) -> checkpoint.Checkpoint:
-        """Write the checkpoint's export into ``local``; returns it, as evaluation will load it."""
-        cfg = self.cfg
-        if protocol.rows_from_workers(cfg):
-            ids, rows = protocol.merged_worker_rows(self.store, epoch, self.count, local)
-        else:
-            table = f"{checkpoint.TABLES}/{int(self._sparse_lookup(main).attr('table_id')):03d}"
-            table_dir = protocol.fetch_uploaded_table(self.store, ckpt_id, table, self.workdir / "export-table")
-            ids, rows = read_sparse_table(table_dir, cfg.table.rule, cfg.table.embedding_dim)
-        dense = {p.name: np.array(self.scope.find_var(p.name).get_tensor()) for p in main.all_parameters()
-                 if p.name != EMBEDDING_TABLE}
-        stored = checkpoint.save_export(local, ids, rows, dense, cfg.checkpoint.export_dtype)
-        meta["rows"] = int(len(ids))
-        if cfg.table.eviction.enabled:
-            if self.exported_ids is not None:
-                self.evicted = int(np.setdiff1d(self.exported_ids, ids, assume_unique=True).size)
-            self.exported_ids = ids
-        # Which server holds each row (geo servers route rows their own way): the checkpoint's load report.
-        self.rows_per_server = (None if cfg.ps.mode is Mode.geo
-                                else rows_per_server(ids, cfg.table.shard_num, cfg.ps.servers))
-        return checkpoint.Checkpoint(meta=meta, ids=ids, rows=stored, dense=dense)
-
-    def _server_load(self, server_files: dict[str, dict]) -> Optional[dict]:
-        """Rows per server, and the bytes of the shard files each server saved (none when the rows came from
-        the workers)."""
-        if self.rows_per_server is None:
-            return None
-        load = {"rows": self.rows_per_server}
-        if server_files:
-            load["saved_bytes"] = saved_bytes_per_server(server_files, self.cfg.ps.servers)
-        return load
-
-    def _meta(self, history: list[dict]) -> dict:
-        full = self.job.config  # the resolved config as a dict: what rebuilds the network
-        return {
-            "model": full["model"], "table": full["table"], "mode": self.cfg.ps.mode.value,
-            "schema": self.stats["schema"], "hash_function": self.stats.get("hash_function"),
-            "servers": self.cfg.ps.servers, "workers": self.cfg.ps.workers,
-            "paddle_version": self.paddle.__version__, "training": {"epochs": history},
-        }
 
 
 def read_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
@@ -470,8 +341,8 @@ def load_job(job_path: Optional[str]) -> JobSpec:
 
 
 def fetch_dataset(uri: str, local: Path) -> Path:
-    """A pod's copy of the prepared dataset: stats.json, for a worker the train shards it reads, and for worker 0
-    the validation split too (it scores every checkpoint on it)."""
+    """A pod's copy of the prepared dataset: stats.json and, for a worker, the train shards it reads and its share of
+    the validation and test splits (every worker scores its share of each checkpoint)."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(uri)
@@ -480,8 +351,8 @@ def fetch_dataset(uri: str, local: Path) -> Path:
     if os.environ.get("TRAINING_ROLE") == "TRAINER":
         stats = json.loads((local / "stats.json").read_text())
         index, count = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
-        valid = stats["shards"].get("valid", []) if index == 0 else []
-        for rel in stats["shards"]["train"][index::count] + valid:
+        scored = [rel for split in SCORED_SPLITS for rel in split_share(stats, split, index, count)]
+        for rel in stats["shards"]["train"][index::count] + scored:
             (local / rel).parent.mkdir(parents=True, exist_ok=True)
             fs.get(f"{root.rstrip('/')}/{rel}", str(local / rel))
     return local
@@ -499,7 +370,7 @@ def main(job_path: Optional[str]) -> None:
     from paddle.distributed.fleet.base.role_maker import PaddleCloudRoleMaker
 
     bind_to_own_host()
-    install_rpc_gflags(rpc_gflags(cfg))
+    install_ps_desc_settings(rpc_gflags(cfg))
     fleet.init(PaddleCloudRoleMaker(is_collective=False))
     program = build_train_program(cfg, schema, paddle)
     if fleet.is_server():
@@ -515,8 +386,13 @@ def serve(cfg: CtrConfig, job: JobSpec, fleet, paddle) -> None:
     index = fleet.server_index()
     paddle.set_flags(server_flags(cfg, Path(job.workdir)))
     if job.restore:  # the servers load the sparse tables; worker 0 restores the dense ones
-        source = CheckpointStore(job.restore.uri)
-        fleet.init_server(str(server_restore_dir(source, job.restore.id, Path(job.workdir))))
+        started = time.time()
+        tables = server_restore_dir(CheckpointStore(job.restore.uri), job.restore.id, Path(job.workdir))
+        downloaded = time.time()
+        fleet.init_server(str(tables))
+        # What a restore costs, per server: the launcher reports it (rows/s per server: a plan's restore time).
+        emit(PROGRESS, role="server", index=index, state="restored", download_s=round(downloaded - started, 3),
+             load_s=round(time.time() - downloaded, 3))
     else:
         fleet.init_server()
     # run_server() holds the GIL until the job ends (measured: a thread started here never runs while it serves), so
@@ -524,7 +400,7 @@ def serve(cfg: CtrConfig, job: JobSpec, fleet, paddle) -> None:
     uploader = subprocess.Popen([sys.executable, "-m", "components.ps.shard_uploader",
                                  "--store", cfg.checkpoint.uri, "--server", str(index), "--parent-pid", str(os.getpid()),
                                  "--endpoint", f"{os.environ['POD_IP']}:{os.environ['PADDLE_PORT']}",
-                                 "--report-every", str(cfg.ps.progress_period_s)])
+                                 "--report-every", str(cfg.ps.progress_period_s), "--workdir", job.workdir])
     emit(PROGRESS, role="server", index=index, state="serving")
     try:
         fleet.run_server()  # returns when worker 0 stops the servers

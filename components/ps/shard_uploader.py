@@ -9,11 +9,15 @@ server's brpc service answered (:class:`components.ps.liveness.Heartbeat`).
 
 Protocol, all through the store (see :mod:`components.checkpoint.protocol`):
 
-1. worker 0 has the servers save into a staging path (the same path string on every machine), then writes
-   ``_upload/<ckpt_id>.request.json`` with that path;
-2. each server's uploader sees the request, uploads the files under it that carry its server index
-   (``part-<iii>-*`` sparse shards, ``part-<iii>.*`` dense slices) into ``<ckpt_id>/tables/...``, and
-   writes ``_upload/<ckpt_id>.server-<i>.json`` with their sizes and checksums, or ``.server-<i>.error.json``;
+1. worker 0 announces the save (``_upload/<ckpt_id>.saving.json`` with the staging path, the same path string on
+   every machine: :func:`announce_save`), then has the servers save into it. While a server writes, its uploader
+   reports the rows written so far (a progress event each time they grew): a long save is work, not a hang, and
+   the launchers' stall watchdog sees it (:meth:`components.train.job.EventLog.stalled`);
+2. worker 0 writes ``_upload/<ckpt_id>.request.json``; each server's uploader uploads the files under the path
+   that carry its server index (``part-<iii>-*`` sparse shards, ``part-<iii>.*`` dense slices) into
+   ``<ckpt_id>/tables/...`` (reporting the bytes uploaded so far), and writes ``_upload/<ckpt_id>.server-<i>.json``
+   with their sizes and checksums, the rows of its shards and, when asked, how many rows it saved last time that
+   this save lacks (evicted), or ``.server-<i>.error.json``;
 3. worker 0 waits for every server's answer, removes the round's records and commits the checkpoint with
    the entries (:func:`collect_shards`).
 
@@ -32,10 +36,14 @@ import re
 import sys
 import time
 from pathlib import Path
+from typing import Optional
+
+import numpy as np
 
 from components.checkpoint.format import TABLES
 from components.checkpoint.protocol import JOB_STORE_RETRIES
 from components.checkpoint.store import CheckpointStore, CheckpointStoreError, redact
+from components.ps.contract import PROGRESS, emit
 from components.ps.liveness import Heartbeat, brpc_answers, die_with_parent
 
 log = logging.getLogger("shard_uploader")
@@ -48,6 +56,10 @@ def request_rel(ckpt_id: str) -> str:
     return f"{UPLOADS}/{ckpt_id}.request.json"
 
 
+def saving_rel(ckpt_id: str) -> str:
+    return f"{UPLOADS}/{ckpt_id}.saving.json"
+
+
 def answer_rel(ckpt_id: str, server: int, error: bool = False) -> str:
     return f"{UPLOADS}/{ckpt_id}.server-{server}{'.error' if error else ''}.json"
 
@@ -58,40 +70,128 @@ def own_files(tables_dir: Path, server: int) -> list[Path]:
     return sorted(p for p in tables_dir.rglob("part-*") if p.is_file() and mine.match(p.name))
 
 
-def upload_shards(store: CheckpointStore, ckpt_id: str, tables_dir: Path, server: int) -> dict[str, dict]:
-    entries = {}
-    for path in own_files(tables_dir, server):
+def is_sparse_shard(path: Path) -> bool:
+    """A sparse table's shard file (``part-<server>-<shard>``), one row per line; dense slices are ``part-<server>``."""
+    return re.match(r"^part-\d{3}-\d+$", path.name) is not None
+
+
+def count_lines(path: Path, start: int = 0) -> tuple[int, int]:
+    """``(newlines from byte start on, the file's size then)``, read in blocks."""
+    lines, size = 0, start
+    with open(path, "rb") as f:
+        f.seek(start)
+        for block in iter(lambda: f.read(8 << 20), b""):
+            lines += block.count(b"\n")
+            size += len(block)
+    return lines, size
+
+
+def shard_ids(path: Path) -> np.ndarray:
+    """The sorted feature ids of a saved shard file (each line starts with its id)."""
+    with open(path, "rb") as f:
+        ids = [int(line.split(b" ", 1)[0]) for line in f if line.strip()]
+    return np.unique(np.asarray(ids, dtype=np.uint64))
+
+
+class SaveWatch:
+    """The rows a server has written so far into its shard files of one save (counted as they grow)."""
+
+    def __init__(self, tables_dir: Path, server: int):
+        self.tables_dir, self.server = tables_dir, server
+        self.read: dict[Path, tuple[int, int]] = {}  # file -> (lines counted, bytes counted)
+        self.started = time.time()
+
+    def rows(self) -> int:
+        for path in own_files(self.tables_dir, self.server) if self.tables_dir.is_dir() else []:
+            if is_sparse_shard(path):
+                lines, size = self.read.get(path, (0, 0))
+                more, size = count_lines(path, size)
+                self.read[path] = (lines + more, size)
+        return sum(lines for lines, _ in self.read.values())
+
+
+class EvictionCount:
+    """Per shard, the ids this server saved last time (on its own disk): how many a new save no longer holds."""
+
+    def __init__(self, workdir: Path):
+        self.dir = workdir / "saved-ids"
+
+    def evicted(self, shard_files: list[Path]) -> int:
+        self.dir.mkdir(parents=True, exist_ok=True)
+        total, compared = 0, True
+        for path in shard_files:
+            ids, previous = shard_ids(path), self.dir / f"{path.name}.npy"
+            if previous.is_file():
+                total += int(np.setdiff1d(np.load(previous), ids, assume_unique=True).size)
+            else:
+                compared = False
+            np.save(previous, ids)
+        return total if compared else None
+
+
+def upload_shards(store: CheckpointStore, ckpt_id: str, tables_dir: Path, server: int,
+                  evictions: Optional[EvictionCount] = None) -> dict:
+    """Upload this server's files of one save; returns the answer: ``files`` (entries), ``rows`` (lines of its
+    sparse shards), ``evicted`` (with ``evictions``: rows of its last save this one lacks; None the first time)."""
+    files, rows, uploaded = {}, 0, 0
+    mine = own_files(tables_dir, server)
+    shards = [p for p in mine if is_sparse_shard(p)]
+    evicted = evictions.evicted(shards) if evictions is not None else None
+    for path in mine:
         rel = f"{TABLES}/{path.relative_to(tables_dir).as_posix()}"
-        entries[rel] = store.upload_file(path, ckpt_id, rel)
+        if path in shards:
+            rows += count_lines(path)[0]
+        files[rel] = store.upload_file(path, ckpt_id, rel)
+        uploaded += files[rel]["size"]
+        emit(PROGRESS, role="server", index=server, state="uploading", checkpoint=ckpt_id, bytes=uploaded)
         path.unlink()  # staged on this server's disk only until it is in the store
-    return entries
+    return {"files": files, "rows": rows, "evicted": evicted}
 
 
-def pending_requests(store: CheckpointStore, server: int, served: set[str]) -> list[tuple[str, dict]]:
+def control_records(store: CheckpointStore, suffix: str, served: set[str]) -> list[tuple[str, dict]]:
+    """``(checkpoint id, record)`` of the control folder's ``<id><suffix>`` records whose id is not in ``served``."""
     out = []
     for name in store.list_control(UPLOADS):
-        if name.endswith(".request.json"):
-            ckpt_id = name[: -len(".request.json")]
+        if name.endswith(suffix):
+            ckpt_id = name[: -len(suffix)]
             if ckpt_id not in served:
-                request = store.read_json(None, f"{UPLOADS}/{name}")
-                if request is not None:
-                    out.append((ckpt_id, request))
+                record = store.read_json(None, f"{UPLOADS}/{name}")
+                if record is not None:
+                    out.append((ckpt_id, record))
     return out
 
 
-def serve(store: CheckpointStore, server: int, parent_pid: int) -> None:
+def pending_requests(store: CheckpointStore, server: int, served: set[str]) -> list[tuple[str, dict]]:
+    return control_records(store, ".request.json", served)
+
+
+def serve(store: CheckpointStore, server: int, parent_pid: int, workdir: Optional[Path] = None) -> None:
     served: set[str] = set()
+    watches: dict[str, SaveWatch] = {}
+    reported: dict[str, int] = {}
+    evictions = EvictionCount(workdir) if workdir is not None else None
     while _alive(parent_pid):
         try:
+            for ckpt_id, record in control_records(store, ".saving.json", served | set(watches)):
+                watches[ckpt_id] = SaveWatch(Path(record["tables_dir"]), server)
             requests = pending_requests(store, server, served)
         except CheckpointStoreError as err:  # still unreachable after the store's retries: look again later
             log.warning("server %d: cannot list the upload requests (trying again): %s", server, err)
             requests = []
+        for ckpt_id, watch in watches.items():
+            rows = watch.rows()
+            if rows > reported.get(ckpt_id, 0):  # only growth is progress: a save that stopped writing is silent
+                reported[ckpt_id] = rows
+                emit(PROGRESS, role="server", index=server, state="saving", checkpoint=ckpt_id, rows=rows,
+                     rows_per_s=rows / max(time.time() - watch.started, 1e-9))
         for ckpt_id, request in requests:
             served.add(ckpt_id)
+            watches.pop(ckpt_id, None)
+            reported.pop(ckpt_id, None)
             try:
-                entries = upload_shards(store, ckpt_id, Path(request["tables_dir"]), server)
-                store.write_json(None, answer_rel(ckpt_id, server), {"files": entries})
+                answer = upload_shards(store, ckpt_id, Path(request["tables_dir"]), server,
+                                       evictions if request.get("count_evicted") else None)
+                store.write_json(None, answer_rel(ckpt_id, server), answer)
             except Exception as err:  # reported to worker 0, which fails the job with it
                 report_failure(store, ckpt_id, server, err)
         time.sleep(POLL_S)
@@ -116,10 +216,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def wait_for_servers(store: CheckpointStore, ckpt_id: str, servers: int, timeout_s: float) -> dict[str, dict]:
-    """Worker 0's side: every server's uploaded entries, or an error naming the server that failed."""
+def wait_for_servers(store: CheckpointStore, ckpt_id: str, servers: int, timeout_s: float) -> list[dict]:
+    """Worker 0's side: every server's answer (:func:`upload_shards`), in server order, or an error naming the
+    server that failed."""
     deadline = time.time() + timeout_s
-    entries: dict[str, dict] = {}
+    answers: dict[int, dict] = {}
     pending = set(range(servers))
     while pending:
         for server in sorted(pending):
@@ -128,25 +229,30 @@ def wait_for_servers(store: CheckpointStore, ckpt_id: str, servers: int, timeout
                 raise RuntimeError(f"checkpoint {ckpt_id}: {failure['error']}")
             answer = store.read_json(None, answer_rel(ckpt_id, server))
             if answer is not None:
-                entries.update(answer["files"])
+                answers[server] = answer
                 pending.discard(server)
         if pending and time.time() > deadline:
             raise TimeoutError(f"checkpoint {ckpt_id}: servers {sorted(pending)} did not upload their shards "
                                f"within {timeout_s:.0f}s")
         if pending:
             time.sleep(POLL_S)
-    return entries
+    return [answers[server] for server in range(servers)]
 
 
-def collect_shards(store: CheckpointStore, ckpt_id: str, tables_dir: str, servers: int,
-                   timeout_s: float) -> dict[str, dict]:
-    """Worker 0's whole round: request the servers' shards saved under ``tables_dir``, wait for every
-    server's entries, then remove the round's records from the control folder."""
-    store.write_json(None, request_rel(ckpt_id), {"tables_dir": tables_dir})
-    entries = wait_for_servers(store, ckpt_id, servers, timeout_s)
-    for rel in (request_rel(ckpt_id),) + tuple(answer_rel(ckpt_id, i) for i in range(servers)):
+def announce_save(store: CheckpointStore, ckpt_id: str, tables_dir: str) -> None:
+    """Before worker 0 has the servers save into ``tables_dir``: their uploaders report the rows as they are written."""
+    store.write_json(None, saving_rel(ckpt_id), {"tables_dir": tables_dir})
+
+
+def collect_shards(store: CheckpointStore, ckpt_id: str, tables_dir: str, servers: int, timeout_s: float,
+                   count_evicted: bool = False) -> list[dict]:
+    """Worker 0's whole round after the save: request the servers' shards saved under ``tables_dir``, wait for
+    every server's answer, then remove the round's records from the control folder."""
+    store.write_json(None, request_rel(ckpt_id), {"tables_dir": tables_dir, "count_evicted": count_evicted})
+    answers = wait_for_servers(store, ckpt_id, servers, timeout_s)
+    for rel in (saving_rel(ckpt_id), request_rel(ckpt_id)) + tuple(answer_rel(ckpt_id, i) for i in range(servers)):
         store.remove(rel)
-    return entries
+    return answers
 
 
 def clear_records(store: CheckpointStore) -> list[str]:
@@ -165,6 +271,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--parent-pid", type=int, required=True)
     parser.add_argument("--endpoint", help="the server's brpc host:port: report it alive while it answers")
     parser.add_argument("--report-every", type=float, default=5.0, help="seconds between heartbeats")
+    parser.add_argument("--workdir", help="the server's own directory: the ids of its last save (eviction counts)")
     args = parser.parse_args(argv)
     die_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s: %(message)s", stream=sys.stdout)
@@ -172,7 +279,8 @@ def main(argv: list[str]) -> None:
         timeout_s = min(args.report_every, 5.0)
         Heartbeat("server", args.server, args.report_every,
                   healthy=lambda: brpc_answers(args.endpoint, timeout_s)).start()
-    serve(CheckpointStore(args.store, retries=JOB_STORE_RETRIES), args.server, args.parent_pid)
+    serve(CheckpointStore(args.store, retries=JOB_STORE_RETRIES), args.server, args.parent_pid,
+          Path(args.workdir) if args.workdir else None)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """The one place that maps our config onto Paddle's PS strategy, sparse table and optimizers.
 
-Everything here is pure except :func:`build_strategy`, :func:`dense_optimizer` and :func:`install_rpc_gflags`,
+Everything here is pure except :func:`build_strategy`, :func:`dense_optimizer` and :func:`install_ps_desc_settings`,
 which need Paddle; the row layout of the table is :mod:`components.ps.accessor`.
 """
 
@@ -129,13 +129,17 @@ def rpc_gflags(cfg: CtrConfig) -> str:
     ))
 
 
-def install_rpc_gflags(flags: str) -> None:
-    """Make Paddle put ``flags`` into the PS parameter it builds.
+def install_ps_desc_settings(flags: str) -> None:
+    """Make Paddle put ``flags`` into the PS parameter it builds, and have its tables save uncompressed text.
 
     Paddle 2.6.2 reads the FLAGS_pserver_* settings only from the PS parameter's ``init_gflags`` field
     (not from the environment, not from ``paddle.set_flags``), and no strategy option fills that field,
-    so the descriptor builder is wrapped to set it.
+    so the descriptor builder is wrapped to set it. Its tables' ``compress_in_save`` defaults to true and no
+    strategy option reaches it either: a server then pipes every shard through ``gzip`` as it saves (measured
+    ~30k rows/s per server, 4 minutes for 14M rows); uncompressed, the save runs at the speed the servers format
+    text. Loading reads either (it picks ``zcat`` for ``.gz`` files).
     """
+    from google.protobuf import text_format
     from paddle.distributed.ps import the_one_ps
 
     builder = the_one_ps.PsDescBuilder
@@ -147,3 +151,14 @@ def install_rpc_gflags(flags: str) -> None:
 
     builder._original_init = original
     builder.__init__ = init
+    for name in ("build_server_desc", "build_worker_desc"):
+        build = getattr(builder, f"_original_{name}", getattr(builder, name))
+
+        def uncompressed(self, _build=build):
+            _build(self)
+            for table in self.ps_desc.server_param.downpour_server_param.downpour_table_param:
+                table.compress_in_save = False
+            return text_format.MessageToString(self.ps_desc)
+
+        setattr(builder, f"_original_{name}", build)
+        setattr(builder, name, uncompressed)

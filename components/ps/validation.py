@@ -1,9 +1,9 @@
 """Worker 0's judgement of each checkpoint on the validation split: its metrics, its calibration, whether it is the
 best so far, and when to stop.
 
-A checkpoint is scored the way the evaluation scores the delivered model (:class:`components.ps.scoring.Scorer`, on
-the export the checkpoint holds), so "best on the validation split" means best as delivered. The calibration (Platt
-scaling, :func:`components.evaluate.metrics.fit_platt`) is fitted on the same predictions and travels in the
+A checkpoint is scored through the servers by every worker (:mod:`components.ps.pull_scoring`), as its test split is,
+and judged on the merged counts, so "best on the validation split" means best as delivered. The calibration (Platt
+scaling, :func:`components.metrics.fit_platt_counts`) is fitted on the same predictions and travels in the
 checkpoint's ``model.json``: evaluation, export and serving all apply the one the delivered checkpoint carries.
 
 Early stopping: the job stops once ``ps.patience`` checkpoints in a row did not improve the objective
@@ -15,14 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Optional
 
-from components.checkpoint.format import Checkpoint
 from components.config import Calibration, CtrConfig
-from components.data_prep.multislot import Schema, read_shards
-from components.evaluate.metrics import binary_metrics, fit_platt
-from components.ps.scoring import Scorer
+from components.metrics import ScoreCounts, binary_metrics_counts, fit_platt_counts
 
 # Whether a larger value of the objective is better.
 MAXIMIZE = {"auc": True, "logloss": False}
@@ -61,26 +57,23 @@ class EarlyStopping:
 
 
 class Validator:
-    """Scores checkpoints on the validation split of ``data_dir`` (read once, kept in memory)."""
+    """Judges checkpoints by their merged validation counts."""
 
-    def __init__(self, cfg: CtrConfig, data_dir: Path, stats: dict, stopping: EarlyStopping):
+    def __init__(self, cfg: CtrConfig, stopping: EarlyStopping):
         self.cfg, self.stopping = cfg, stopping
-        schema = Schema.from_dict(stats["schema"])
-        paths = [Path(data_dir) / rel for rel in stats["shards"]["valid"]]
-        self.labels, self.dense, self.sparse = read_shards(paths, schema)
 
     @classmethod
-    def of(cls, cfg: CtrConfig, data_dir: Path, stats: dict, state: dict) -> Optional["Validator"]:
-        """The validator of a dataset with a validation split that has both classes (else None: no validation)."""
-        if not stats.get("rows", {}).get("valid"):
+    def of(cls, cfg: CtrConfig, stats: dict, state: dict) -> Optional["Validator"]:
+        """The validator of a dataset whose validation split has both classes (else None: no validation)."""
+        rows = stats.get("rows", {}).get("valid") or 0
+        positives = round(rows * (stats.get("ctr", {}).get("valid") or 0))
+        if not 0 < positives < rows:
             return None
-        validator = cls(cfg, data_dir, stats, EarlyStopping(cfg.objective, cfg.ps.patience, state.get("stopping")))
-        return validator if 0 < validator.labels.sum() < len(validator.labels) else None
+        return cls(cfg, EarlyStopping(cfg.objective, cfg.ps.patience, state.get("stopping")))
 
-    def judge(self, ckpt_id: str, checkpoint: Checkpoint) -> Verdict:
-        preds = Scorer(checkpoint).predict(self.dense, self.sparse)
-        metrics = binary_metrics(self.labels, preds)
-        calibration = (fit_platt(self.labels, preds) if self.cfg.eval.calibration is Calibration.platt else None)
+    def judge(self, ckpt_id: str, counts: ScoreCounts) -> Verdict:
+        metrics = binary_metrics_counts(counts)
+        calibration = fit_platt_counts(counts) if self.cfg.eval.calibration is Calibration.platt else None
         best, stop = self.stopping.judge(ckpt_id, metrics[self.cfg.objective])
         return Verdict({k: metrics[k] for k in ("auc", "logloss", "calibration", "count")}, calibration, best, stop)
 

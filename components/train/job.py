@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 from components.checkpoint.lease import new_run_id
+from components.checkpoint.protocol import clear_scores
 from components.checkpoint.restore import RestoreTarget, restore_target
 from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, to_dict
@@ -94,6 +95,7 @@ def prepare_job(cfg: CtrConfig, stats: Optional[dict], run_id: Optional[str] = N
     store = CheckpointStore(cfg.checkpoint.uri)
     store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
     clear_records(store)
+    clear_scores(store)
     return plan_job(cfg, stats, store, run_id)
 
 
@@ -121,7 +123,19 @@ def plan_lines(plan: Optional[planner.MemoryPlan]) -> list[str]:
                                       "each worker a dense vocab_size x embedding_dim copy)"]
 
 
+# Server states that are work: a save writing rows, an upload sending bytes (each reported only as it advances).
+SERVER_WORK = ("saving", "uploading")
+
+
 def format_progress(event: dict) -> str:
+    if event.get("state") == "saving":
+        return (f"[{event['role']} {event['index']}] saving: {event['rows']:,} rows written "
+                f"({event['rows_per_s']:,.0f} rows/s)")
+    if event.get("state") == "restored":
+        return (f"[{event['role']} {event['index']}] restored its tables: download {event['download_s']:.1f}s, "
+                f"load {event['load_s']:.1f}s")
+    if event.get("state") == "uploading":
+        return f"[{event['role']} {event['index']}] uploading: {event['bytes'] / 2 ** 20:,.1f} MiB sent"
     if event.get("state"):
         return f"[{event['role']} {event['index']}] {event['state']}"
     loss = event.get("loss")
@@ -187,6 +201,7 @@ class EventLog:
         self.checkpoints: list[dict] = []
         # source -> (when it last reported, on time.monotonic(); whether it said it waits in a collective)
         self.last_report: dict[str, tuple[float, bool]] = {}
+        self.last_server_work: dict[str, float] = {}  # server -> when its save or upload last advanced
         self._lock = threading.Lock()
 
     def feed(self, source: str, line: str) -> bool:
@@ -197,6 +212,8 @@ class EventLog:
         tag, event = parsed
         with self._lock:
             self.last_report[source] = (time.monotonic(), tag == HEARTBEAT and bool(event.get("waiting")))
+            if tag == PROGRESS and event.get("state") in SERVER_WORK:
+                self.last_server_work[source] = time.monotonic()
             if tag == PROGRESS:
                 self.progress[source] = event
                 self._add_to_curve(source, event)
@@ -213,7 +230,12 @@ class EventLog:
                 judged = (f"; validation auc {validation['auc']:.4f}, logloss {validation['logloss']:.4f}"
                           f"{' (best so far)' if event.get('best') else ''}{', stopping' if event.get('stop') else ''}"
                           if validation else "")
-                self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}{judged}")
+                seconds = event.get("seconds") or {}
+                rate = event.get("save_rows_per_s_per_server")
+                timing = (f" [{event['rows']:,} rows; save {seconds['save_s']:.1f}s"
+                          f"{f' ({rate:,.0f} rows/s per server)' if rate else ''}, scoring {seconds['score_s']:.1f}s, "
+                          f"upload and commit {seconds['upload_s']:.1f}s]" if seconds else "")
+                self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}{judged}{timing}")
         return True
 
     def _add_to_curve(self, source: str, event: dict) -> None:
@@ -237,13 +259,16 @@ class EventLog:
 
         A process is stalled when it has reported nothing for ``stall_s`` (before its first report, for
         ``first_report_s``), except a worker whose last report said it waits in a collective while another
-        worker that is not waiting reported within ``stall_s``: it waits for that one.
+        worker that is not waiting reported within ``stall_s``, or a server's save or upload advanced within it
+        (a checkpoint of a large table takes minutes): it waits for that one.
         """
         now = time.monotonic()
         with self._lock:
             reports = {source: self.last_report.get(source) for source in running}
+            server_work = [self.last_server_work.get(source) for source in running]
         working = any(report is not None and not report[1] and now - report[0] <= stall_s
-                      for source, report in reports.items() if source.startswith(Role.WORKER.value))
+                      for source, report in reports.items() if source.startswith(Role.WORKER.value)) or \
+            any(when is not None and now - when <= stall_s for when in server_work)
         out = []
         for source, started in running.items():
             report = reports[source]

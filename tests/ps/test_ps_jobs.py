@@ -1,5 +1,6 @@
 """Real Paddle parameter-server jobs on this machine: servers and workers as local processes."""
 
+import json
 import os
 import signal
 import subprocess
@@ -17,11 +18,13 @@ from components.config import EvalConfig, from_dict
 from components.data_prep.multislot import Schema, read_shards
 from components.data_prep.prepare import prepare_synthetic
 from components.evaluate.evaluate import evaluate
+from components.metrics import binary_metrics, binary_metrics_counts
 from components.ps.accessor import read_sparse_table
+from components.ps.scoring import Scorer, read_test_split
 from components.train.backends.local import LocalJob
 from components.train.job import PsJobError, prepare_job
 from components.train.step import launch_ps_job
-from tests.conftest import CRITEO, FAKE_SECRET, commit_staged_checkpoint, needs_criteo
+from tests.conftest import CRITEO, FAKE_SECRET, needs_criteo
 
 ROWS = 60_000
 
@@ -39,7 +42,7 @@ def _config(tmp_path, checkpoint=None, model=None, table=None, **ps):
 
 def _score(uri, ckpt_id, data_dir, out_dir):
     """Test metrics of a committed checkpoint, fetched from its store as the evaluate step does."""
-    local = fetch_for_scoring(uri, ckpt_id, out_dir / "fetched")
+    local = fetch_for_scoring(uri, ckpt_id, out_dir / "fetched", ckpt_io.EVALUATION_PARTS)
     return evaluate(local, data_dir, out_dir, EvalConfig())
 
 
@@ -281,40 +284,34 @@ def test_timed_checkpoints_inside_a_pass_and_resume_there(tmp_path, datasets):
     assert rerun.epochs[0]["epoch"] == 1 and rerun.epochs[0]["examples"] + done == stats["rows"]["train"]
 
 
-def test_float16_export_scores_like_float32_and_resume_reads_the_float32_tables(tmp_path, datasets):
-    """checkpoint.export_dtype=float16 narrows only the export's rows: they are the servers' float32 rows
-    rounded, score within 0.002 AUC of them, and a resume from that checkpoint starts from the float32 tables."""
-    data_dir, _ = datasets[1]
-    cfg = _config(tmp_path, epochs=1, checkpoint={"export_dtype": "float16"})
-    (ckpt_id,) = [c["id"] for c in launch_ps_job(cfg, data_dir, tmp_path / "l1", echo=lambda line: None).checkpoints]
-    half_dir = CheckpointStore(cfg.checkpoint.uri).download(ckpt_id, tmp_path / "half")
-    half = ckpt_io.load(half_dir)
-    # Table 000 is the sparse table (001 holds the dense parameters): the servers' own float32 rows.
-    ids, rows = read_sparse_table(half_dir / ckpt_io.TABLES / "000", cfg.table.rule, cfg.table.embedding_dim)
-    assert half.rows.dtype == np.float16 and np.array_equal(half.ids, ids)
-    assert np.array_equal(half.rows, rows.astype(np.float16))
-    # The same checkpoint as export_dtype=float32 exports it, scored both ways.
-    full_dir = tmp_path / "full"
-    ckpt_io.save_export(full_dir, ids, rows, half.dense)
-    full_dir = commit_staged_checkpoint(full_dir, half.meta)
-    embedding = f"{ckpt_io.EXPORT}/{ckpt_io.EMBEDDING_FILE}"
-    assert (full_dir / embedding).stat().st_size - (half_dir / embedding).stat().st_size == rows.nbytes // 2
-    half_metrics = evaluate(half_dir, data_dir, tmp_path / "e16", EvalConfig())
-    full_metrics = evaluate(full_dir, data_dir, tmp_path / "e32", EvalConfig())
-    assert full_metrics["auc"] > 0.7
-    assert half_metrics["auc"] == pytest.approx(full_metrics["auc"], abs=0.002)
-
-    # Resume with learning rates too small to move a weight: the servers load the float32 tables, so the
-    # resumed job's (float32) export holds the float32 rows, not their float16 rounding.
-    frozen = _config(tmp_path, epochs=2, checkpoint={"resume": ckpt_id},
-                     model={"learning_rate": 1e-12}, table={"learning_rate": 1e-12})
-    resumed_id = launch_ps_job(frozen, data_dir, tmp_path / "l2", echo=lambda line: None).checkpoints[-1]["id"]
-    resumed = ckpt_io.load(fetch_for_scoring(cfg.checkpoint.uri, resumed_id, tmp_path / "resumed"))
-    assert resumed.rows.dtype == np.float32 and np.array_equal(resumed.ids, ids)
-    # (measured: a learning rate of 1e-12 moved 183 of 543k weights, all tiny, by up to 1e-12; float16
-    # rounding moved weights by up to 6e-5)
-    assert np.abs(resumed.rows - rows).max() < 1e-9
-    assert np.abs(half.rows.astype(np.float32) - rows).max() > 1e-6
+def test_scores_through_the_servers_equal_one_process_and_create_no_row(tmp_path, datasets):
+    """Every worker scores its share of the test split through the servers at each checkpoint; the merged metrics
+    equal those of one process scoring the whole split with the checkpoint's own rows (its table files) and dense
+    parameters. The scoring only pulls: ids seen only in the scored splits never get a row on the servers."""
+    data_dir, stats = datasets[2]
+    cfg = _config(tmp_path, servers=2, workers=2, epochs=2)
+    result = launch_ps_job(cfg, data_dir, tmp_path / "logs", echo=lambda line: None)
+    store, schema = CheckpointStore(cfg.checkpoint.uri), Schema.from_dict(stats["schema"])
+    labels, dense, sparse = read_test_split(data_dir, schema)
+    for event in result.checkpoints:
+        local = store.download(event["id"], tmp_path / event["id"])
+        meta = json.loads((local / ckpt_io.MODEL_META).read_text())
+        ids, rows = read_sparse_table(local / meta["sparse_table"], cfg.table.rule, cfg.table.embedding_dim)
+        with np.load(local / ckpt_io.EXPORT / ckpt_io.DENSE_FILE) as saved:
+            params = {name: saved[name] for name in saved.files}
+        one_process = Scorer(ckpt_io.Checkpoint(meta=meta, ids=ids, rows=rows, dense=params))
+        expected = binary_metrics(labels, one_process.predict(dense, sparse))
+        merged = binary_metrics_counts(ckpt_io.load_scores(local, ckpt_io.TEST))
+        assert merged["count"] == expected["count"] == stats["rows"]["test"]
+        assert merged["auc"] == pytest.approx(expected["auc"], abs=1e-4)
+        assert merged["logloss"] == pytest.approx(expected["logloss"], abs=1e-4)
+        assert event["rows"] == len(ids) == meta["rows"] and sum(event["servers"]["rows"]) == len(ids)
+    _, _, train_sparse = read_shards([data_dir / rel for rel in stats["shards"]["train"]], schema)
+    trained = np.unique(np.concatenate([slot.values for slot in train_sparse]))
+    scored = np.unique(np.concatenate([slot.values for slot in sparse]))
+    assert np.setdiff1d(scored, trained).size > 0  # the test split holds ids training never saw
+    # The last checkpoint was saved after the first one's scoring: it holds no row training did not create.
+    assert np.isin(ids, trained).all()
 
 
 def test_eviction_removes_the_rows_not_trained_since_the_last_checkpoint(tmp_path, datasets):
@@ -359,3 +356,27 @@ def test_the_real_criteo_samples_run_through_every_model(tmp_path, model):
     assert result.checkpoints[-1]["validation"]["count"] == stats["rows"]["valid"]
     metrics = _score(cfg.checkpoint.uri, result.checkpoints[-1]["id"], data_dir, tmp_path / "eval")
     assert metrics["count"] == stats["rows"]["test"] and 0 < metrics["auc"] < 1
+
+
+@pytest.mark.slow
+def test_a_save_longer_than_the_stall_timeout_does_not_fail_the_job(tmp_path):
+    """Millions of rows on one server, a stall timeout of one second: the checkpoint's save takes longer than that,
+    every worker waits in it, and the server's sidecar reports the rows written, so the watchdog sees work, not a
+    hang. (The watchdog's rule alone, in tests/train/test_job.py, is this test's fast twin.)"""
+    from components.data_prep.prepare import prepare_files
+
+    rng = np.random.default_rng(0)
+    rows, tsv = 150_000, tmp_path / "tail.tsv"
+    with open(tsv, "w") as out:  # every categorical value seen once: 26 new ids per row
+        for label, counts, values in zip(rng.integers(0, 2, rows), rng.integers(0, 50, (rows, 13)),
+                                         rng.integers(1 << 62, size=(rows, 26))):
+            out.write("\t".join([str(label), *map(str, counts), *(f"{v:016x}" for v in values)]) + "\n")
+    stats = prepare_files(tmp_path / "data", uri=str(tsv), fmt="raw", test_fraction=0.05, valid_fraction=0.05,
+                          num_shards=1, vocab_size=1 << 40, seed=0, max_malformed_fraction=0.0)
+    cfg = _config(tmp_path, epochs=1, batch_size=1024, progress_period_s=0.2, stall_timeout_s=1.0)
+    lines = []
+    result = launch_ps_job(cfg, tmp_path / "data", tmp_path / "logs", echo=lines.append)
+    (event,) = result.checkpoints
+    assert event["rows"] > 3_000_000 and sum(stats["distinct_ids"].values()) > 3_000_000
+    assert event["seconds"]["save_s"] > 2 * cfg.ps.stall_timeout_s, event["seconds"]  # the premise: a long save
+    assert any(line.startswith("[server 0] saving: ") for line in lines)

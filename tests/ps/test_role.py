@@ -19,7 +19,10 @@ def test_a_pod_fetches_the_dataset_files_its_role_reads(tmp_path, monkeypatch):
     monkeypatch.setenv("PADDLE_TRAINERS_NUM", "2")
     worker = fetch_dataset(uri, tmp_path / "worker-1")
     fetched = sorted(str(p.relative_to(worker)) for p in worker.rglob("*") if p.is_file() and p.name != "stats.json")
-    assert fetched == sorted(stats["shards"]["train"][1::2])
+    # Its train shards, and its share of the splits every worker scores at each checkpoint.
+    assert fetched == sorted(stats["shards"]["train"][1::2] + stats["shards"]["valid"][1::2]
+                             + stats["shards"]["test"][1::2])
+    assert stats["shards"]["valid"][1::2] and stats["shards"]["test"][1::2]
     for rel in fetched:
         assert (worker / rel).read_bytes() == (tmp_path / "remote" / rel).read_bytes()
 

@@ -16,22 +16,26 @@ from components.ps import shard_uploader
 def test_each_server_uploads_only_its_own_shards(tmp_path):
     """The sidecar protocol: server i sends the files it saved; worker 0 collects every server's answer."""
     staged = tmp_path / "staging" / "tables"
-    for name in ("000/part-000-00000.gz", "000/part-000-00001.gz", "000/part-001-00000.gz",
-                 "001/part-000.gz", "001/part-001.gz"):
+    lines = {"000/part-000-00000": 2, "000/part-000-00001": 3, "000/part-001-00000": 1, "001/part-000": 4,
+             "001/part-001": 4}
+    for name, count in lines.items():
         (staged / name).parent.mkdir(parents=True, exist_ok=True)
-        (staged / name).write_bytes(name.encode())
+        (staged / name).write_text("".join(f"{k} 0 0 1 0 0.5\n" for k in range(count)))
     store = CheckpointStore(str(tmp_path / "store"))
     ckpt_id = make_id(1, 100)
     store.write_json(None, shard_uploader.request_rel(ckpt_id), {"tables_dir": str(staged)})
     for server in (0, 1):
         (found_id, request), = shard_uploader.pending_requests(store, server, served=set())
         assert found_id == ckpt_id
-        entries = shard_uploader.upload_shards(store, ckpt_id, Path(request["tables_dir"]), server)
-        assert all(f"part-{server:03d}" in rel for rel in entries), entries
-        store.write_json(None, shard_uploader.answer_rel(ckpt_id, server), {"files": entries})
-    collected = shard_uploader.wait_for_servers(store, ckpt_id, servers=2, timeout_s=5)
-    assert sorted(collected) == ["tables/000/part-000-00000.gz", "tables/000/part-000-00001.gz",
-                                 "tables/000/part-001-00000.gz", "tables/001/part-000.gz", "tables/001/part-001.gz"]
+        answer = shard_uploader.upload_shards(store, ckpt_id, Path(request["tables_dir"]), server)
+        assert all(f"part-{server:03d}" in rel for rel in answer["files"]), answer
+        store.write_json(None, shard_uploader.answer_rel(ckpt_id, server), answer)
+    answers = shard_uploader.wait_for_servers(store, ckpt_id, servers=2, timeout_s=5)
+    assert [sorted(a["files"]) for a in answers] == [
+        ["tables/000/part-000-00000", "tables/000/part-000-00001", "tables/001/part-000"],
+        ["tables/000/part-001-00000", "tables/001/part-001"]]
+    # The rows of each server's sparse shards (one per line; the dense slices part-<i> are not rows).
+    assert [a["rows"] for a in answers] == [2 + 3, 1] and [a["evicted"] for a in answers] == [None, None]
     assert not list(staged.rglob("part-*"))  # each server removed what it staged once it was in the store
 
 
@@ -40,10 +44,12 @@ def test_collecting_the_shards_clears_the_upload_records(tmp_path):
     store = CheckpointStore(str(tmp_path / "store"))
     ckpt_id = make_id(1, 10)
     entry = {"size": 3, "sha256": "abc"}
+    shard_uploader.announce_save(store, ckpt_id, "/staging/tables")
     for server in (0, 1):  # the servers answered already; the round must not depend on who is first
-        store.write_json(None, shard_uploader.answer_rel(ckpt_id, server), {"files": {f"tables/part-00{server}": entry}})
-    files = shard_uploader.collect_shards(store, ckpt_id, "/staging/tables", servers=2, timeout_s=5)
-    assert files == {"tables/part-000": entry, "tables/part-001": entry}
+        store.write_json(None, shard_uploader.answer_rel(ckpt_id, server),
+                         {"files": {f"tables/part-00{server}": entry}, "rows": server, "evicted": None})
+    answers = shard_uploader.collect_shards(store, ckpt_id, "/staging/tables", servers=2, timeout_s=5)
+    assert [a["files"] for a in answers] == [{"tables/part-000": entry}, {"tables/part-001": entry}]
     assert store.fs.ls(store.fs_path(None, shard_uploader.UPLOADS), detail=False) == []
 
 
@@ -97,10 +103,45 @@ def test_an_uploader_rides_out_a_store_that_stops_answering(tmp_path, moto_endpo
         moto_endpoint.start()
         ckpt_id = make_id(1, 1)
         store.write_json(None, shard_uploader.request_rel(ckpt_id), {"tables_dir": str(staged)})
-        entries = shard_uploader.wait_for_servers(store, ckpt_id, servers=1, timeout_s=30)
-        assert list(entries) == ["tables/000/part-000-00000.gz"]
+        (answer,) = shard_uploader.wait_for_servers(store, ckpt_id, servers=1, timeout_s=30)
+        assert list(answer["files"]) == ["tables/000/part-000-00000.gz"]
     finally:
         owner.kill()
         owner.wait()
     serving.join(10)
     assert not serving.is_alive()  # it ends with its server
+
+
+def test_a_save_in_progress_is_reported_by_the_rows_it_wrote(tmp_path):
+    """The sidecar counts the lines of its own shard files as the server writes them (not another server's)."""
+    tables = tmp_path / "tables" / "000"
+    tables.mkdir(parents=True)
+    watch = shard_uploader.SaveWatch(tmp_path / "tables", server=1)
+    assert watch.rows() == 0
+    mine, other = tables / "part-001-00003", tables / "part-000-00002"
+    mine.write_text("1 0 0 1 0 0.5\n2 0 0 1 0 0.5\n")
+    other.write_text("9 0 0 1 0 0.5\n")
+    assert watch.rows() == 2
+    with open(mine, "a") as f:
+        f.write("3 0 0 1 0 0.5\n")
+    (tables / "part-001-00004").write_text("4 0 0 1 0 0.5\n")
+    assert watch.rows() == 4
+
+
+def test_evicted_rows_are_counted_against_the_servers_last_save(tmp_path):
+    """How many rows of a server's last save its new save no longer holds, shard by shard on its own disk."""
+    staged = tmp_path / "staging"
+    counter = shard_uploader.EvictionCount(tmp_path / "work")
+
+    def save(shard_ids):
+        staged.mkdir(exist_ok=True)
+        paths = []
+        for shard, ids in shard_ids.items():
+            path = staged / f"part-000-{shard:05d}"
+            path.write_text("".join(f"{k} 0 0 1 0 0.5\n" for k in ids))
+            paths.append(path)
+        return paths
+
+    assert counter.evicted(save({0: [2, 4, 6], 1: [1, 3]})) is None  # nothing to compare the first with
+    assert counter.evicted(save({0: [4, 6, 8], 1: [3]})) == 2  # 2 and 1 are gone; 8 is new
+    assert counter.evicted(save({0: [4, 6, 8], 1: [3]})) == 0

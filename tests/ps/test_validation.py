@@ -37,6 +37,7 @@ def test_more_passes_never_deliver_a_worse_model(tmp_path):
     the best pass +0.003 to +0.011 over the first on test. The validation AUC may still improve again at pass 3 or 4
     before the overfitting wins (seen on 2,400 rows: 0.676, 0.693, 0.688, 0.696, 0.628, 0.670), so the maximum
     leaves room for that, and the job's stops are checked against the rule replayed on its own values."""
+    from components.checkpoint.format import EVALUATION_PARTS
     from components.checkpoint.pointer import fetch_for_scoring
     from components.config import EvalConfig, from_dict
     from components.data_prep.prepare import prepare_synthetic
@@ -58,7 +59,7 @@ def test_more_passes_never_deliver_a_worse_model(tmp_path):
     summary = training_summary(result, cfg.checkpoint.uri)
     best = max(result.checkpoints, key=lambda c: c["validation"]["auc"])
     assert summary["id"] == best["id"] and summary["stopped_early"]
-    test_auc = {c["id"]: evaluate(fetch_for_scoring(cfg.checkpoint.uri, c["id"], tmp_path / c["id"]),
+    test_auc = {c["id"]: evaluate(fetch_for_scoring(cfg.checkpoint.uri, c["id"], tmp_path / c["id"], EVALUATION_PARTS),
                                   tmp_path / "data", tmp_path / f"eval-{c['id']}", EvalConfig(baseline=False))["auc"]
                 for c in result.checkpoints}
     first = result.checkpoints[0]["id"]

@@ -102,3 +102,26 @@ def test_stop_signals_raise_once_then_wait_for_the_teardown():
             time.sleep(0.05)
             made.append("teardown done")
     assert made == [signal.SIGTERM, "teardown done", signal.SIGINT]
+
+
+def test_a_long_save_is_work_while_the_servers_report_rows_written(monkeypatch):
+    """A checkpoint of a large table: every worker waits in the save (worker 0's call holds the GIL, the others
+    sit in its barrier), and the servers' sidecars report the rows they have written. Nobody is stalled while
+    the rows grow; once they stop growing (a save that hangs), the waiting workers are."""
+    clock = [100.0]
+    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
+    lines = []
+    events = EventLog(echo=lines.append)
+    running = {"server-0": 0.0, "worker-0": 0.0, "worker-1": 0.0}
+    for worker in ("worker-0", "worker-1"):
+        _report(events, worker, waiting=True)
+    for second in range(0, 300, 5):  # five minutes of saving, well past the timeout
+        clock[0] = 100.0 + second
+        _report(events, "server-0", "@progress", role="server", index=0, state="saving", checkpoint="c",
+                rows=1000 * (second + 1), rows_per_s=1000.0)
+        assert events.stalled(running, stall_s=20.0, first_report_s=60.0) == [], second
+    assert lines[-1] == "[server 0] saving: 296,000 rows written (1,000 rows/s)"
+    clock[0] += 21.0  # the server still beats, but its save wrote nothing for longer than the timeout
+    _report(events, "server-0")
+    assert [name for name, _ in events.stalled(running, stall_s=20.0, first_report_s=60.0)] == ["worker-0",
+                                                                                               "worker-1"]

@@ -1,0 +1,233 @@
+"""A worker's part in taking a checkpoint (the protocol: :mod:`components.checkpoint.protocol`).
+
+Every worker calls :meth:`Checkpointer.take` at the same point. The servers save their own shards, in parallel,
+while their sidecars report the rows written; every worker pulls the dense parameters and scores its share of the
+validation and test splits through the servers; worker 0 merges the scores, judges the checkpoint on the
+validation split (:mod:`components.ps.validation`) and commits. No worker holds the table, except where the servers
+cannot save it (geo, SSD: :func:`~components.checkpoint.protocol.rows_from_workers`): there each worker uploads the
+rows of the ids it trained and worker 0 merges them into the checkpoint's export.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import numpy as np
+
+from components.checkpoint import format as checkpoint
+from components.checkpoint import protocol
+from components.checkpoint.store import CheckpointStore, make_id
+from components.config import CtrConfig, Mode
+from components.data_prep.multislot import Schema, read_shards
+from components.ps.contract import CHECKPOINT, JobSpec, emit
+from components.ps.liveness import Heartbeat
+from components.ps.models import EMBEDDING_TABLE
+from components.ps.pull_scoring import SPARSE_PULL, PullScorer, split_share
+from components.ps.shard_uploader import announce_save, collect_shards
+from components.ps.sharding import rows_per_server, saved_bytes_per_server
+from components.ps.strategy import table_save_mode
+from components.ps.validation import Validator, Verdict
+
+PULL_BATCH = 1 << 16  # ids per request when a worker pulls rows from the servers for a checkpoint
+SCORED_SPLITS = (checkpoint.VALID, checkpoint.TEST)  # the splits every worker fetches its share of
+
+
+class Checkpointer:
+    """What one worker does at every checkpoint. ``barrier`` and ``all_reduce`` are the worker's collectives (they
+    tell the heartbeat that the worker waits)."""
+
+    def __init__(self, cfg: CtrConfig, job: JobSpec, stats: dict, fleet: Any, paddle: Any, exe: Any, scope: Any,
+                 place: Any, heartbeat: Heartbeat, barrier: Callable[[], None],
+                 all_reduce: Callable[[np.ndarray, str], np.ndarray], validator: Optional[Validator]):
+        self.cfg, self.job, self.stats, self.fleet, self.paddle = cfg, job, stats, fleet, paddle
+        self.exe, self.scope, self.place, self.heartbeat = exe, scope, place, heartbeat
+        self.barrier, self.all_reduce, self.validator = barrier, all_reduce, validator
+        self.index, self.count = fleet.worker_index(), fleet.worker_num()
+        self.workdir = Path(job.workdir)
+        self.store = CheckpointStore(cfg.checkpoint.uri, retries=protocol.JOB_STORE_RETRIES)
+        self.schema = Schema.from_dict(stats["schema"])
+        self.main = paddle.static.default_main_program()
+        self.scorer = PullScorer(cfg, self.schema, self.main, scope, place, paddle)
+        self._pull = None  # the program that pulls rows for the workers' export (geo, SSD), once built
+
+    def take(self, epoch: int, chunk: int, chunks_in_pass: int, history: list[dict],
+             examples: int) -> Optional[Verdict]:
+        """Save, score and (worker 0) commit a checkpoint after ``examples`` examples: after pass ``epoch``, or
+        inside it after ``chunk`` of its ``chunks_in_pass`` chunks. Returns worker 0's verdict (None on the
+        others, or without validation)."""
+        fleet, cfg = self.fleet, self.cfg
+        # The round's name on every worker (checkpoint ids carry worker 0's clock): the servers' staging path and
+        # the workers' scores in the store.
+        round_key = f"pass-{epoch:04d}-{chunk:05d}"
+        ckpt_id = make_id(epoch, examples) if self.index == 0 else None
+        staging = str(Path(self.job.staging_dir) / round_key / checkpoint.TABLES)
+        from_workers = protocol.rows_from_workers(cfg)
+        timings: dict[str, float] = {}
+        # Pushes still queued in this worker's client would reach the servers after the save and the scoring: the
+        # checkpoint would not hold what it scored.
+        runtime = fleet.fleet._runtime_handle
+        runtime._worker.client_flush()
+        self.barrier()
+        with self.heartbeat.waiting():  # every call here ends in a barrier of all workers
+            if cfg.table.eviction.enabled:
+                fleet.shrink()  # worker 0 asks every server to decay and evict; all barrier
+            started = time.time()
+            if not from_workers:
+                if self.index == 0:
+                    announce_save(self.store, ckpt_id, staging)
+                fleet.save_persistables(self.exe, staging, self.main, mode=table_save_mode(cfg.table))  # all barrier
+            timings["save_s"] = time.time() - started
+        dense_path = str(self.workdir / "dense.pdparams")
+        if cfg.ps.mode is Mode.geo:
+            # Geo workers train local copies and exchange deltas of them: a pulled value written into a copy would
+            # travel back as a delta. Worker 0 pulls the servers' for the checkpoint; each scores its own copy.
+            with self.heartbeat.waiting():
+                fleet.save_dense_params(self.exe, dense_path, self.scope, self.main)
+        else:
+            # Every worker pulls the servers' dense parameters into its scope: what the checkpoint and its scores
+            # hold (fleet.save_dense_params pulls them on worker 0 only; the others would score their own copies).
+            runtime._ps_save_dense_params(self.exe, dense_path, self.scope, self.main)
+            self.barrier()
+        if from_workers:
+            ids, rows = self._worker_rows()
+            protocol.upload_worker_rows(self.store, epoch, self.index, ids, rows, self.workdir)
+        local = self.workdir / f"checkpoint-{round_key}"  # worker 0 stages the checkpoint's own files here
+        started = time.time()
+        verdict = self._score_validation(round_key, ckpt_id, local)
+        # The test split is scored after the calibration is fitted, by a program that applies it as the served one
+        # does: the evaluation's calibrated metrics come from the same float32 arithmetic.
+        calibration = self._shared_calibration(verdict)
+        raw, calibrated = self.scorer.score(Path(self.job.data_dir),
+                                            split_share(self.stats, checkpoint.TEST, self.index, self.count),
+                                            calibration)
+        protocol.upload_scores(self.store, round_key, checkpoint.TEST, self.index, raw, self.workdir)
+        if calibrated is not None:
+            protocol.upload_scores(self.store, round_key, checkpoint.TEST_CALIBRATED, self.index, calibrated,
+                                   self.workdir)
+        timings["score_s"] = time.time() - started
+        self.barrier()
+        if self.index == 0:
+            # Resume continues after pass ``epoch``, or inside it after ``chunk`` chunks.
+            state = {"epoch": epoch - 1 if chunk else epoch, "chunk": chunk, "chunks_in_pass": chunks_in_pass,
+                     "history": history, "examples": examples, "seed": cfg.data.seed, "run_id": self.job.run_id,
+                     "stopping": self.validator.state() if self.validator else None}
+            scored = (checkpoint.TEST,) + ((checkpoint.TEST_CALIBRATED,) if calibrated is not None else ())
+            protocol.merged_scores(self.store, round_key, scored, self.count, local)
+            protocol.clear_scores(self.store, round_key)
+            self._commit(ckpt_id, local, epoch, history, staging, from_workers, state, timings, verdict,
+                         calibration)
+        self.barrier()
+        return verdict
+
+    def _score_validation(self, round_key: str, ckpt_id: Optional[str], local: Path) -> Optional[Verdict]:
+        """Every worker scores its share of the validation split; worker 0 merges and judges them (its verdict)."""
+        counts, _ = self.scorer.score(Path(self.job.data_dir),
+                                      split_share(self.stats, checkpoint.VALID, self.index, self.count))
+        protocol.upload_scores(self.store, round_key, checkpoint.VALID, self.index, counts, self.workdir)
+        self.barrier()
+        if self.index != 0:
+            return None
+        merged = protocol.merged_scores(self.store, round_key, (checkpoint.VALID,), self.count, local)
+        return self.validator.judge(ckpt_id, merged[checkpoint.VALID]) if self.validator else None
+
+    def _shared_calibration(self, verdict: Optional[Verdict]) -> Optional[dict]:
+        """Worker 0's calibration (None: none), on every worker."""
+        fitted = verdict.calibration if verdict else None
+        mine = np.array([fitted["a"], fitted["b"], 1.0] if fitted else [0.0, 0.0, 0.0], np.float64)
+        a, b, present = self.all_reduce(mine, "sum").astype(np.float64).ravel()
+        return {"method": "platt", "a": float(a), "b": float(b)} if present else None
+
+    def _commit(self, ckpt_id: str, local: Path, epoch: int, history: list[dict], staging: str, from_workers: bool,
+                state: dict, timings: dict[str, float], verdict: Optional[Verdict],
+                calibration: Optional[dict]) -> None:
+        cfg = self.cfg
+        meta = self._meta(history)
+        server_files, servers = {}, None
+        started = time.time()
+        if from_workers:
+            ids, rows = protocol.merged_worker_rows(self.store, epoch, self.count, local)
+            checkpoint.save_worker_rows(local, ids, rows)
+            meta["rows"] = int(len(ids))
+            if cfg.ps.mode is not Mode.geo:  # geo servers route rows their own way
+                servers = {"rows": rows_per_server(ids, cfg.table.shard_num, cfg.ps.servers)}
+        else:
+            answers = collect_shards(self.store, ckpt_id, staging, cfg.ps.servers, cfg.ps.startup_timeout_s,
+                                     count_evicted=cfg.table.eviction.enabled)
+            for answer in answers:
+                server_files.update(answer["files"])
+            server_rows = [int(a["rows"]) for a in answers]
+            meta["rows"] = sum(server_rows)
+            servers = {"rows": server_rows, "saved_bytes": saved_bytes_per_server(server_files, cfg.ps.servers)}
+            evicted = [a.get("evicted") for a in answers]
+            if cfg.table.eviction.enabled and None not in evicted:
+                servers["evicted"] = sum(evicted)
+        timings["upload_s"] = time.time() - started
+        dense = {p.name: np.array(self.scope.find_var(p.name).get_tensor()) for p in self.main.all_parameters()
+                 if p.name != EMBEDDING_TABLE}
+        checkpoint.save_dense(local, dense)
+        if verdict:
+            meta.update(validation=verdict.metrics, calibration=calibration)
+        protocol.commit_checkpoint(self.store, ckpt_id, local, server_files, meta, state,
+                                   cfg.checkpoint.keep_last, best=bool(verdict and verdict.best))
+        seconds = {k: round(v, 3) for k, v in timings.items()}
+        save_rate = (meta["rows"] / max(cfg.ps.servers, 1) / timings["save_s"]
+                     if not from_workers and timings["save_s"] > 0 else None)
+        emit(CHECKPOINT, id=ckpt_id, epoch=epoch, chunk=state["chunk"], uri=self.store.uri, rows=meta["rows"],
+             servers=servers, evicted=(servers or {}).get("evicted"), seconds=seconds,
+             save_rows_per_s_per_server=save_rate,
+             validation=verdict.metrics if verdict else None, best=bool(verdict and verdict.best),
+             stop=bool(verdict and verdict.stop))
+
+    def _meta(self, history: list[dict]) -> dict:
+        full = self.job.config  # the resolved config as a dict: what rebuilds the network
+        lookup = self._sparse_lookup()
+        return {
+            "model": full["model"], "table": full["table"], "mode": self.cfg.ps.mode.value,
+            "schema": self.stats["schema"], "hash_function": self.stats.get("hash_function"),
+            "sparse_table": (f"{checkpoint.TABLES}/{int(lookup.attr('table_id')):03d}"
+                             if lookup is not None and not protocol.rows_from_workers(self.cfg) else None),
+            "servers": self.cfg.ps.servers, "workers": self.cfg.ps.workers,
+            "paddle_version": self.paddle.__version__, "training": {"epochs": history},
+        }
+
+    # -- rows from the workers, where the servers cannot save (geo, SSD) -----------------------------------
+    def _worker_rows(self) -> tuple[np.ndarray, np.ndarray]:
+        """Rows for the ids this worker trained: geo's local copy, else the rows the servers serve."""
+        shards = [str(Path(self.job.data_dir) / p) for p in self.stats["shards"]["train"]][self.index::self.count]
+        _, _, sparse = read_shards(shards, self.schema)
+        ids = np.unique(np.concatenate([slot.values for slot in sparse]))
+        if self.cfg.ps.mode is Mode.geo:
+            return ids, np.array(self.scope.find_var(EMBEDDING_TABLE).get_tensor())[ids]
+        program, scope, feed, pulled = self._pull_program()
+        rows = [self.exe.run(program, feed={feed.name: ids[i:i + PULL_BATCH].reshape(-1, 1).astype(np.int64)},
+                             fetch_list=[pulled], scope=scope)[0] for i in range(0, len(ids), PULL_BATCH)]
+        return ids, np.concatenate(rows).reshape(len(ids), -1)
+
+    def _pull_program(self):
+        """The training program's sparse lookup (same table, same attributes) alone in a program, in test mode, in
+        a scope of its own (see :class:`components.ps.pull_scoring.PullScorer`). Built once and kept, since Paddle's
+        executor caches programs by ``id()``."""
+        if self._pull is None:
+            lookup = self._sparse_lookup()
+            table = self.main.global_block().var(lookup.input("W")[0])
+            program, scope = self.paddle.static.Program(), self.paddle.static.Scope()
+            scope.var(table.name).get_tensor().set(np.zeros((1, table.shape[1]), np.float32), self.place)
+            block = program.global_block()
+            weights = block.create_var(name=table.name, shape=[1, table.shape[1]], dtype=table.dtype, persistable=True)
+            feed = block.create_var(name="pull_ids", shape=[-1, 1], dtype="int64")
+            pulled = block.create_var(name="pulled_rows", shape=[-1, table.shape[1]], dtype=table.dtype)
+            attrs = {name: lookup.attr(name) for name in lookup.attr_names}
+            block.append_op(type=lookup.type, inputs={"Ids": [feed], "W": [weights]}, outputs={"Outputs": [pulled]},
+                            attrs={**attrs, "is_test": True})
+            self._pull = (program, scope, feed, pulled)
+        return self._pull
+
+    def _sparse_lookup(self):
+        for op in self.main.global_block().ops:
+            if op.type == SPARSE_PULL:
+                return op
+        if self.cfg.ps.mode is Mode.geo:
+            return None
+        raise RuntimeError("no distributed sparse lookup in the training program")

@@ -1,0 +1,128 @@
+"""Scoring through the servers: every worker scores its share of a split with a program that only pulls rows.
+
+A committed checkpoint is scored while the servers hold exactly its table (the workers stand at the checkpoint's
+barrier, nobody pushes). The program is the network of :func:`components.ps.scoring.network_program` whose lookups
+are the training program's sparse lookup in test mode: a pull that creates no row and counts no show. No process
+holds the table; each worker holds the rows of its share of the split. :func:`check_pull_only` refuses a program
+that could change the table. Geo workers keep a dense local copy of the table (Paddle's GeoCommunicator: every geo
+worker holds ``vocab_size x embedding_dim`` floats by design), so there the lookup reads a copy of that copy.
+
+Each worker's predictions become :class:`components.metrics.ScoreCounts` (distinct predictions with their
+positive and negative counts), which merge exactly: worker 0 merges every worker's part into the checkpoint's
+``scores/<split>.npz``, from which validation and evaluation compute their metrics.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Optional
+
+import numpy as np
+
+from components.config import CtrConfig, Mode
+from components.data_prep.multislot import Schema, read_shards
+from components.metrics import ScoreCounts
+from components.ps.models import EMBEDDING_TABLE
+from components.ps.scoring import network_program, predict_batches
+
+# Operators that send anything to the servers or change a table: a scoring program holds none.
+CHANGING_OPS = frozenset({"distributed_push_sparse", "push_sparse", "push_sparse_v2", "push_dense", "send",
+                          "send_and_recv", "send_barrier", "fetch_barrier", "recv", "push_box_sparse",
+                          "sgd", "adam", "adagrad", "lookup_table_grad", "lookup_table_v2_grad"})
+SPARSE_PULL = "distributed_lookup_table"
+
+
+def check_pull_only(program: Any) -> None:
+    """Raise RuntimeError unless every sparse lookup of ``program`` is a test-mode pull and nothing pushes."""
+    for op in program.global_block().ops:
+        if op.type in CHANGING_OPS or op.type.endswith("_grad"):
+            raise RuntimeError(f"the scoring program holds a {op.type} op: scoring must not change the table")
+        if op.type == SPARSE_PULL and not op.attr("is_test"):
+            raise RuntimeError("the scoring program's sparse lookup is in training mode: it would create rows")
+
+
+def split_share(stats: dict, split: str, index: int, count: int) -> list[str]:
+    """The shard files of ``split`` worker ``index`` of ``count`` scores (relative to the dataset directory)."""
+    return list(stats["shards"].get(split, []))[index::count]
+
+
+class PullScorer:
+    """One worker's scorer: :meth:`score` its share of a split, with the dense parameters now in ``train_scope``
+    (after ``fleet.save_dense_params`` they are the servers': the checkpoint's)."""
+
+    def __init__(self, cfg: CtrConfig, schema: Schema, train_main: Any, train_scope: Any, place: Any, paddle: Any):
+        self.cfg, self.schema, self.paddle, self.place = cfg, schema, paddle, place
+        self.train_scope = train_scope
+        self.exe = paddle.static.Executor(place)
+        self.dim = dim = cfg.table.embedding_dim
+        self.geo = cfg.ps.mode is Mode.geo
+        self.make_lookup = self._local_lookup if self.geo else self._pull_lookup(train_main, dim)
+        self.programs: dict[tuple, Any] = {}  # calibration -> its program (Paddle's executor caches them by id())
+        # Scored in a scope of its own, into which the parameters are copied from the training scope: running this
+        # program in the training scope crashed (a pull after the next pass: "Variable Id ... is not registered";
+        # geo: a segfault feeding variables the training program's dataset owns). The pulled table's variable is a
+        # [1, dim] placeholder (the pull reads only its width); geo's is the worker's whole local copy.
+        self.scope = paddle.static.Scope()
+        if not self.geo:
+            self.scope.var(EMBEDDING_TABLE).get_tensor().set(np.zeros((1, dim), np.float32), place)
+
+    def program(self, calibration: Optional[dict] = None):
+        """The scoring network (with ``calibration`` applied in it, as the served program applies it)."""
+        key = (calibration["a"], calibration["b"]) if calibration else None
+        if key not in self.programs:
+            built = network_program(self.cfg.model, self.schema, self.dim, self.make_lookup, calibration)
+            check_pull_only(built.main)
+            self.programs[key] = built
+        return self.programs[key]
+
+    def _local_lookup(self, block):
+        paddle, cfg = self.paddle, self.cfg
+
+        def lookup(slot):
+            return paddle.static.nn.embedding(slot, size=[cfg.table.vocab_size, cfg.table.embedding_dim],
+                                              is_sparse=True, param_attr=paddle.ParamAttr(name=EMBEDDING_TABLE))
+        return lookup
+
+    @staticmethod
+    def _pull_lookup(train_main: Any, dim: int):
+        """Lookups that are the training program's sparse pull (same table, same attributes) in test mode."""
+        trained = next((op for op in train_main.global_block().ops if op.type == SPARSE_PULL), None)
+        if trained is None:
+            raise RuntimeError("no distributed sparse lookup in the training program")
+        attrs = {name: trained.attr(name) for name in trained.attr_names}
+        attrs["is_test"] = True
+
+        def make_lookup(block):
+            table = block.create_var(name=EMBEDDING_TABLE, shape=[1, dim], dtype="float32", persistable=True)
+
+            def lookup(slot):
+                rows = block.create_var(name=f"{slot.name}.pulled", shape=[-1, dim], dtype="float32", lod_level=1)
+                block.append_op(type=SPARSE_PULL, inputs={"Ids": [slot], "W": [table]}, outputs={"Outputs": [rows]},
+                                attrs=attrs)
+                return rows
+            return lookup
+        return make_lookup
+
+    def score(self, data_dir: Path, shards: list[str],
+              calibration: Optional[dict] = None) -> tuple[ScoreCounts, Optional[ScoreCounts]]:
+        """``(counts of this worker's predictions on shards, of its calibrated predictions or None)`` (empty counts
+        when it has no shard)."""
+        if not shards:
+            empty = ScoreCounts.of(np.zeros(0), np.zeros(0))
+            return empty, (empty if calibration else None)
+        labels, dense, sparse = read_shards([Path(data_dir) / rel for rel in shards], self.schema)
+        paddle, program = self.paddle, self.program(calibration)
+        for param in program.main.all_parameters():
+            if self.geo or param.name != EMBEDDING_TABLE:
+                value = np.array(self.train_scope.find_var(param.name).get_tensor())
+                self.scope.var(param.name).get_tensor().set(value, self.place)
+        feeds = program.feeds
+        outputs = [program.raw_prob] + ([program.prob] if calibration else [])
+
+        def run(feed: dict) -> np.ndarray:
+            with paddle.static.scope_guard(self.scope):
+                return np.hstack(self.exe.run(program.main, feed=feed, fetch_list=outputs))
+
+        preds = predict_batches(run, None, feeds.dense.name if feeds.dense is not None else None,
+                                [v.name for v in feeds.sparse], dense, sparse)
+        return ScoreCounts.of(labels, preds[:, 0]), (ScoreCounts.of(labels, preds[:, 1]) if calibration else None)
