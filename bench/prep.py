@@ -34,7 +34,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -42,7 +41,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.common import log, publish  # noqa: E402
+from bench.common import PeakMemory, log, publish  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "prep.md"
 BEFORE = "0ee324b"  # the last commit with the record-by-record data prep
@@ -94,55 +93,6 @@ def ours(source: str, out: str, processes: int) -> int:
     return stats["rows"]["train"] + stats["rows"]["test"]
 
 
-class PeakMemory:
-    """The largest RSS of process ``pid`` and of any of its descendants, sampled every 50 ms from this process.
-
-    Not ``ru_maxrss``: Linux keeps it across ``exec``, so a process started by a big one reports its parent's size.
-    Sampled from outside: a sampling thread inside the measured process would make it multi-threaded, and data prep
-    then starts its pool by spawn (a second of imports per process) instead of fork, as it would not in a real run.
-    """
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        self.peak = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "PeakMemory":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _run(self) -> None:
-        while True:
-            for pid in _descendants(self.pid):
-                try:
-                    with open(f"/proc/{pid}/status") as status:
-                        rss = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
-                    self.peak = max(self.peak, rss * 1024)
-                except (OSError, StopIteration):
-                    pass  # it ended meanwhile
-            if self._stop.wait(0.05):
-                return
-
-
-def _descendants(pid: int) -> list[int]:
-    found, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        found.append(current)
-        try:
-            for task in os.listdir(f"/proc/{current}/task"):
-                with open(f"/proc/{current}/task/{task}/children") as children:
-                    todo += [int(child) for child in children.read().split()]
-        except OSError:
-            pass
-    return found
-
-
 def measure(kind: str, source: str, out: str, processes: int) -> None:
     started = time.perf_counter()
     rows = {"naive": lambda: naive(source, out), "before": lambda: before(source, out),
@@ -156,13 +106,13 @@ def run_measured(kind: str, source: Path, work: Path, processes: int = 1) -> dic
     env = {**os.environ, "PYTHONPATH": str(work / "before") if kind == "before" else str(ROOT)}
     child = subprocess.Popen([sys.executable, __file__, "--measure", kind, str(source), str(out), str(processes)],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=work)
-    with PeakMemory(child.pid) as memory:
+    with PeakMemory(child.pid, period_s=0.05) as memory:
         stdout, stderr = child.communicate()
     if child.returncode:
         raise RuntimeError(f"{kind} failed:\n{stderr[-3000:]}")
     shutil.rmtree(out, ignore_errors=True)
     result = json.loads(stdout.strip().splitlines()[-1])
-    return {**result, "peak_rss": memory.peak, "rows_per_s": result["rows"] / result["seconds"]}
+    return {**result, "peak_rss": max(memory.peaks.values()), "rows_per_s": result["rows"] / result["seconds"]}
 
 
 def checkout_before(work: Path) -> None:

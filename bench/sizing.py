@@ -4,7 +4,7 @@
                            [--vocab-size N] [--batch-size 256] [--ids-per-example 26]
 
 ``ROWS_PER_S`` is how fast one server saves its rows (measure it: a checkpoint's ``saving`` progress lines report
-rows/s per server). Nothing runs: the numbers are :func:`components.train.planner.sizing_table` on the planner's
+rows/s per server). Nothing runs: the numbers are :func:`components.train.sizing.sizing_table` on the planner's
 measured constants (bytes per row in a server, bytes per saved line, the geo workers' dense copies), printed with
 the inputs they come from.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.config import SparseRule  # noqa: E402
-from components.train.planner import SizingInputs, sizing_markdown  # noqa: E402
+from components.train.sizing import SizingInputs, sizing_markdown  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> str:

@@ -124,11 +124,11 @@ def add_kubeflow_settings(cfg: CtrConfig, tasks: dict) -> None:
     steps that can run again; and the pods' Kubernetes settings (:func:`add_kubernetes_settings`).
 
     The evaluate and export steps' memory is the larger of ``cluster.steps.<step>.memory`` and their plan with a
-    margin (:func:`components.train.planner.step_memories`: from the config alone, the table's rows bounded by
+    margin (:func:`components.train.process_plan.step_memories`: from the config alone, the table's rows bounded by
     ``table.vocab_size``), so a step is not OOM-killed for a table or a split the config already names. The train
     step's launcher keeps its configured memory: on Kubeflow it starts the PS pods and holds neither table nor data.
     """
-    from components.train.planner import step_memories
+    from components.train.process_plan import step_memories
 
     names = display_names(cfg)
     planned = {step: quantity for step, (quantity, _) in step_memories(cfg).items()}

@@ -3,7 +3,7 @@
 Every number comes from the code the run itself uses: the data plan of the data-prep step
 (:func:`components.data_prep.step.data_plan`: the files, their sizes, the shards), the job preparation of the
 train step (:func:`components.train.job.plan_job`: the restore target, ``table.shard_num``, the memory plan),
-the plan of every other process (:func:`components.train.planner.plan_processes`: workers, the evaluate and export
+the plan of every other process (:func:`components.train.process_plan.plan_processes`: workers, the evaluate and export
 steps, a serving replica; on Kubeflow the steps' memory requests it sets), the local launcher's layout
 (:func:`components.train.backends.local.local_layout`). The memory plan bounds the rows by ``table.vocab_size``:
 the distinct ids that bound them tighter are counted by data prep.
@@ -17,7 +17,8 @@ from components.config import CtrConfig, DataSource, PipelineRunner
 from components.data_prep.prepare import SYNTHETIC, synthetic_split_rows
 from components.data_prep.step import data_plan
 from components.train.job import PreparedJob, plan_job, plan_lines, plan_table
-from components.train.planner import MIB, JobPlan, data_shape, plan_processes, size, step_memories
+from components.train.planner import MIB, size
+from components.train.process_plan import JobPlan, data_shape, plan_processes, step_memories
 
 
 def plan_lines_of(cfg: CtrConfig) -> list[str]:
@@ -91,7 +92,7 @@ def process_lines(job: PreparedJob) -> list[str]:
 
 
 def step_lines(cfg: CtrConfig, processes: JobPlan) -> list[str]:
-    """The memory the planned Kubeflow steps get (:func:`components.train.planner.step_memories`), as the compiled
+    """The memory the planned Kubeflow steps get (:func:`components.train.process_plan.step_memories`), as the compiled
     pipeline requests it."""
     memories = step_memories(cfg, processes)
     return ["steps       memory " + "; ".join(f"{step} {quantity} ({source})"

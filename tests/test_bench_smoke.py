@@ -64,3 +64,19 @@ def test_memory_report_fits_the_slope_and_says_why_a_table_was_not_measured():
     table = mem.render(rows, [{"servers": 3, "shard_num": 24, "rows": [100, 110, 90]}], {"when": "now", "cpus": 2})
     assert "| 150 (150 / 150) | 154 | **0.97** | 36 | 4.2 | 30 (31) | 288 (288) |" in table
     assert "not measured: RuntimeError: no" in table and "| 3 | 24 | 300 | 100 / 110 / 90 | **1.100** |" in table
+
+
+def test_table_scale_report_names_the_processes_that_grew_with_the_table():
+    ts = _load("table_scale")
+    mib = 1 << 20
+    run = dict(table_rows=1_000_000, server_rows=[500_000, 500_000], pass_s=60.0, train_step_s=100.0, save_s=10.0,
+               save_rows_per_s=50_000.0, score_s=2.0, upload_s=1.0, evaluate_s=5.0, export_s=20.0,
+               export_rows_per_s=25_000.0, restore_download_s=1.0, restore_load_s=5.0, auc_ratio=0.95)
+    small = {**run, "name": "small", "distinct_ids": 1_000_000,
+             "peaks": {"server": 400 * mib, "worker": 600 * mib, "step export_model": 400 * mib}}
+    large = {**run, "name": "large", "distinct_ids": 16_000_000, "train_step_s": 150.0,
+             "peaks": {"server": 1600 * mib, "worker": 610 * mib, "step export_model": 700 * mib}}
+    table = ts.render([small, large], 1_000_000)
+    assert "| server | 400 | 1,600 | 4.00 |" in table and "| worker | 600 | 610 | 1.02 |" in table
+    assert "above 1.5x their small-table peak: step export_model." in table  # the server may grow; others not
+    assert "Train step / pass on the largest table: 2.50" in table

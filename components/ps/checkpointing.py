@@ -30,7 +30,6 @@ from components.ps.sharding import rows_per_server, saved_bytes_per_server
 from components.ps.strategy import table_save_mode
 from components.ps.validation import Validator, Verdict
 
-PULL_BATCH = 1 << 16  # ids per request when a worker pulls rows from the servers for a checkpoint
 SCORED_SPLITS = (checkpoint.VALID, checkpoint.TEST)  # the splits every worker fetches its share of
 
 
@@ -50,7 +49,6 @@ class Checkpointer:
         self.schema = Schema.from_dict(stats["schema"])
         self.main = paddle.static.default_main_program()
         self.scorer = PullScorer(cfg, self.schema, self.main, scope, place, paddle)
-        self._pull = None  # the program that pulls rows for the workers' export (geo, SSD), once built
 
     def take(self, epoch: int, chunk: int, chunks_in_pass: int, history: list[dict],
              examples: int) -> Optional[Verdict]:
@@ -200,29 +198,7 @@ class Checkpointer:
         ids = np.unique(np.concatenate([slot.values for slot in sparse]))
         if self.cfg.ps.mode is Mode.geo:
             return ids, np.array(self.scope.find_var(EMBEDDING_TABLE).get_tensor())[ids]
-        program, scope, feed, pulled = self._pull_program()
-        rows = [self.exe.run(program, feed={feed.name: ids[i:i + PULL_BATCH].reshape(-1, 1).astype(np.int64)},
-                             fetch_list=[pulled], scope=scope)[0] for i in range(0, len(ids), PULL_BATCH)]
-        return ids, np.concatenate(rows).reshape(len(ids), -1)
-
-    def _pull_program(self):
-        """The training program's sparse lookup (same table, same attributes) alone in a program, in test mode, in
-        a scope of its own (see :class:`components.ps.pull_scoring.PullScorer`). Built once and kept, since Paddle's
-        executor caches programs by ``id()``."""
-        if self._pull is None:
-            lookup = self._sparse_lookup()
-            table = self.main.global_block().var(lookup.input("W")[0])
-            program, scope = self.paddle.static.Program(), self.paddle.static.Scope()
-            scope.var(table.name).get_tensor().set(np.zeros((1, table.shape[1]), np.float32), self.place)
-            block = program.global_block()
-            weights = block.create_var(name=table.name, shape=[1, table.shape[1]], dtype=table.dtype, persistable=True)
-            feed = block.create_var(name="pull_ids", shape=[-1, 1], dtype="int64")
-            pulled = block.create_var(name="pulled_rows", shape=[-1, table.shape[1]], dtype=table.dtype)
-            attrs = {name: lookup.attr(name) for name in lookup.attr_names}
-            block.append_op(type=lookup.type, inputs={"Ids": [feed], "W": [weights]}, outputs={"Outputs": [pulled]},
-                            attrs={**attrs, "is_test": True})
-            self._pull = (program, scope, feed, pulled)
-        return self._pull
+        return ids, self.scorer.pull(ids)
 
     def _sparse_lookup(self):
         for op in self.main.global_block().ops:

@@ -58,6 +58,7 @@ class PullScorer:
         self.geo = cfg.ps.mode is Mode.geo
         self.make_lookup = self._local_lookup if self.geo else self._pull_lookup(train_main, dim)
         self.programs: dict[tuple, Any] = {}  # calibration -> its program (Paddle's executor caches them by id())
+        self._pull = None  # the program that pulls rows by id, once built
         # Scored in a scope of its own, into which the parameters are copied from the training scope: running this
         # program in the training scope crashed (a pull after the next pass: "Variable Id ... is not registered";
         # geo: a segfault feeding variables the training program's dataset owns). The pulled table's variable is a
@@ -102,6 +103,23 @@ class PullScorer:
                 return rows
             return lookup
         return make_lookup
+
+    def pull(self, ids: np.ndarray, batch: int = 1 << 16) -> np.ndarray:
+        """``[len(ids), dim]``: the rows the servers serve for ``ids`` (zeros for an id they never saw), pulled as
+        the scoring program pulls them. For the checkpoints of tables the servers cannot save (SSD)."""
+        if self.geo:
+            raise RuntimeError("geo workers keep their own copy of the table: read it, there is nothing to pull")
+        if self._pull is None:
+            program = self.paddle.static.Program()
+            with self.paddle.static.program_guard(program, self.paddle.static.Program()):
+                feed = self.paddle.static.data("pull_ids", [-1, 1], "int64")
+                self._pull = (program, feed, self.make_lookup(program.global_block())(feed))
+            check_pull_only(program)
+        program, feed, rows = self._pull
+        with self.paddle.static.scope_guard(self.scope):
+            pulled = [self.exe.run(program, feed={feed.name: ids[i:i + batch].reshape(-1, 1).astype(np.int64)},
+                                   fetch_list=[rows])[0] for i in range(0, len(ids), batch)]
+        return np.concatenate(pulled).reshape(len(ids), self.dim) if pulled else np.zeros((0, self.dim), np.float32)
 
     def score(self, data_dir: Path, shards: list[str],
               calibration: Optional[dict] = None) -> tuple[ScoreCounts, Optional[ScoreCounts]]:

@@ -8,7 +8,7 @@ import yaml
 
 from components.config import from_dict
 from components.data_prep.step import data_plan
-from components.train import planner
+from components.train import planner, process_plan
 from components.train.job import plan_lines, prepare_job
 from pipelines.ctr import run
 from pipelines.local import local_config
@@ -65,7 +65,7 @@ def test_plan_prints_every_process_from_the_planner(tmp_path, capsys, no_process
     lines = _plan_lines(tmp_path, capsys, *overrides)
     cfg = local_config(from_dict(compose_config(tmp_path / "run", "plan=true", *overrides)))
     job = prepare_job(cfg, None)
-    plan = planner.plan_processes(job.cfg, planner.data_shape(job.cfg), job.plan)
+    plan = process_plan.plan_processes(job.cfg, process_plan.data_shape(job.cfg), job.plan)
     for line in plan.lines():
         assert f"  {line}" in lines
     for kind in ("server", "worker", "evaluate", "export", "serving"):
@@ -79,9 +79,9 @@ def test_plan_prints_every_process_from_the_planner(tmp_path, capsys, no_process
 @pytest.mark.parametrize("vocab", [1 << 20, 1 << 23])
 def test_a_geo_workers_line_grows_with_vocab_size(tmp_path, capsys, no_process, vocab):
     worker = _process_line(_plan_lines(tmp_path, capsys, "ps.mode=geo", f"table.vocab_size={vocab}"), "worker")
-    copies = planner.GEO_TABLE_COPIES * vocab * 9 * 4
+    copies = process_plan.GEO_TABLE_COPIES * vocab * 9 * 4
     assert (f"{planner.size(copies)} geo: dense copies of the table (vocab_size {vocab:,} x dim 9 x 4 B x "
-            f"{planner.GEO_TABLE_COPIES})") in worker
+            f"{process_plan.GEO_TABLE_COPIES})") in worker
     plain = _process_line(_plan_lines(tmp_path, capsys, f"table.vocab_size={vocab}"), "worker")
     assert "geo" not in plain and plain.split(" = ")[1] in worker  # the same parts, and the table's copies
 
@@ -90,12 +90,12 @@ def test_a_geo_workers_line_grows_with_vocab_size(tmp_path, capsys, no_process, 
 def test_the_export_line_follows_rows_over_shard_num(tmp_path, capsys, no_process, vocab, shard_num):
     lines = _plan_lines(tmp_path, capsys, f"table.vocab_size={vocab}", f"table.shard_num={shard_num}")
     largest = -(-vocab // shard_num)
-    assert (f"{planner.size(largest * 44 * planner.EXPORT_PARSE_FACTOR)} the largest shard ({vocab:,} rows / "
-            f"shard_num {shard_num} = {largest:,} rows x 44 B parsed x {planner.EXPORT_PARSE_FACTOR})") in \
+    assert (f"{planner.size(largest * 44 * process_plan.EXPORT_PARSE_FACTOR)} the largest shard ({vocab:,} rows / "
+            f"shard_num {shard_num} = {largest:,} rows x 44 B parsed x {process_plan.EXPORT_PARSE_FACTOR})") in \
         _process_line(lines, "export")
     single = _process_line(_plan_lines(tmp_path, capsys, f"table.vocab_size={vocab}", "export.format=single"), "export")
-    assert (f"{planner.size(vocab * 44 * planner.EXPORT_PARSE_FACTOR)} the whole table ({vocab:,} rows x 44 B parsed"
-            f" x {planner.EXPORT_PARSE_FACTOR})") in single
+    assert (f"{planner.size(vocab * 44 * process_plan.EXPORT_PARSE_FACTOR)} the whole table ({vocab:,} rows x 44 B parsed"
+            f" x {process_plan.EXPORT_PARSE_FACTOR})") in single
 
 
 KUBEFLOW = ("+cluster=prod", "checkpoint.uri=s3://ctr-bucket/plan/checkpoints", "cluster.submit=false")
@@ -108,9 +108,9 @@ def test_kubeflow_steps_request_the_larger_of_the_config_and_the_plan(tmp_path, 
     for overrides, export in ((KUBEFLOW, "4Gi"), ((*KUBEFLOW, f"table.vocab_size={1 << 28}", "export.format=single"),
                                                   None)):
         cfg = from_dict(compose_config(tmp_path / "run", *overrides))
-        memories = planner.step_memories(cfg)
-        plan = planner.compile_time_plan(cfg)
-        expected = export or f"{math.ceil(plan.process('export').bytes * planner.PLAN_MARGIN / planner.GIB)}Gi"
+        memories = process_plan.step_memories(cfg)
+        plan = process_plan.compile_time_plan(cfg)
+        expected = export or f"{math.ceil(plan.process('export').bytes * process_plan.PLAN_MARGIN / planner.GIB)}Gi"
         assert memories["export"][0] == expected and memories["evaluate"][0] == "8Gi"
         [steps] = [line for line in _plan_lines(tmp_path, capsys, *overrides) if line.startswith("  steps")]
         assert f"export {expected} (" in steps and "evaluate 8Gi (cluster.steps.evaluate.memory)" in steps

@@ -14,7 +14,7 @@ from components.config import ConfigError, ExportFormat, from_dict
 from components.data_prep.multislot import Schema, read_shards
 from components.data_prep.prepare import prepare_synthetic
 from components.ps import sharding
-from components.train import planner
+from components.train import planner, process_plan, sizing
 from components.train.job import JobResult, planned_config, prepare_job
 from components.train.step import launch_ps_job, server_report, training_summary
 
@@ -200,7 +200,7 @@ def _job_plan(cfg, stats=None):
     """Every process's plan as plan=true makes it: the shard count resolved, the data's shape from stats or config."""
     planned, shard_source = planned_config(cfg, None)
     memory = planner.plan_memory(planned, planner.distinct_train_ids(stats), shard_source)
-    return planner.plan_processes(planned, planner.data_shape(planned, stats), memory,
+    return process_plan.plan_processes(planned, process_plan.data_shape(planned, stats), memory,
                                   planner.distinct_train_ids(stats))
 
 
@@ -210,7 +210,7 @@ def test_the_data_shape_from_the_config_is_the_prepared_datasets(tmp_path):
     cfg = _cfg(data={"rows": 1003, "valid_fraction": 0.1, "shards_per_worker": 2}, ps={"workers": 2})
     stats = prepare_synthetic(tmp_path / "data", rows=1003, test_fraction=cfg.data.test_fraction, num_shards=4,
                               vocab_size=cfg.table.vocab_size, seed=0, valid_fraction=0.1)
-    planned, prepared = planner.data_shape(cfg), planner.data_shape(cfg, stats)
+    planned, prepared = process_plan.data_shape(cfg), process_plan.data_shape(cfg, stats)
     assert planned.rows == prepared.rows and planned.shard_rows == prepared.shard_rows
     assert (planned.dense_dim, planned.sparse_slots) == (prepared.dense_dim, prepared.sparse_slots) == (13, 26)
     schema = Schema.from_dict(stats["schema"])
@@ -222,14 +222,14 @@ def test_the_data_shape_from_the_config_is_the_prepared_datasets(tmp_path):
     assert len(first.split()) == planned.tokens_per_row
     assert prepared.share("test", 1, 2) == (sum(stats["shard_rows"]["test"][1::2]),
                                             max(stats["shard_rows"]["test"][1::2]))
-    files = planner.data_shape(_cfg(data={"source": "files", "uri": "s3://b/x", "format": "raw"}))
+    files = process_plan.data_shape(_cfg(data={"source": "files", "uri": "s3://b/x", "format": "raw"}))
     assert not files.known and "counted by data prep" in files.source
 
 
 def test_a_geo_worker_grows_with_the_vocabulary_and_an_async_one_does_not():
     small, large = ({"vocab_size": 1 << 20}, {"vocab_size": 1 << 22})
     geo = [_job_plan(_cfg(ps={"mode": "geo"}, table=t)).process("worker").bytes for t in (small, large)]
-    assert geo[1] - geo[0] == planner.GEO_TABLE_COPIES * ((1 << 22) - (1 << 20)) * 9 * planner.FLOAT_BYTES
+    assert geo[1] - geo[0] == process_plan.GEO_TABLE_COPIES * ((1 << 22) - (1 << 20)) * 9 * planner.FLOAT_BYTES
     plain = [_job_plan(_cfg(table=t)).process("worker").bytes for t in (small, large)]
     assert plain[0] == plain[1]
     plan = _job_plan(_cfg(ps={"mode": "geo"}))
@@ -240,13 +240,13 @@ def test_a_geo_worker_grows_with_the_vocabulary_and_an_async_one_does_not():
 def test_a_worker_holds_its_largest_share_of_a_scored_split():
     cfg = _cfg(data={"rows": 100_000, "valid_fraction": 0.1, "test_fraction": 0.2}, ps={"workers": 2})
     worker = _job_plan(cfg).process("worker")
-    shape = planner.data_shape(cfg)
+    shape = process_plan.data_shape(cfg)
     rows, largest = 10_000, 10_000  # 20,000 test rows in 2 shard files: one each
     parts = {part.what.split(" (")[0]: part.bytes for part in worker.parts}
-    assert parts["base"] == planner.WORKER_PROCESS_BYTES
+    assert parts["base"] == process_plan.WORKER_PROCESS_BYTES
     assert parts["its share of the test split"] == rows * shape.row_bytes
-    assert parts["reading it"] == largest * shape.tokens_per_row * planner.READ_PARSE_BYTES_PER_TOKEN
-    assert parts["the test split's score counts, merged by worker 0"] == 20_000 * planner.SCORE_COUNT_BYTES
+    assert parts["reading it"] == largest * shape.tokens_per_row * process_plan.READ_PARSE_BYTES_PER_TOKEN
+    assert parts["the test split's score counts, merged by worker 0"] == 20_000 * process_plan.SCORE_COUNT_BYTES
     assert worker.bytes == sum(parts.values()) and worker.count == 2
     more = _job_plan(_cfg(data={"rows": 100_000, "valid_fraction": 0.1, "test_fraction": 0.2, "shards_per_worker": 4},
                           ps={"workers": 2})).process("worker")
@@ -256,23 +256,23 @@ def test_a_worker_holds_its_largest_share_of_a_scored_split():
 def test_the_export_plan_follows_the_largest_shard_or_the_whole_table():
     cfg = _cfg(table={"vocab_size": 10_000_000, "shard_num": 7, "embedding_dim": 9})
     export = _job_plan(cfg).process("export")
-    fixed = planner.EXPORT_PROCESS_BYTES + planner.EXPORT_FIXED_BYTES
-    assert export.bytes == fixed + math.ceil(10_000_000 / 7) * (8 + 4 * 9) * planner.EXPORT_PARSE_FACTOR
+    fixed = process_plan.EXPORT_PROCESS_BYTES + process_plan.EXPORT_FIXED_BYTES
+    assert export.bytes == fixed + math.ceil(10_000_000 / 7) * (8 + 4 * 9) * process_plan.EXPORT_PARSE_FACTOR
     assert "10,000,000 rows / shard_num 7 = 1,428,572 rows" in export.line()
     single = _job_plan(dataclasses.replace(cfg, export=dataclasses.replace(cfg.export, format=ExportFormat.single)))
-    assert single.process("export").bytes == fixed + 10_000_000 * 44 * planner.EXPORT_PARSE_FACTOR
+    assert single.process("export").bytes == fixed + 10_000_000 * 44 * process_plan.EXPORT_PARSE_FACTOR
     assert single.process("serving").bytes - _job_plan(cfg).process("serving").bytes == 10_000_000 * 44
     # The distinct train ids bound the rows tighter than vocab_size.
     stats = {"distinct_ids": {"C1": 70_000}}
-    assert _job_plan(cfg, stats).process("export").bytes == fixed + 10_000 * 44 * planner.EXPORT_PARSE_FACTOR
+    assert _job_plan(cfg, stats).process("export").bytes == fixed + 10_000 * 44 * process_plan.EXPORT_PARSE_FACTOR
 
 
 def test_the_evaluate_plan_is_bounded_by_the_baseline_settings():
     cfg = _cfg(data={"rows": 100_000}, eval={"baseline_rows": 30_000, "baseline_features": 1 << 20})
     plan = _job_plan(cfg).process("evaluate")
-    shape = planner.data_shape(cfg)
+    shape = process_plan.data_shape(cfg)
     # 70,000 train rows in 2 shard files of 35,000: the baseline reads the first whole file for its 30,000 rows.
-    assert planner.baseline_train_rows(shape, 30_000) == 35_000 and planner.baseline_train_rows(shape, 40_000) == 70_000
+    assert process_plan.baseline_train_rows(shape, 30_000) == 35_000 and process_plan.baseline_train_rows(shape, 40_000) == 70_000
     parts = {part.what.split(" (")[0]: part.bytes for part in plan.parts}
     assert parts["the baseline's weights"] == (1 << 20) * 16
     assert parts["the baseline's train rows, whole shard files"] == 35_000 * shape.row_bytes
@@ -282,19 +282,19 @@ def test_the_evaluate_plan_is_bounded_by_the_baseline_settings():
                 table={"vocab_size": 1 << 30, "embedding_dim": 33})
     assert _job_plan(wide).process("evaluate").bytes == plan.bytes
     off = _job_plan(_cfg(data={"rows": 100_000}, eval={"baseline": False})).process("evaluate")
-    assert off.bytes == planner.EVALUATE_PROCESS_BYTES + 2 * 20_000 * planner.SCORE_COUNT_BYTES
+    assert off.bytes == process_plan.EVALUATE_PROCESS_BYTES + 2 * 20_000 * process_plan.SCORE_COUNT_BYTES
 
 
 def test_step_memory_is_the_larger_of_the_config_and_the_plan():
     cfg = _cfg()
-    assert planner.step_memories(cfg) == {"evaluate": ("8Gi", "cluster.steps.evaluate.memory"),
+    assert process_plan.step_memories(cfg) == {"evaluate": ("8Gi", "cluster.steps.evaluate.memory"),
                                           "export": ("4Gi", "cluster.steps.export.memory")}
     big = _cfg(table={"vocab_size": 1 << 28}, export={"format": "single"})
-    plan = planner.compile_time_plan(big).process("export")
-    quantity, source = planner.step_memories(big)["export"]
-    assert quantity == f"{math.ceil(plan.bytes * planner.PLAN_MARGIN / GIB)}Gi" and "export plan" in source
-    assert planner.kubernetes_bytes(quantity) >= plan.bytes * planner.PLAN_MARGIN
-    assert planner.request_quantity(300 * planner.MIB) == "300Mi" and planner.request_quantity(GIB + 1) == "2Gi"
+    plan = process_plan.compile_time_plan(big).process("export")
+    quantity, source = process_plan.step_memories(big)["export"]
+    assert quantity == f"{math.ceil(plan.bytes * process_plan.PLAN_MARGIN / GIB)}Gi" and "export plan" in source
+    assert planner.kubernetes_bytes(quantity) >= plan.bytes * process_plan.PLAN_MARGIN
+    assert process_plan.request_quantity(300 * planner.MIB) == "300Mi" and process_plan.request_quantity(GIB + 1) == "2Gi"
 
 
 def test_the_job_plan_has_a_line_per_process():
@@ -309,38 +309,38 @@ def test_the_job_plan_has_a_line_per_process():
 
 # -- sizing --------------------------------------------------------------------------------------------------
 def test_mean_digits_and_the_saved_line():
-    assert planner.mean_digits(10) == 1 and planner.mean_digits(100) == 1.9 and planner.mean_digits(1000) == 2.89
+    assert sizing.mean_digits(10) == 1 and sizing.mean_digits(100) == 1.9 and sizing.mean_digits(1000) == 2.89
     # The measured dim 9 adagrad lines (ids below 2^20): 138.4 B.
-    assert planner.saved_line_bytes(_cfg().table, 1 << 20) == pytest.approx(138.4, abs=0.3)
+    assert sizing.saved_line_bytes(_cfg().table, 1 << 20) == pytest.approx(138.4, abs=0.3)
     wider = _cfg(table={"embedding_dim": 17}).table  # 8 more weights, the same two g2sum floats
-    assert planner.saved_line_bytes(wider, 1 << 20) - planner.saved_line_bytes(_cfg().table, 1 << 20) == \
-        pytest.approx(8 * (planner.SAVED_WEIGHT_CHARS + 1))
+    assert sizing.saved_line_bytes(wider, 1 << 20) - sizing.saved_line_bytes(_cfg().table, 1 << 20) == \
+        pytest.approx(8 * (sizing.SAVED_WEIGHT_CHARS + 1))
 
 
 def test_the_sizing_table_follows_from_its_inputs():
-    inputs = planner.SizingInputs(rows_per_s=250_000, ids=(10 ** 9, 10 ** 10), server_gib=(256, 512))
+    inputs = sizing.SizingInputs(rows_per_s=250_000, ids=(10 ** 9, 10 ** 10), server_gib=(256, 512))
     table = _cfg().table
     per_row, base = planner.bytes_per_row(table), planner.server_base_bytes(table)
-    for row in planner.sizing_table(inputs):
+    for row in sizing.sizing_table(inputs):
         assert row.table_bytes == row.ids * per_row
         for gib, servers in row.servers.items():
             # The fewest servers whose fullest (ceil(ids / servers) rows) fits, as the planner would check it.
             assert math.ceil(row.ids / servers) * per_row + base <= gib * GIB
             assert servers == 1 or math.ceil(row.ids / (servers - 1)) * per_row + base > gib * GIB
             assert row.save_seconds[gib] == math.ceil(row.ids / servers) / 250_000
-        assert row.checkpoint_bytes == round(row.ids * planner.saved_line_bytes(table, row.ids))
+        assert row.checkpoint_bytes == round(row.ids * sizing.saved_line_bytes(table, row.ids))
         assert row.pull_bytes == 256 * 26 * (8 + 4 * 9) and row.push_bytes == 256 * 26 * (8 + 4 * 12)
-        assert row.geo_worker_bytes == planner.GEO_TABLE_COPIES * row.ids * 9 * 4
-    rows = planner.sizing_table(inputs)
+        assert row.geo_worker_bytes == process_plan.GEO_TABLE_COPIES * row.ids * 9 * 4
+    rows = sizing.sizing_table(inputs)
     assert rows[1].servers[256] == 6 and rows[1].servers[512] == 3  # 1.36 TiB of rows
-    text = planner.sizing_markdown(inputs)
+    text = sizing.sizing_markdown(inputs)
     assert "| 10,000,000,000 | 149 |" in text and "its rows at 250,000 rows/s" in text
-    assert planner.servers_needed(10, table, base) is None  # no room beside the base
+    assert sizing.servers_needed(10, table, base) is None  # no room beside the base
 
 
 def test_the_sizing_script_prints_the_table(capsys):
     from bench.sizing import main
 
     text = main(["250000", "--ids", "1e9", "--server-gib", "512"])
-    assert text == planner.sizing_markdown(planner.SizingInputs(rows_per_s=250_000, ids=(10 ** 9,), server_gib=(512,)))
+    assert text == sizing.sizing_markdown(sizing.SizingInputs(rows_per_s=250_000, ids=(10 ** 9,), server_gib=(512,)))
     assert capsys.readouterr().out == text and "servers at 512 GiB" in text
