@@ -75,11 +75,15 @@ class PreparedJob:
         return ([self.restore.describe()] if self.restore else []) + plan_lines(self.plan)
 
 
-def planned_config(cfg: CtrConfig, restore: Optional[RestoreTarget]) -> tuple[CtrConfig, str]:
-    """``(cfg with table.shard_num resolved, where that count comes from)``: a restored table keeps its own."""
+def planned_config(cfg: CtrConfig, restore: Optional[RestoreTarget],
+                   stats: Optional[dict] = None) -> tuple[CtrConfig, str]:
+    """``(cfg with table.shard_num resolved, where that count comes from)``: a restored table keeps its own; a new
+    one gets more shards when the table's rows (bounded by ``stats``, else by ``table.vocab_size``) need them."""
     saved_in = f"checkpoint {restore.id}" if restore else "the checkpoint"
+    rows, _ = planner.table_rows(cfg.table.vocab_size, planner.distinct_train_ids(stats))
     shard_num, source = planner.resolve_shard_num(cfg.table.shard_num, cfg.ps.servers,
-                                                  restore.shard_num if restore else None, saved_in)
+                                                  restore.shard_num if restore else None, saved_in,
+                                                  rows if stats else None)
     return dataclasses.replace(cfg, table=dataclasses.replace(cfg.table, shard_num=shard_num)), source
 
 
@@ -111,7 +115,7 @@ def plan_job(cfg: CtrConfig, stats: Optional[dict], store: CheckpointStore,
 def plan_table(cfg: CtrConfig, stats: Optional[dict],
                restore: Optional[RestoreTarget]) -> tuple[CtrConfig, Optional[planner.MemoryPlan]]:
     """``(cfg with table.shard_num resolved, the table's memory plan)``, checked to fit; no store needed."""
-    planned, shard_source = planned_config(cfg, restore)
+    planned, shard_source = planned_config(cfg, restore, stats)
     plan = planner.plan_memory(planned, planner.distinct_train_ids(stats), shard_source)
     if plan is not None:
         planner.check_fits(planned, plan)

@@ -49,6 +49,15 @@ SERVER_PROCESS_BYTES = 288 * MIB
 SERVING_BUFFER_BYTES = 19 * MIB
 SERVING_BUFFER_BYTES_PER_DIM = int(1.6 * MIB)
 AUTO_SHARDS = f"{SHARDS_PER_SERVER} per server"
+# The rows of a shard at most when the planner chooses the shard count: what the export holds of a table at a time
+# (about 5x its parsed 44 B a row at dim 9: ~110 MiB), and one save file and one save thread of a server.
+MAX_SHARD_ROWS = 500_000
+# A checkpoint's save and a restore's load, in rows per second per server: Paddle's own text save and parse of its
+# shards (one thread per local shard). Measured with bench/table_scale.py on 2026-12-01: 2 servers sharing 2 cores,
+# 6.2M rows each (dim 9, adagrad): a save at 91k rows/s per server, a load at 146k (656k rows each: 115k and
+# 146k). A server with a core per local shard does several times better; these are the floor of this machine.
+SAVE_ROWS_PER_S = 91_000
+LOAD_ROWS_PER_S = 146_000
 
 
 def bytes_per_row(table: TableConfig) -> int:
@@ -81,11 +90,14 @@ def distinct_train_ids(stats: Optional[dict]) -> Optional[int]:
 
 # -- shards ------------------------------------------------------------------------------------------------
 def resolve_shard_num(configured: Optional[int], servers: int, saved: Optional[int] = None,
-                      saved_in: str = "the checkpoint") -> tuple[int, str]:
+                      saved_in: str = "the checkpoint", rows: Optional[int] = None) -> tuple[int, str]:
     """``(shard_num, where it comes from)``.
 
     A restored table keeps the shard count it was saved with: a server loads a table only when it finds
     exactly ``shard_num`` files (Paddle's MemorySparseTable::Load), so a different count is refused here.
+    Otherwise (unless configured) :data:`~components.ps.sharding.SHARDS_PER_SERVER` per server, or more when the
+    table's ``rows`` would make a shard hold more than :data:`MAX_SHARD_ROWS`: the export handles a table one shard
+    at a time, so its memory follows the largest shard, not the table.
     """
     if saved is not None:
         if configured is not None and configured != saved:
@@ -94,6 +106,9 @@ def resolve_shard_num(configured: Optional[int], servers: int, saved: Optional[i
         return saved, f"as saved in {saved_in}"
     if configured is not None:
         return configured, "table.shard_num"
+    per_server = math.ceil((rows or 0) / servers / MAX_SHARD_ROWS)
+    if per_server > SHARDS_PER_SERVER:
+        return servers * per_server, f"{per_server} per server: at most {MAX_SHARD_ROWS:,} rows a shard"
     return default_shard_num(servers), AUTO_SHARDS
 
 
@@ -136,12 +151,25 @@ class MemoryPlan:
             f"of {self.servers} server(s), {self.largest_server_rows:,} rows",
             f"memory plan: {size(self.server_bytes)} on the fullest server "
             f"({size(self.largest_server_rows * self.bytes_per_row)} of rows + {size(self.base_bytes)} base); {budget}",
+            f"checkpoint plan: the fullest server saves its rows in about {self.save_s:,.0f}s and loads them on a "
+            f"restore in about {self.load_s:,.0f}s ({SAVE_ROWS_PER_S:,} and {LOAD_ROWS_PER_S:,} rows/s per server, "
+            "measured on 2 cores shared by 2 servers)",
         ]
+
+    @property
+    def save_s(self) -> float:
+        """Seconds the fullest server takes to save its rows (the servers save in parallel)."""
+        return self.largest_server_rows / SAVE_ROWS_PER_S
+
+    @property
+    def load_s(self) -> float:
+        return self.largest_server_rows / LOAD_ROWS_PER_S
 
     def summary(self) -> dict:
         """JSON-safe: what the Model artifact records about the plan."""
         return {"rows": self.rows, "bytes_per_row": self.bytes_per_row, "shard_num": self.shard_num,
-                "server_gib": round(self.server_bytes / GIB, 3),
+                "server_gib": round(self.server_bytes / GIB, 3), "save_s": round(self.save_s, 1),
+                "load_s": round(self.load_s, 1),
                 "budget_gib": None if self.budget_bytes is None else round(self.budget_bytes / GIB, 3)}
 
 

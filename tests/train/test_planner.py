@@ -64,6 +64,10 @@ def test_default_shard_num_is_a_multiple_of_the_servers():
     assert sharding.shards_per_server(16, 3) == [6, 6, 4]
     assert sharding.shards_per_server(2, 3) == [1, 1, 0]
     assert planner.resolve_shard_num(10, 3) == (10, "table.shard_num")
+    # A table whose shards would exceed MAX_SHARD_ROWS gets more of them (the export holds one at a time).
+    assert planner.resolve_shard_num(None, 2, rows=8 * 2 * planner.MAX_SHARD_ROWS) == (16, "8 per server")
+    assert planner.resolve_shard_num(None, 2, rows=16_000_000) == (32, "16 per server: at most 500,000 rows a shard")
+    assert planner.resolve_shard_num(None, 2, saved=16, rows=16_000_000)[0] == 16  # a restored table keeps its own
 
 
 def test_a_restored_table_keeps_its_shard_count():
@@ -98,6 +102,9 @@ def test_plan_per_server_and_budget_sources():
     assert _plan(_cfg(ps={"mode": "geo"})) is None
     lines = "\n".join(plan.lines())
     assert "3,000,000 rows (table.vocab_size" in lines and "shard_num 16 (table.shard_num)" in lines
+    # The servers save (and load) in parallel: the fullest one's rows at the measured rate per server.
+    assert plan.save_s == plan.largest_server_rows / planner.SAVE_ROWS_PER_S
+    assert f"saves its rows in about {plan.save_s:,.0f}s" in lines and plan.summary()["save_s"] == round(plan.save_s, 1)
 
 
 def test_a_table_that_cannot_fit_is_refused_with_the_numbers_and_the_fixes():
