@@ -1,6 +1,5 @@
 """The planner against real local PS jobs: server RSS per row, where the rows land, how evenly they spread."""
 
-import gzip
 import re
 import subprocess
 
@@ -53,7 +52,7 @@ def _saved_lines_per_server(cfg, result):
     for rel in store.manifest(ckpt_id)["files"]:
         match = re.search(r"tables/000/part-(\d{3})-\d{5}", rel)
         if match:
-            with gzip.open(store.fs_path(ckpt_id, rel), "rt") as f:
+            with open(store.fs_path(ckpt_id, rel)) as f:  # the servers save uncompressed text
                 for line in f:
                     lines[int(match[1])] += 1
                     widths.add(len(line.split()))
