@@ -93,6 +93,7 @@ class Checkpointer:
             protocol.upload_worker_rows(self.store, epoch, self.index, ids, rows, self.workdir)
         local = self.workdir / f"checkpoint-{round_key}"  # worker 0 stages the checkpoint's own files here
         started = time.time()
+        self.scorer.take_parameters()
         verdict = self._score_validation(round_key, ckpt_id, local)
         # The test split is scored after the calibration is fitted, by a program that applies it as the served one
         # does: the evaluation's calibrated metrics come from the same float32 arithmetic.

@@ -47,8 +47,7 @@ def split_share(stats: dict, split: str, index: int, count: int) -> list[str]:
 
 
 class PullScorer:
-    """One worker's scorer: :meth:`score` its share of a split, with the dense parameters now in ``train_scope``
-    (after ``fleet.save_dense_params`` they are the servers': the checkpoint's)."""
+    """One worker's scorer: :meth:`score` its share of a split with the parameters :meth:`take_parameters` copied."""
 
     def __init__(self, cfg: CtrConfig, schema: Schema, train_main: Any, train_scope: Any, place: Any, paddle: Any):
         self.cfg, self.schema, self.paddle, self.place = cfg, schema, paddle, place
@@ -57,7 +56,11 @@ class PullScorer:
         self.dim = dim = cfg.table.embedding_dim
         self.geo = cfg.ps.mode is Mode.geo
         self.make_lookup = self._local_lookup if self.geo else self._pull_lookup(train_main, dim)
-        self.programs: dict[tuple, Any] = {}  # calibration -> its program (Paddle's executor caches them by id())
+        # The uncalibrated program, and the one of the latest calibration (each checkpoint fits its own): kept, since
+        # Paddle's executor caches programs by id(), and no more, since a long job would pile them up.
+        self.raw = network_program(cfg.model, schema, dim, self.make_lookup)
+        check_pull_only(self.raw.main)
+        self.calibrated: Optional[tuple[tuple, Any]] = None
         self._pull = None  # the program that pulls rows by id, once built
         # Scored in a scope of its own, into which the parameters are copied from the training scope: running this
         # program in the training scope crashed (a pull after the next pass: "Variable Id ... is not registered";
@@ -69,12 +72,22 @@ class PullScorer:
 
     def program(self, calibration: Optional[dict] = None):
         """The scoring network (with ``calibration`` applied in it, as the served program applies it)."""
-        key = (calibration["a"], calibration["b"]) if calibration else None
-        if key not in self.programs:
+        if not calibration:
+            return self.raw
+        key = (calibration["a"], calibration["b"])
+        if self.calibrated is None or self.calibrated[0] != key:
             built = network_program(self.cfg.model, self.schema, self.dim, self.make_lookup, calibration)
             check_pull_only(built.main)
-            self.programs[key] = built
-        return self.programs[key]
+            self.calibrated = (key, built)
+        return self.calibrated[1]
+
+    def take_parameters(self) -> None:
+        """Copy the parameters from the training scope (after ``fleet.save_dense_params`` the dense ones are the
+        servers': the checkpoint's); once per checkpoint, before :meth:`score`."""
+        for param in self.raw.main.all_parameters():
+            if self.geo or param.name != EMBEDDING_TABLE:
+                value = np.array(self.train_scope.find_var(param.name).get_tensor())
+                self.scope.var(param.name).get_tensor().set(value, self.place)
 
     def _local_lookup(self, block):
         paddle, cfg = self.paddle, self.cfg
@@ -130,10 +143,6 @@ class PullScorer:
             return empty, (empty if calibration else None)
         labels, dense, sparse = read_shards([Path(data_dir) / rel for rel in shards], self.schema)
         paddle, program = self.paddle, self.program(calibration)
-        for param in program.main.all_parameters():
-            if self.geo or param.name != EMBEDDING_TABLE:
-                value = np.array(self.train_scope.find_var(param.name).get_tensor())
-                self.scope.var(param.name).get_tensor().set(value, self.place)
         feeds = program.feeds
         outputs = [program.raw_prob] + ([program.prob] if calibration else [])
 

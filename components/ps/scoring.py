@@ -27,23 +27,6 @@ SCORE_BATCH = 8192
 
 
 @dataclass
-class LocalProgram:
-    """A CTR network as a local static program with a plain embedding table of ``table_shape``."""
-
-    main: Any
-    startup: Any
-    feeds: models.Feeds
-    prob: Any  # [batch, 1] click probability (calibrated when the program was built with a calibration)
-    raw_prob: Any  # [batch, 1] the network's own probability, before any calibration
-    table_shape: tuple[int, int]
-    table_dtype: str  # float32 or float16
-
-    def input_vars(self) -> list:
-        """What inference feeds, in MultiSlot slot order without the label: ``dense`` (if any), sparse slots."""
-        return ([self.feeds.dense] if self.feeds.dense is not None else []) + list(self.feeds.sparse)
-
-
-@dataclass
 class NetworkProgram:
     """A CTR network as a static program whose embedding lookup was injected (:func:`network_program`)."""
 
@@ -52,6 +35,18 @@ class NetworkProgram:
     feeds: models.Feeds
     prob: Any  # [batch, 1] click probability (calibrated when the program was built with a calibration)
     raw_prob: Any  # [batch, 1] the network's own probability, before any calibration
+
+
+@dataclass
+class LocalProgram(NetworkProgram):
+    """A CTR network as a local static program with a plain embedding table of ``table_shape``."""
+
+    table_shape: tuple[int, int] = (0, 0)
+    table_dtype: str = "float32"  # or float16
+
+    def input_vars(self) -> list:
+        """What inference feeds, in MultiSlot slot order without the label: ``dense`` (if any), sparse slots."""
+        return ([self.feeds.dense] if self.feeds.dense is not None else []) + list(self.feeds.sparse)
 
 
 def network_program(model_cfg: ModelConfig, schema: Schema, embedding_dim: int,
@@ -94,7 +89,7 @@ def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embed
         return lookup
 
     built = network_program(model_cfg, schema, shape[1], make_lookup, calibration)
-    return LocalProgram(built.main, built.startup, built.feeds, built.prob, built.raw_prob, shape, table_dtype)
+    return LocalProgram(**vars(built), table_shape=shape, table_dtype=table_dtype)
 
 
 def local_table(checkpoint: ckpt_io.Checkpoint) -> np.ndarray:
