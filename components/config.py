@@ -50,12 +50,29 @@ ExportDtype = _vocabulary("ExportDtype", ["float32", "float16"],
 ExportFormat = _vocabulary("ExportFormat", ["sharded", "single"],
                            "The serving export: the dense program plus id-sorted embedding shards looked up per "
                            "batch (any table size), or one Paddle inference model holding every row (small tables).")
+DataSplit = _vocabulary("DataSplit", ["random", "ordered"],
+                        "How rows go to the train, validation and test splits: by a hash of where each row is, or the "
+                        "validation and test splits from the end of the input in file order (README: honest splits).")
 PipelineRunner = _vocabulary("PipelineRunner", ["local", "kubeflow"],
                              "Where the pipeline's steps run: kfp.local on this machine, or Kubeflow Pipelines.")
 ClusterBackend = _vocabulary("ClusterBackend", ["local", "trainjob", "jobset", "paddlejob"],
                              "How the train step starts the PS processes: local subprocesses, a Kubeflow Trainer "
                              "TrainJob, a JobSet, or a PaddleJob of PaddleFlow's paddle-operator (README: which "
                              "backend to pick).")
+
+
+@dataclass
+class DriftConfig:
+    """How far a day may move from the day before (README: drift checks). A larger shift is a warning on the
+    console and in the report; a day with no clicks, or a slot present the day before and missing in every row now,
+    stops the run before training (a broken log pipeline must not train the model) unless allowed."""
+
+    max_rows_change: float = 0.5  # |rows / previous rows - 1|
+    max_ctr_change: float = 0.25  # |ctr / previous ctr - 1|
+    max_new_id_change: float = 0.2  # |new-id fraction - previous new-id fraction|, per slot
+    max_missing_change: float = 0.2  # |missing fraction - previous missing fraction|, per slot
+    allow_no_clicks: bool = False
+    allow_missing_slot: bool = False
 
 
 @dataclass
@@ -76,6 +93,17 @@ class DataConfig:
     # processes (null: every core the task may use). The dataset is the same whatever both are.
     prep_parallelism: int = 1
     prep_processes: Optional[int] = None
+    # Validation and test rows: a hash of where each row is (random), or the end of the input in file order.
+    split: DataSplit = DataSplit.random
+    # Day-partitioned input (components/days.py): data.uri holds a {day} placeholder, and the run trains these
+    # days in order, each continuing the checkpoint store ("<first>..<last>" is a range of dates or integers).
+    days: Optional[list[str]] = None
+    # The one day a pipeline run trains: set per run from data.days; on Kubeflow the `day` run parameter, or a
+    # recurring run's scheduled time minus day_lag days, formatted with day_format.
+    day: Optional[str] = None
+    day_format: str = "%Y-%m-%d"
+    day_lag: int = 1
+    drift: DriftConfig = field(default_factory=DriftConfig)
 
 
 @dataclass
@@ -279,6 +307,9 @@ class ClusterConfig:
     experiment: str = "ctr-ps"
     pipeline_root: Optional[str] = None  # where KFP keeps artifacts (s3://...); None = the KFP default
     submit: bool = True  # false: only compile the pipeline YAML (to upload in the Kubeflow UI)
+    # A cron expression (KFP's six fields, seconds first: "0 0 2 * * *"): create a recurring run, one run per
+    # day, that trains the day named by its scheduled time (data.day_format, data.day_lag) on a {day} data.uri.
+    schedule: Optional[str] = None
     # Wait for the submitted run to end and return its objective (sweeps with adaptive sweepers need it).
     wait: bool = False
     poll_s: float = 30.0
@@ -442,10 +473,12 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
                           f"a fraction in [0, 1 - data.test_fraction = {1 - cfg.data.test_fraction:g})")
     if not 0 <= cfg.data.max_malformed_fraction <= 1:
         raise ConfigError("data.max_malformed_fraction", cfg.data.max_malformed_fraction, "a fraction in [0, 1]")
+    _validate_days(cfg)
     if cfg.data.source is DataSource.synthetic:
         _positive("data.rows", cfg.data.rows)
     elif check_storage:
-        _check_data_uri(cfg.data)
+        for uri, day in _uris_to_check(cfg):
+            _check_data_uri(cfg.data, uri, day)
     elif not cfg.data.uri:
         raise ConfigError("data.uri", cfg.data.uri, "a path, glob or fsspec URL of the input files",
                           "set data.uri=... when data=criteo")
@@ -495,6 +528,45 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
 
 
 MIN_PROGRESS_PERIOD_S = 0.1
+
+
+def _validate_days(cfg: CtrConfig) -> None:
+    """Day partitions (components/days.py): a {day} data.uri names its days, the days are in order, and their
+    runs can continue one checkpoint store."""
+    from components.days import DayError, expand_days, is_daily
+
+    data = cfg.data
+    daily = is_daily(data.uri) and data.source is DataSource.files
+    scheduled = cfg.cluster.runner is PipelineRunner.kubeflow and cfg.cluster.schedule
+    if data.days is not None or data.day is not None:
+        if not daily:
+            raise ConfigError("data.uri", data.uri, "a file URI holding a {day} placeholder when data.days is set",
+                              "e.g. \"data.uri='/logs/day_{day}.tsv'\" (the inner quotes keep Hydra off the braces)")
+        try:
+            days = expand_days(data.days or [])
+        except DayError as err:
+            raise ConfigError("data.days", list(data.days or []), "day names in the order they happened",
+                              str(err)) from None
+        if data.days is not None and not days:
+            raise ConfigError("data.days", [], "at least one day")
+        if data.day is not None and data.days is not None and str(data.day) not in days:
+            raise ConfigError("data.day", data.day, f"one of data.days ({days[0]} .. {days[-1]})")
+    elif daily and not scheduled:
+        raise ConfigError("data.days", None, "the days to train, in order (data.days=[2026-11-01,2026-11-02] or "
+                          "data.days=[2026-11-01..2026-11-07])", f"data.uri {data.uri} holds a {{day}} placeholder")
+    if cfg.cluster.schedule is not None and not daily:
+        raise ConfigError("cluster.schedule", cfg.cluster.schedule, "null unless data.uri holds a {day} placeholder",
+                          "a recurring run trains one day per run")
+    if daily:
+        if cfg.checkpoint.resume not in ("none", "auto"):
+            raise ConfigError("checkpoint.resume", cfg.checkpoint.resume, "none or auto with day partitions",
+                              "each day continues from the model the day before delivered (the store's days)")
+        if cfg.ps.mode is Mode.geo or cfg.table.table_class is TableClass.SSDSparseTable:
+            raise ConfigError("data.days", list(data.days or []), "no day partitions in geo mode or with "
+                              "SSDSparseTable", "a day continues the day before's table, which these servers "
+                              "cannot save and restore in Paddle 2.6.2; use ps=async or ps=sync with table=memory")
+        if data.day_lag < 0:
+            raise ConfigError("data.day_lag", data.day_lag, "days >= 0")
 
 
 def _validate_timing(ps: PsConfig) -> None:
@@ -610,8 +682,21 @@ def _check_step_resources(key: str, resources: StepResources) -> None:
 SNIFF_BYTES = 4096
 
 
-def _check_data_uri(data: DataConfig) -> None:
-    uri = data.uri
+def _uris_to_check(cfg: CtrConfig) -> list[tuple[Optional[str], Optional[str]]]:
+    """``(uri, day)`` of every input a run reads: each of its days' (None: the one ``data.uri``); none for a
+    recurring run, whose day is known when it runs (its first step checks it)."""
+    from components.days import day_uri, expand_days, is_daily
+
+    data = cfg.data
+    if not is_daily(data.uri):
+        return [(data.uri, None)]
+    days = [str(data.day)] if data.day is not None else expand_days(data.days or [])
+    return [(day_uri(data.uri, day), day) for day in days]  # type: ignore[arg-type]
+
+
+def _check_data_uri(data: DataConfig, uri: Optional[str], day: Optional[str] = None) -> None:
+    """The input exists, holds bytes, and is text; ``day``: the day whose input ``uri`` is (errors name it)."""
+    key, of_day = ("data.days", f"day {day!r}: ") if day is not None else ("data.uri", "")
     if not uri:
         raise ConfigError("data.uri", uri, "a path, glob or fsspec URL of the input files",
                           "set data.uri=... when data=criteo")
@@ -622,14 +707,18 @@ def _check_data_uri(data: DataConfig) -> None:
         fs, _, paths = fsspec.get_fs_token_paths(uri)
         found = [p for p in paths if fs.exists(p)]
     except Exception as err:  # an unknown protocol or an unreachable store
-        raise ConfigError("data.uri", uri, "an existing path, glob or fsspec URL", f"cannot list it: {err}")
+        raise ConfigError(key, uri, "an existing path, glob or fsspec URL", f"{of_day}cannot list it: {err}")
     if not found:
-        raise ConfigError("data.uri", uri, "an existing path, glob or fsspec URL", "nothing matches it")
-    first = next((p for p in found if fs.isfile(p)), None)
+        raise ConfigError(key, uri, "an existing path, glob or fsspec URL", f"{of_day}nothing matches it")
+    files = [p for p in found if fs.isfile(p)] or [p for d in found for p in fs.find(d)]
+    if not any(fs.size(p) for p in files):
+        raise ConfigError(key, uri, "input files holding rows", f"{of_day}every file it names is empty"
+                          + (" (a day whose logs did not arrive?)" if day is not None else ""))
+    first = next(iter(files), None)
     if first is not None:
         with fs.open(first, "rb", compression=infer_compression(first)) as head:
             sniffed = head.read(SNIFF_BYTES)
         if b"\0" in sniffed:  # every data.format is text: a NUL byte means another kind of file
-            raise ConfigError("data.uri", uri, f"text files in data.format={data.format.value}",
-                              f"{first} is binary (a NUL byte in its first {SNIFF_BYTES} bytes); point data.uri "
+            raise ConfigError(key, uri, f"text files in data.format={data.format.value}",
+                              f"{of_day}{first} is binary (a NUL byte in its first {SNIFF_BYTES} bytes); point data.uri "
                               "at the TSV or text files (compressed ones may end in .gz, .bz2, ...)")

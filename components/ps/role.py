@@ -45,8 +45,8 @@ from components.ps.liveness import Heartbeat, children_die_with_this_process, di
 from components.ps.models import EMBEDDING_TABLE
 from components.ps.network import bind_to_own_host
 from components.ps.pull_scoring import split_share
-from components.ps.strategy import (build_strategy, dense_optimizer, install_ps_desc_settings, rpc_gflags,
-                                    server_flags)
+from components.ps.strategy import (build_strategy, dense_optimizer, install_ps_desc_settings, load_dense_tables,
+                                    rpc_gflags, server_flags)
 from components.ps.validation import Validator
 
 
@@ -390,6 +390,8 @@ def serve(cfg: CtrConfig, job: JobSpec, fleet, paddle) -> None:
         tables = server_restore_dir(CheckpointStore(job.restore.uri), job.restore.id, Path(job.workdir))
         downloaded = time.time()
         fleet.init_server(str(tables))
+        if job.restore.resume:  # its own run's checkpoint: the dense optimizer continues too
+            load_dense_tables(fleet, str(tables))
         # What a restore costs, per server: the launcher reports it (rows/s per server: a plan's restore time).
         emit(PROGRESS, role="server", index=index, state="restored", download_s=round(downloaded - started, 3),
              load_s=round(time.time() - downloaded, 3))

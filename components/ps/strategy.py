@@ -51,6 +51,23 @@ def sparse_table_configs(table: TableConfig, table_name: str = EMBEDDING_TABLE) 
     return {table_name: configs}
 
 
+def load_dense_tables(fleet, tables_dir: str) -> list[int]:
+    """On a server after ``fleet.init_server(tables_dir)``: load its part of every dense table saved there, the dense
+    optimizer's state with it (Adam's moments: the saved columns after the parameter). ``init_server`` loads sparse
+    tables only, and ``init_worker`` pushes no more than worker 0's parameters, so a resumed job would restart the
+    moments. Returns the loaded table ids."""
+    runtime = fleet.fleet._runtime_handle
+    loaded = []
+    for table in runtime.ps_desc_builder.tables:
+        if type(table).__name__ != "DenseTable" or table.ctx.is_tensor_table() or table.ctx.is_sparse():
+            continue
+        table_id = table.ctx.table_id()
+        if (Path(tables_dir) / f"{table_id:03d}").is_dir():
+            runtime._server.load_sparse(tables_dir, "0", table_id)  # the server-side Table::Load, any table kind
+            loaded.append(table_id)
+    return loaded
+
+
 # fleet.save_persistables modes: 0 saves every row; 3 saves every row too, then ages each by one "day"
 # (SparseAccessor::UpdateStatAfterSave), which is what delete_after_unseen_days counts.
 SAVE_ALL, SAVE_ALL_AND_AGE = 0, 3
