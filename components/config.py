@@ -123,8 +123,9 @@ class EvictionConfig:
 
     First show and click decay (x ``show_click_decay_rate``); then a row goes if its score
     ``(show - click) * nonclk_coeff + click * click_coeff`` is under ``delete_threshold``, or if it was not
-    trained for more than ``delete_after_unseen_days`` checkpoints (a "day" is one checkpoint: each save ages
-    every row by one, a training step resets it).
+    trained for more than ``delete_after_unseen_days`` days. With day partitions (``data.days``) a day is a day: the
+    day's first checkpoint decays, evicts and ages every row by one, training resets it. Without them a "day" is one
+    checkpoint: every save ages and every checkpoint evicts.
     """
 
     enabled: bool = False
@@ -557,6 +558,11 @@ def _validate_days(cfg: CtrConfig) -> None:
     if cfg.cluster.schedule is not None and not daily:
         raise ConfigError("cluster.schedule", cfg.cluster.schedule, "null unless data.uri holds a {day} placeholder",
                           "a recurring run trains one day per run")
+    fields = len(str(cfg.cluster.schedule).split())
+    if cfg.cluster.schedule is not None and fields != 6:
+        raise ConfigError("cluster.schedule", cfg.cluster.schedule, "a cron expression of KFP's 6 fields, seconds first "
+                          "(\"cluster.schedule='0 0 2 * * *'\": 02:00 UTC every day)",
+                          "KFP's cron has a seconds field before the minutes: put 0 in front" if fields == 5 else "")
     if daily:
         if cfg.checkpoint.resume not in ("none", "auto"):
             raise ConfigError("checkpoint.resume", cfg.checkpoint.resume, "none or auto with day partitions",

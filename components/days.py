@@ -35,6 +35,11 @@ def is_daily(uri: Optional[str]) -> bool:
     return bool(uri) and DAY_PLACEHOLDER in uri  # type: ignore[operator]
 
 
+def day_of(cfg) -> Optional[str]:
+    """The day a run of ``cfg`` (a :class:`components.config.CtrConfig`) trains; None without day partitions."""
+    return str(cfg.data.day) if is_daily(cfg.data.uri) and cfg.data.day is not None else None
+
+
 def _parse_date(text: str) -> Optional[tuple[str, _dt.date, str]]:
     """``(prefix, date, format)`` of a name ending in a date, else None."""
     found = _DATE.match(text)

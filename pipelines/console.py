@@ -30,6 +30,8 @@ _STEP_STARTED = re.compile(r" - INFO - Executing task '(?P<step>[\w-]+)'")
 SPLIT_NAMES = {"valid": "validation"}
 # Plain progress lines come at most this often (and not more often than the workers report): a log stays readable.
 PLAIN_LINE_PERIOD_S = 5.0
+# A step's lines shown as they are: a day's next-day metrics and its summary (day-by-day training), drift warnings.
+_SHOWN = re.compile(r"^\s*(?P<line>== day '.*|warning: .*)$")
 _STEP_ENDED = re.compile(r" - (?:INFO|ERROR) - Task '(?P<step>[\w-]+)' finished with status (?P<status>\w+)")
 
 
@@ -182,6 +184,8 @@ class RunConsole:
             self._progress(event)
         elif (event := parse_epoch(plain)) is not None:
             self._epoch(event)
+        elif (shown := _SHOWN.match(plain)) is not None:
+            self.say("  " + shown["line"])
 
     def say(self, text: str) -> None:
         if not (self.bars and self.bars.say(text)):

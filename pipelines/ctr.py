@@ -50,6 +50,10 @@ def run(cfg: DictConfig) -> float:
     run_dir = Path(typed.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))))
+    if typed.data.days is not None:
+        from pipelines.days import objective_of, run_days_locally
+
+        return objective_of(run_days_locally(typed), typed.objective)
     metrics = run_pipeline_locally(typed)
     return float(metrics[typed.objective])
 

@@ -1,6 +1,11 @@
 """Compile the pipeline for Kubeflow Pipelines, submit a run and, with ``cluster.wait``, wait for its objective
 (``python -m pipelines.ctr +cluster=prod``).
 
+With day partitions (``data.uri`` holding ``{day}``) a run trains one day: ``data.day=<d>`` submits the run of that
+day; ``data.days=[...]`` submits one run per day, in order, each once the day before has ended (they continue one
+checkpoint store, which learns its days in order); ``cluster.schedule=<cron>`` creates a recurring run instead, each
+of whose runs trains the day its scheduled time names (:func:`components.resolve.step.with_run_day`).
+
 The run directory gets::
 
     pipeline.yaml       the compiled pipeline (IR YAML + Kubernetes platform spec): submitted, or to upload
@@ -9,6 +14,8 @@ The run directory gets::
     k8s/ps-job.yaml     the objects the train step will create, for review (``kubectl apply --dry-run=server -f``)
     k8s/image-policy.yaml  with cluster.image_signing_key: admit only images signed with that key
     kubeflow_run.json   after a submission: the run id, its URL, the experiment and the run parameters
+    kubeflow_runs.json  with data.days: the runs submitted so far, one per day, in order
+    kubeflow_recurring_run.json  with cluster.schedule: the recurring run's id, its URL, its cron and parameters
     metrics.json        with cluster.wait, after the run succeeded: its test metrics (as a local run writes)
 
 A submission that fails (host unreachable, DNS, an HTTP error) raises :class:`SubmitError`, whose one-line
@@ -24,15 +31,17 @@ import socket
 import time
 import warnings
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import Any
 
 import kfp
 import urllib3
 import yaml
 from omegaconf import OmegaConf
 
-from components.config import CtrConfig, to_dict
+from components.config import ConfigError, CtrConfig, to_dict
+from components.days import expand_days, is_daily
 from components.resolve.step import RUN_PARAMETERS, run_parameters
 from pipelines.pipeline import PIPELINE_NAME, compile_pipeline, compiled_config
 
@@ -42,6 +51,8 @@ RBAC_FILE = "k8s/rbac.yaml"
 PS_JOB_FILE = "k8s/ps-job.yaml"
 IMAGE_POLICY_FILE = "k8s/image-policy.yaml"
 RUN_FILE = "kubeflow_run.json"
+DAY_RUNS_FILE = "kubeflow_runs.json"
+RECURRING_RUN_FILE = "kubeflow_recurring_run.json"
 METRICS_FILE = "metrics.json"
 # KFP's default artifact store (MinIO) when no cluster.pipeline_root is given.
 DEFAULT_PIPELINE_ROOT = "minio://mlpipeline/v2/artifacts"
@@ -75,6 +86,22 @@ class SubmittedRun:
     service_account: str
     parameters: dict
     pipeline: str  # the compiled YAML that was submitted
+
+
+@dataclass
+class RecurringRun:
+    recurring_run_id: str
+    url: str
+    host: str
+    namespace: str
+    experiment: str
+    experiment_id: str
+    name: str
+    cron: str
+    created_at: str  # UTC, ISO 8601
+    service_account: str
+    parameters: dict  # day "": each run takes its day from its scheduled time
+    pipeline: str  # the compiled YAML it runs
 
 
 class _FailFastClient(kfp.Client):
@@ -161,32 +188,98 @@ def _reason(err: Exception) -> str:
     return " ".join(text.split())
 
 
-def submit(cfg: CtrConfig, pipeline_path: Path) -> SubmittedRun:
-    """Create a run of the compiled pipeline in ``cluster.experiment`` (created if missing) with the run
-    parameters' defaults; raises :class:`SubmitError` when the KFP API cannot be reached or refuses."""
+def _create_in_experiment(cfg: CtrConfig, pipeline_path: Path, what: str, create) -> tuple[str, Any]:
+    """``(experiment id, create(client, experiment id))``: a run or a recurring run (``what``) created in
+    ``cluster.experiment`` (created if missing); raises :class:`SubmitError` when the KFP API cannot be reached or
+    refuses."""
     cluster = cfg.cluster
     host = cluster.host.rstrip("/")
-    parameters = run_parameters(cfg)
-    run_name = f"{PIPELINE_NAME} {time.strftime('%Y-%m-%d %H-%M-%S')}"
-    submitted_at = dt.datetime.now(dt.timezone.utc).isoformat()
     stage = "connecting"
     try:
         with _api_calls():
             client = _FailFastClient(host=host, namespace=cluster.namespace)
             stage = f"finding or creating experiment '{cluster.experiment}' in namespace '{cluster.namespace}'"
             experiment = client.create_experiment(name=cluster.experiment, namespace=cluster.namespace)
-            stage = "creating the run"
-            created = client.run_pipeline(experiment_id=experiment.experiment_id, job_name=run_name,
-                                          pipeline_package_path=str(pipeline_path), params=parameters,
-                                          service_account=cluster.pipeline_service_account)
+            stage = f"creating the {what}"
+            return experiment.experiment_id, create(client, experiment.experiment_id)
     # Whatever the API answered or failed to, the way out is the same: the compiled pipeline, by hand.
     except Exception as err:
         raise SubmitError(f"submitting to Kubeflow Pipelines at {host} failed while {stage}: {_reason(err)}. "
                           f"The compiled pipeline is {pipeline_path}: upload it in the Kubeflow UI "
-                          "(Pipelines > Upload pipeline) and start a run there") from err
+                          f"(Pipelines > Upload pipeline) and create the {what} there") from err
+
+
+def submit(cfg: CtrConfig, pipeline_path: Path) -> SubmittedRun:
+    """Create a run of the compiled pipeline in ``cluster.experiment`` (created if missing) with the run
+    parameters' defaults; raises :class:`SubmitError` when the KFP API cannot be reached or refuses."""
+    cluster = cfg.cluster
+    host = cluster.host.rstrip("/")
+    parameters = run_parameters(cfg)
+    day = f" {cfg.data.day}" if cfg.data.day is not None else ""
+    run_name = f"{PIPELINE_NAME}{day} {time.strftime('%Y-%m-%d %H-%M-%S')}"
+    submitted_at = dt.datetime.now(dt.timezone.utc).isoformat()
+
+    def create(client: kfp.Client, experiment_id: str):
+        return client.run_pipeline(experiment_id=experiment_id, job_name=run_name, params=parameters,
+                                   pipeline_package_path=str(pipeline_path),
+                                   service_account=cluster.pipeline_service_account)
+
+    experiment_id, created = _create_in_experiment(cfg, pipeline_path, "run", create)
     return SubmittedRun(run_id=created.run_id, url=f"{host}/#/runs/details/{created.run_id}", host=host,
-                        namespace=cluster.namespace, experiment=cluster.experiment,
-                        experiment_id=experiment.experiment_id, run_name=run_name, submitted_at=submitted_at,
+                        namespace=cluster.namespace, experiment=cluster.experiment, experiment_id=experiment_id,
+                        run_name=run_name, submitted_at=submitted_at,
+                        service_account=cluster.pipeline_service_account, parameters=parameters,
+                        pipeline=str(pipeline_path))
+
+
+def submit_days(cfg: CtrConfig, pipeline_path: Path, run_dir: Path) -> list[SubmittedRun]:
+    """``data.days``: one run per day, in order, each submitted once the day before has SUCCEEDED (the days
+    continue one checkpoint store, which learns them in order); returns the runs. They are recorded in ``run_dir``
+    as they are submitted. A day that does not succeed stops there: :class:`RunError` (:class:`SubmitError` when it
+    cannot be submitted), naming the day."""
+    days = expand_days(cfg.data.days or [])
+    runs: list[SubmittedRun] = []
+    for n, day in enumerate(days, 1):
+        of = f"day '{day}' ({n} of {len(days)})"
+        try:
+            submitted = submit(replace(cfg, data=replace(cfg.data, day=day)), pipeline_path)
+            runs.append(submitted)
+            (run_dir / DAY_RUNS_FILE).write_text(json.dumps([asdict(r) for r in runs], indent=2) + "\n")
+            print(f"{of}: Kubeflow run {submitted.run_id} submitted: {submitted.url}", flush=True)
+            wait_for_run(cfg, submitted)
+        except SubmitError as err:
+            left = f"; not submitted: {len(days) - n} more, from day '{days[n]}'" if n < len(days) else ""
+            raise type(err)(f"{of}: {err}{left}") from err
+    return runs
+
+
+def create_recurring_run(cfg: CtrConfig, pipeline_path: Path) -> RecurringRun:
+    """``cluster.schedule``: a recurring run of the compiled pipeline in ``cluster.experiment``, each of whose runs
+    trains the day its scheduled time names (its ``day`` parameter is ""); raises :class:`SubmitError` when the KFP
+    API cannot be reached or refuses.
+
+    One run at a time (``max_concurrency=1``): the days continue one store, in order. Missed runs are caught up
+    (``no_catchup=False``): a run that a paused schedule, an outage or a day that trained past the next one's time
+    left out would run later, in order, with its own scheduled time, hence its own day; without that its day could
+    never be trained on that store again (the days after it are, and a store learns its days in order).
+    """
+    cluster = cfg.cluster
+    host = cluster.host.rstrip("/")
+    parameters = {**run_parameters(cfg), "day": ""}
+    name = f"{PIPELINE_NAME} daily ({cluster.schedule})"
+    created_at = dt.datetime.now(dt.timezone.utc).isoformat()
+
+    def create(client: kfp.Client, experiment_id: str):
+        return client.create_recurring_run(experiment_id=experiment_id, job_name=name, cron_expression=cluster.schedule,
+                                           max_concurrency=1, no_catchup=False, params=parameters,
+                                           pipeline_package_path=str(pipeline_path),
+                                           service_account=cluster.pipeline_service_account)
+
+    experiment_id, created = _create_in_experiment(cfg, pipeline_path, "recurring run", create)
+    run_id = created.recurring_run_id
+    return RecurringRun(recurring_run_id=run_id, url=f"{host}/#/recurringrun/details/{run_id}", host=host,
+                        namespace=cluster.namespace, experiment=cluster.experiment, experiment_id=experiment_id,
+                        name=name, cron=cluster.schedule, created_at=created_at,
                         service_account=cluster.pipeline_service_account, parameters=parameters,
                         pipeline=str(pipeline_path))
 
@@ -267,12 +360,26 @@ def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
     print("\n".join(["", title, *(f"  {name:<{width}}  {value}" for name, value in rows), ""]), flush=True)
 
 
-def run_kubeflow(cfg: CtrConfig) -> float:
-    """Compile into ``run_dir`` and, with ``cluster.submit``, start a run on Kubeflow Pipelines.
+def check_days_submission(cfg: CtrConfig) -> None:
+    """A recurring run names its runs' days from their scheduled times: no day list or day of the command line's."""
+    if cfg.cluster.schedule is None:
+        return
+    for key, value in (("data.days", cfg.data.days), ("data.day", cfg.data.day)):
+        if value is not None:
+            raise ConfigError(key, list(value) if key == "data.days" else value, "null with cluster.schedule",
+                              "each run of the recurring run trains the day its scheduled time names: train the days "
+                              "before it with data.days=[...] first, then create the recurring run without them")
 
-    With ``cluster.wait``, wait for the run, write its test metrics into ``run_dir`` and return its objective;
-    otherwise return NaN.
+
+def run_kubeflow(cfg: CtrConfig) -> float:
+    """Compile into ``run_dir`` and, with ``cluster.submit``, start a run on Kubeflow Pipelines: with day partitions,
+    the run of ``data.day``, the runs of ``data.days`` one after the other, or the recurring run of
+    ``cluster.schedule`` (then return NaN).
+
+    With ``cluster.wait``, wait for the run (the last day's), write its test metrics into ``run_dir`` and return its
+    objective; otherwise return NaN.
     """
+    check_days_submission(cfg)
     run_dir = Path(cfg.run_dir)
     pipeline_path = write_run_files(cfg, run_dir)
     files = [("pipeline", str(pipeline_path)), ("config", str(run_dir / CONFIG_FILE)),
@@ -287,17 +394,36 @@ def run_kubeflow(cfg: CtrConfig) -> float:
             *files, ("upload", "Kubeflow UI > Pipelines > Upload pipeline, then Create run"),
             ("parameters", ", ".join(RUN_PARAMETERS))])
         return math.nan
-    submitted = submit(cfg, pipeline_path)
-    (run_dir / RUN_FILE).write_text(json.dumps(asdict(submitted), indent=2) + "\n")
-    _print_rows("== Kubeflow run submitted", [
-        ("run id", submitted.run_id), ("run", submitted.url),
-        ("experiment", f"{submitted.experiment} ({submitted.namespace})"), *files,
-        ("record", str(run_dir / RUN_FILE))])
-    if not cfg.cluster.wait:
+    if cfg.cluster.schedule is not None:
+        recurring = create_recurring_run(cfg, pipeline_path)
+        (run_dir / RECURRING_RUN_FILE).write_text(json.dumps(asdict(recurring), indent=2) + "\n")
+        _print_rows("== Kubeflow recurring run created", [
+            ("recurring run id", recurring.recurring_run_id), ("recurring run", recurring.url),
+            ("schedule", f"{recurring.cron} (cron, seconds first; one run at a time, missed runs caught up)"),
+            ("experiment", f"{recurring.experiment} ({recurring.namespace})"), *files,
+            ("record", str(run_dir / RECURRING_RUN_FILE))])
         return math.nan
+    if is_daily(cfg.data.uri) and cfg.data.day is None:
+        runs = submit_days(cfg, pipeline_path, run_dir)
+        submitted = runs[-1]
+        _print_rows(f"== Kubeflow runs of data.days succeeded: {len(runs)} days", [
+            ("last day", f"{submitted.parameters['day']}: {submitted.url}"),
+            ("experiment", f"{submitted.experiment} ({submitted.namespace})"), *files,
+            ("record", str(run_dir / DAY_RUNS_FILE))])
+        if not cfg.cluster.wait:
+            return math.nan
+    else:
+        submitted = submit(cfg, pipeline_path)
+        (run_dir / RUN_FILE).write_text(json.dumps(asdict(submitted), indent=2) + "\n")
+        _print_rows("== Kubeflow run submitted", [
+            ("run id", submitted.run_id), ("run", submitted.url),
+            ("experiment", f"{submitted.experiment} ({submitted.namespace})"), *files,
+            ("record", str(run_dir / RUN_FILE))])
+        if not cfg.cluster.wait:
+            return math.nan
+        wait_for_run(cfg, submitted)
     from components.checkpoint.format import write_json_atomic
 
-    wait_for_run(cfg, submitted)
     checkpoint, metrics = run_metrics(submitted)
     write_json_atomic(run_dir / METRICS_FILE, metrics)
     objective = float(metrics[cfg.objective])

@@ -248,7 +248,7 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
             with warnings.catch_warnings(), DriverSignals():
                 # The subprocess runner warns about any image name without "python" in it.
                 warnings.filterwarnings("ignore", message=".*non-Python base image.*", category=RuntimeWarning)
-                task = ctr_pipeline(cfg)(**run_parameters(cfg))
+                ctr_pipeline(cfg)(**run_parameters(cfg))
         except RuntimeError as err:
             raise PipelineRunError(ANSI.sub("", str(err)), tap.step_error()) from None
         finally:
@@ -262,15 +262,22 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
             if tap._partial:
                 console.take(tap._partial)
     wall_s = time.time() - started
-    outputs = task.outputs
-    # The export's output is no pipeline output (its task may be skipped): kfp.local keeps it at
-    # <pipeline root>/<pipeline>-<time>/<task>/<output>.
-    exported = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*/export-model/serving_model"))
-    metrics = collect_outputs(run_dir, metrics_dir=outputs["metrics"].path, logs_dir=outputs["logs"].path,
-                              serving_dir=exported[-1] if exported else None)
-    serving = (str(run_dir / "serving_model") if exported else
+    # Read from where kfp.local keeps every task's outputs, <pipeline root>/<pipeline>-<time>/<task>/<output>: the
+    # export may be skipped (the AUC gate), and a daily pipeline has no pipeline outputs (its steps sit in a
+    # condition).
+    runs = sorted(pipeline_root.glob(f"{PIPELINE_NAME}-*"))
+    if not runs or not (runs[-1] / "evaluate-model" / "metrics").is_dir():
+        raise PipelineRunError(f"the pipeline run in {pipeline_root} evaluated no model (was its day trained "
+                               "already?)")
+    outputs = runs[-1]
+    exported = outputs / "export-model" / "serving_model"
+    metrics = collect_outputs(run_dir, metrics_dir=str(outputs / "evaluate-model" / "metrics"),
+                              logs_dir=str(outputs / "train" / "logs"),
+                              serving_dir=exported if exported.is_dir() else None)
+    serving = (str(run_dir / "serving_model") if exported.is_dir() else
                f"not exported: test AUC {metrics['auc']:.4f} < eval.min_auc {cfg.eval.min_auc:g}")
-    print_summary(metrics, outputs["checkpoint"].metadata, wall_s, run_dir, cfg.checkpoint.uri, serving)
+    training = json.loads((outputs / "train" / "checkpoint").read_text())
+    print_summary(metrics, training, wall_s, run_dir, cfg.checkpoint.uri, serving)
     return metrics
 
 
@@ -293,8 +300,11 @@ def collect_outputs(run_dir: Path, metrics_dir: str, logs_dir: str, serving_dir:
         shutil.copyfile(Path(metrics_dir) / name, run_dir / name)
     from components.evaluate.evaluate import CURVE_FILE
 
-    if (Path(metrics_dir) / CURVE_FILE).is_file():
-        shutil.copyfile(Path(metrics_dir) / CURVE_FILE, run_dir / CURVE_FILE)
+    from components.evaluate.days import DAYS_CSV, DAYS_PNG
+
+    for name in (CURVE_FILE, DAYS_CSV, DAYS_PNG):  # written when the job reported progress / trained a day
+        if (Path(metrics_dir) / name).is_file():
+            shutil.copyfile(Path(metrics_dir) / name, run_dir / name)
     logs = run_dir / "logs"
     logs.mkdir(exist_ok=True)
     for log in sorted(Path(logs_dir).glob("*.log")):

@@ -6,11 +6,17 @@ counts, images, resources, model, mode, ...) is compiled in as a constant; the k
 run are pipeline parameters whose defaults are the composed values (:data:`RUN_PARAMETERS`). The first
 step, ``resolve-config``, applies them and outputs the effective config that every later step takes.
 
+A daily pipeline on Kubeflow (``data.uri`` holding ``{day}``: one day per run) puts every step after
+``resolve-config`` inside a condition on its ``train`` output, so a run whose day the checkpoint store has trained
+already does nothing more (and the UI shows those steps skipped); KFP allows no pipeline outputs from inside a
+condition, so that pipeline has none.
+
 ``kfp.local`` executes this pipeline for a local run (:mod:`pipelines.local`); :func:`compile_pipeline`
 turns it into the IR YAML that Kubeflow Pipelines runs (:mod:`pipelines.kubeflow`).
 """
 
 # No `from __future__ import annotations`: KFP reads the pipeline and component annotations as types.
+import contextlib
 import dataclasses
 import os
 from typing import NamedTuple
@@ -23,7 +29,7 @@ from components.data_prep.component import convert_data, merge_data, plan_data
 from components.evaluate.component import evaluate_model
 from components.export.component import export_model
 from components.resolve.component import resolve_config
-from components.resolve.step import config_struct, run_parameters
+from components.resolve.step import RUN_PARAMETERS, config_struct, day_gated, run_parameters
 from components.train.backends.manifests import LAUNCHER_TOKEN_DIR, launcher_token_secret
 from components.train.component import train
 
@@ -34,9 +40,12 @@ TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", "train", "
 PREP_LOOP, EXPORT_GATE = "for-loop-1", "condition-2"
 # What each task of the root DAG waits for, in a topological order: the export, on the evaluation that gates it.
 DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOOP: ("plan-data",),
-                "merge-data": ("plan-data", PREP_LOOP), "train": ("resolve-config", "merge-data"),
+                "merge-data": ("resolve-config", "plan-data", PREP_LOOP), "train": ("resolve-config", "merge-data"),
                 "evaluate-model": ("resolve-config", "merge-data", "train"),
                 EXPORT_GATE: ("resolve-config", "train", "evaluate-model")}
+# A daily pipeline on Kubeflow (components.resolve.step.day_gated): its root DAG holds resolve-config and DAY_GATE, the
+# condition on resolve-config's `train` output around every other task (as DEPENDENCIES, numbered after it).
+DAY_GATE, DAY_GATE_NAME = "condition-1", "the run's day is not trained yet"
 # The steps that may simply run again after a failure (a lost node, a storage blip): they replace their outputs
 # whole. Not resolve-config and plan-data (their failures are the config's or the input's) nor train (the PS job
 # restarts itself).
@@ -74,44 +83,70 @@ def ctr_pipeline(cfg: CtrConfig):
     defaults = run_parameters(cfg)
     image = cfg.cluster.pipeline_image.reference
     on_kubeflow = cfg.cluster.runner is PipelineRunner.kubeflow
+    gated = day_gated(cfg)
+    decorator = dsl.pipeline(name=PIPELINE_NAME, description="Parameter-server training of a CTR model on PaddlePaddle",
+                             pipeline_root=cfg.cluster.pipeline_root)
 
-    @dsl.pipeline(name=PIPELINE_NAME, description="Parameter-server training of a CTR model on PaddlePaddle",
-                  pipeline_root=cfg.cluster.pipeline_root)
-    def pipeline(data_uri: str = defaults["data_uri"], epochs: int = defaults["epochs"],
-                 learning_rate: float = defaults["learning_rate"],
-                 table_learning_rate: float = defaults["table_learning_rate"],
-                 batch_size: int = defaults["batch_size"], checkpoint_uri: str = defaults["checkpoint_uri"],
-                 resume: str = defaults["resume"]) -> Outputs:
-        resolved = resolve_config(config=config, data_uri=data_uri, epochs=epochs, learning_rate=learning_rate,
-                                  table_learning_rate=table_learning_rate, batch_size=batch_size,
-                                  checkpoint_uri=checkpoint_uri, resume=resume)
-        # It checks the resume target against the checkpoint store, whose content changes between runs.
+    def steps(arguments: dict) -> dict:
+        """Every task (by :data:`TASKS` name) of a run given these arguments (the run parameters, among others)."""
+        parameters = {name: arguments[name] for name in RUN_PARAMETERS}
+        # Only where the steps are gated on Kubeflow: kfp.local 2.17 fails on the placeholder.
+        scheduled = {"schedule_time": dsl.PIPELINE_JOB_SCHEDULE_TIME_UTC_PLACEHOLDER} if gated else {}
+        resolved = resolve_config(config=config, **parameters, **scheduled)
+        # It checks the resume target and the trained days against the checkpoint store, whose content changes
+        # between runs.
         resolved.set_caching_options(False)
-        effective = resolved.output
-        planned = plan_data(config=effective)
-        # It lists the input files, which change between runs; the steps after it are cached on its plan, whose
-        # fingerprint covers the files (their ETags or mtimes and sizes) and the settings: the same glob over new
-        # files is prepared anew.
-        planned.set_caching_options(False)
-        # A convert task takes nothing but its loop item (kfp.local 2.17 passes the loop item for every other
-        # task output a task inside a ParallelFor takes).
-        with dsl.ParallelFor(planned.output, parallelism=cfg.data.prep_parallelism) as group:
-            converted = convert_data(group=group)
-        prep = merge_data(groups=planned.output, parts=dsl.Collected(converted.outputs["parts"]))
-        fit = train(config=effective, dataset=prep.outputs["dataset"])
-        # The checkpoint lives outside the artifact store (checkpoint.uri): a cached step would only point at it.
-        fit.set_caching_options(False)
-        scored = evaluate_model(config=effective, dataset=prep.outputs["dataset"],
-                                checkpoint=fit.outputs["checkpoint"])
-        gate = f"test AUC >= eval.min_auc {cfg.eval.min_auc:g}"
-        with dsl.If(scored.outputs["Output"] >= cfg.eval.min_auc, name=gate):  # evaluate-model returns the test AUC
-            served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"])
+        effective = resolved.outputs["config"]
+        day_gate = (dsl.If(resolved.outputs["train"] == True, name=DAY_GATE_NAME)  # noqa: E712 (a pipeline channel)
+                    if gated else contextlib.nullcontext())
+        with day_gate:
+            planned = plan_data(config=effective)
+            # It lists the input files, which change between runs; the steps after it are cached on its plan, whose
+            # fingerprint covers the files (their ETags or mtimes and sizes) and the settings: the same glob over
+            # new files is prepared anew.
+            planned.set_caching_options(False)
+            # A convert task takes nothing but its loop item (kfp.local 2.17 passes the loop item for every other
+            # task output a task inside a ParallelFor takes).
+            with dsl.ParallelFor(planned.output, parallelism=cfg.data.prep_parallelism) as group:
+                converted = convert_data(group=group)
+            prep = merge_data(config=effective, groups=planned.output, parts=dsl.Collected(converted.outputs["parts"]))
+            fit = train(config=effective, dataset=prep.outputs["dataset"])
+            # The checkpoint lives outside the artifact store (checkpoint.uri): a cached step would only point at it.
+            fit.set_caching_options(False)
+            scored = evaluate_model(config=effective, dataset=prep.outputs["dataset"],
+                                    checkpoint=fit.outputs["checkpoint"])
+            gate = f"test AUC >= eval.min_auc {cfg.eval.min_auc:g}"
+            with dsl.If(scored.outputs["Output"] >= cfg.eval.min_auc, name=gate):  # evaluate-model: the test AUC
+                served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"])
         tasks = dict(zip(TASKS, (resolved, planned, converted, prep, fit, scored, served)))
         for task in tasks.values():
             task.set_env_variable("PYTHONUNBUFFERED", "1")  # progress lines reach the logs as they happen
             task.set_container_image(image)
         if on_kubeflow:
             add_kubeflow_settings(cfg, tasks)
+        return tasks
+
+    # Two pipelines that differ only in their outputs, which a gated pipeline cannot have; `locals()` holds the run
+    # parameters the pipeline was called with.
+    if gated:
+        @decorator
+        def daily_pipeline(data_uri: str = defaults["data_uri"], epochs: int = defaults["epochs"],
+                           learning_rate: float = defaults["learning_rate"],
+                           table_learning_rate: float = defaults["table_learning_rate"],
+                           batch_size: int = defaults["batch_size"], checkpoint_uri: str = defaults["checkpoint_uri"],
+                           resume: str = defaults["resume"], day: str = defaults["day"]):
+            steps(locals())
+
+        return daily_pipeline
+
+    @decorator
+    def pipeline(data_uri: str = defaults["data_uri"], epochs: int = defaults["epochs"],
+                 learning_rate: float = defaults["learning_rate"],
+                 table_learning_rate: float = defaults["table_learning_rate"],
+                 batch_size: int = defaults["batch_size"], checkpoint_uri: str = defaults["checkpoint_uri"],
+                 resume: str = defaults["resume"], day: str = defaults["day"]) -> Outputs:
+        tasks = steps(locals())
+        fit, scored = tasks["train"], tasks["evaluate-model"]
         return Outputs(checkpoint=fit.outputs["checkpoint"], logs=fit.outputs["logs"],
                        metrics=scored.outputs["metrics"], report=scored.outputs["report"])
 

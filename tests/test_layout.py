@@ -14,7 +14,8 @@ PACKAGES = ("components", "pipelines")
 ORCHESTRATION = {"kfp", "kubernetes"}
 # What the PS side may import of this project: itself and the layers below it.
 PS_SIDE = "components.ps"
-BELOW_PS = ("components.config", "components.checkpoint", "components.data_prep", "components.metrics")
+BELOW_PS = ("components.config", "components.days", "components.checkpoint", "components.data_prep",
+            "components.metrics")
 
 
 def _modules() -> dict[str, set[str]]:

@@ -1,13 +1,15 @@
 """What a PS job starts from, and how its processes restore it.
 
 A job resumes its own store's checkpoint (``checkpoint.resume``: training continues after it), or starts from
-another run's weights (``checkpoint.warm_start``: training starts at pass 1), or from scratch. The launcher
+another run's weights (``checkpoint.warm_start``: training starts at pass 1), or from scratch; a job training one
+day of day partitions continues the model the day before delivered (:func:`day_restore_target`). The launcher
 resolves that once, into a :class:`RestoreTarget` that travels in the job spec; the processes then restore it:
 each server downloads the table files and loads them with ``fleet.init_server(dir)``
 (:func:`server_restore_dir`); worker 0 sets the exported dense parameters in its scope before
 ``fleet.init_worker()``, which pushes them to the servers (so a different server count works:
-:func:`restore_dense`); every worker continues with the training state (:func:`resume_state`). The dense
-optimizer's moments are not restored.
+:func:`restore_dense`); every worker continues with the training state (:func:`resume_state`). A job continuing its
+own store's checkpoint also continues the dense optimizer: each server loads its part of the dense tables, Adam's
+moments with the parameters (:func:`components.ps.strategy.load_dense_tables`).
 """
 
 from __future__ import annotations
@@ -55,12 +57,14 @@ class RestoreTarget:
         return f"{how} checkpoint {self.id} in {CheckpointStore(self.uri).display_uri}"
 
 
-def restore_target(store: "CheckpointStore", resume: str, warm_start: Optional[str]) -> Optional[RestoreTarget]:
-    """What a job on ``store`` starts from: its own checkpoint to continue (``resume``), else another run's weights
-    (``warm_start``), else nothing. Raises CheckpointError for a target that names no committed checkpoint."""
+def restore_target(store: "CheckpointStore", resume: str, warm_start: Optional[str],
+                   day: Optional[str] = None) -> Optional[RestoreTarget]:
+    """What a job on ``store`` starts from: its own checkpoint to continue (``resume``; a ``day``'s job:
+    :func:`day_restore_target`), else another run's weights (``warm_start``), else nothing. Raises CheckpointError
+    for a target that names no committed checkpoint."""
     from components.checkpoint.store import CheckpointStore
 
-    ckpt_id = store.resolve(resume)
+    ckpt_id = day_restore_target(store, day) if day is not None else store.resolve(resume)
     if ckpt_id:
         return RestoreTarget(store.uri, ckpt_id, resume=True, shard_num=saved_shard_num(store, ckpt_id))
     if not warm_start:
@@ -74,6 +78,23 @@ def restore_target(store: "CheckpointStore", resume: str, warm_start: Optional[s
     if ckpt_id is None:
         raise CheckpointError(f"checkpoint.warm_start: {source.display_uri} holds no committed checkpoint")
     return RestoreTarget(uri, ckpt_id, resume=False, shard_num=saved_shard_num(source, ckpt_id))
+
+
+def day_restore_target(store: "CheckpointStore", day: str) -> Optional[str]:
+    """The checkpoint a job training ``day`` continues: the day's own latest (a job killed mid-day resumes it), else
+    the checkpoint the last trained day delivered (:mod:`components.checkpoint.days`), else none (the first day)."""
+    from components.checkpoint.days import DayLedger
+
+    latest = store.latest()
+    if latest is not None and (store.read_json(latest, STATE_FILE) or {}).get("day") == str(day):
+        return latest
+    last = DayLedger(store).last()
+    if last is None:
+        return None
+    if last["checkpoint"] not in store.committed():
+        raise CheckpointError(f"{store.display_uri}: checkpoint {last['checkpoint']}, which day {last['day']!r} "
+                              "delivered, is not committed there any more: the next day has nothing to continue")
+    return last["checkpoint"]
 
 
 def saved_shard_num(store: "CheckpointStore", ckpt_id: str) -> Optional[int]:
@@ -94,14 +115,20 @@ def restart_target(store: "CheckpointStore", restore: Optional[RestoreTarget], a
     return restore
 
 
-def resume_state(store: Optional["CheckpointStore"], restore: Optional[RestoreTarget]) -> dict[str, Any]:
-    """The training state a job starts from: the resumed checkpoint's, else epoch 0 and no history."""
+def resume_state(store: Optional["CheckpointStore"], restore: Optional[RestoreTarget],
+                 day: Optional[str] = None) -> dict[str, Any]:
+    """The training state a job starts from: the resumed checkpoint's (for a ``day``'s job, only a checkpoint of that
+    day: one of an earlier day starts the day at pass 1, early stopping anew), else epoch 0 and no history.
+    ``new_day``: the job starts ``day`` from a model that has not seen it."""
+    fresh = {"epoch": 0, "history": [], "new_day": day is not None}
     if restore is None or not restore.resume:
-        return {"epoch": 0, "history": []}
+        return fresh
     state = store.read_json(restore.id, STATE_FILE)
     if state is None:
         raise CheckpointError(f"checkpoint {restore.id} in {store.uri} has no {STATE_FILE}")
-    return state
+    if day is not None and state.get("day") != str(day):
+        return fresh
+    return {**state, "new_day": False}
 
 
 def server_restore_dir(store: "CheckpointStore", ckpt_id: str, local_root: Path) -> Path:

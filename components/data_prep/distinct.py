@@ -11,6 +11,8 @@ number of processes.
 from __future__ import annotations
 
 import io
+from collections.abc import Mapping
+from os import PathLike
 from typing import Optional
 
 import numpy as np
@@ -71,6 +73,9 @@ class DistinctCounter:
             self.exact = None
         np.maximum(self.registers, other.registers, out=self.registers)
 
+    def copy(self) -> "DistinctCounter":
+        return DistinctCounter.from_bytes(self.to_bytes())
+
     @property
     def is_exact(self) -> bool:
         self._settle()
@@ -105,6 +110,17 @@ class DistinctCounter:
             else:
                 counter.exact = saved["exact"]
         return counter
+
+
+def save_counters(path: str | PathLike, counters: Mapping[str, DistinctCounter]) -> None:
+    """One ``.npz`` of a counter per slot, keyed by the slot's name."""
+    np.savez(path, **{slot: np.frombuffer(c.to_bytes(), np.uint8) for slot, c in counters.items()})
+
+
+def load_counters(path: str | PathLike) -> dict[str, DistinctCounter]:
+    """What :func:`save_counters` wrote, in the slots' order."""
+    with np.load(path) as saved:
+        return {slot: DistinctCounter.from_bytes(saved[slot].tobytes()) for slot in saved.files}
 
 
 def _bit_length(values: np.ndarray) -> np.ndarray:

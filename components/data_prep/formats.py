@@ -10,9 +10,11 @@ Formats (``data.format``):
   slot ``1`` carries the click label as its feasign (``0:1`` / ``1:1``); other slots are sparse and may hold
   several feasigns. No dense features. Slots are named by their id (``"2"``, ``"3"``, ...).
 
-A slot absent from a line gets the single value :data:`MISSING_VALUE`, hashed per slot like any other value:
-Paddle's MultiSlot feed rejects empty slots. Blank lines are skipped; any other line that does not parse is
-malformed and reported with its reason, the first check it fails (in the order the format lists its fields).
+A slot absent from a line (``raw``: an empty field) gets the single value :data:`MISSING_VALUE`, hashed per slot
+like any other value: Paddle's MultiSlot feed rejects empty slots. Each block counts the rows each slot is missing
+from (``stats.json``'s ``missing``: a slot that stops arriving is a broken log pipeline, not a feature). Blank
+lines are skipped; any other line that does not parse is malformed and reported with its reason, the first check it
+fails (in the order the format lists its fields).
 
 How it is fast (README: data prep): Arrow parses the block (its CSV reader for ``raw``, its string kernels for
 the token formats); every column is dictionary-encoded, so each *distinct* value of a block is parsed, hashed
@@ -106,6 +108,7 @@ class ParsedBlock:
     labels: np.ndarray  # int64 per row
     text: pa.Array  # the MultiSlot line of each row, newline included
     slot_ids: list[SlotIds]  # per sparse slot
+    missing: np.ndarray  # int64 per sparse slot: the rows without a value for it (its one value is MISSING_VALUE)
     malformed: list[tuple[int, str]]  # (0-based line within the block, reason), in line order
 
 
@@ -301,18 +304,19 @@ def _parse_raw(parser: BlockParser, block: bytes, starts: np.ndarray, blank: np.
             reasons.add(bad, [f"{name} is not a finite number: {shown[i]!r}" for i in index[bad]])
         columns.append((_normalized_texts(np.nan_to_num(parsed)), index))
     good = reasons.good
-    slot_ids = []
-    for slot in schema.sparse_slots:
+    slot_ids, missing = [], np.zeros(len(schema.sparse_slots), np.int64)
+    for position, slot in enumerate(schema.sparse_slots):
         entries, index = encoded(slot)
         ids, id_texts = _id_texts(slot, entries, parser.vocab_size)
         slot_ids.append(SlotIds(ids, index[good], np.arange(int(good.sum()))))
+        missing[position] = np.count_nonzero(np.asarray(pc.equal(pc.binary_length(entries), 0), bool)[index[good]])
         columns.append((pc.binary_join_element_wise("1", id_texts, " "), index))
     last_text, last_index = columns[-1]
     columns[-1] = (pc.binary_join_element_wise(last_text, "\n", ""), last_index)  # per distinct value, not per row
     texts = [pc.take(text, pa.array(index[good])) for text, index in columns]
     wrong_width = [(line, reason) for line, reason in invalid.items() if not blank[line]]  # e.g. a line of spaces
     malformed = sorted([*wrong_width, *zip(parsed_lines[rows[~good]].tolist(), reasons.reason[~good].tolist())])
-    return ParsedBlock(starts, parsed_lines[rows[good]], labels[good], _join(texts), slot_ids, malformed)
+    return ParsedBlock(starts, parsed_lines[rows[good]], labels[good], _join(texts), slot_ids, missing, malformed)
 
 
 @dataclass
@@ -416,11 +420,12 @@ def _parse_tokens(parser: BlockParser, block: bytes, starts: np.ndarray, blank: 
     row_of_line[keep] = np.arange(len(keep))
     slot_index = np.asarray(pc.fill_null(pc.index_in(names, value_set=pa.array(slot_names)), -1))
     usable = good[tokens.parent] & (slot_index >= 0)
-    slot_ids = []
+    slot_ids, missing_rows = [], np.zeros(len(schema.sparse_slots), np.int64)
     for position, slot in enumerate(schema.sparse_slots):
         mine = usable & (slot_index == position)
         rows = row_of_line[tokens.parent[mine]]
         missing = np.flatnonzero(np.bincount(rows, minlength=len(keep)) == 0)
+        missing_rows[position] = len(missing)
         raw = pa.concat_arrays([pc.cast(pc.filter(values, pa.array(mine)), pa.binary()),
                                 pa.array([MISSING_VALUE.encode()] * len(missing), pa.binary())])
         ids, id_texts = _id_texts(slot, raw, parser.vocab_size)
@@ -435,7 +440,8 @@ def _parse_tokens(parser: BlockParser, block: bytes, starts: np.ndarray, blank: 
         slot_ids.append(SlotIds(ids, np.arange(len(ids)), rows))
     texts[-1] = pc.binary_join_element_wise(texts[-1], "\n", "")
     malformed = [(int(lines[i]), reasons.reason[i]) for i in np.flatnonzero(~good)]
-    return ParsedBlock(starts, lines[keep], np.maximum(labels[keep], 0), _join(texts), slot_ids, malformed)
+    return ParsedBlock(starts, lines[keep], np.maximum(labels[keep], 0), _join(texts), slot_ids, missing_rows,
+                       malformed)
 
 
 def discover_feasign_slots(block: bytes) -> set[str]:

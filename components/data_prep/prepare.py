@@ -7,28 +7,32 @@ leaves a half-written dataset)::
     out_dir/valid/part-00000.txt ... part-<num_shards - 1>.txt   (empty when valid_fraction = 0)
     out_dir/test/part-00000.txt  ... part-<num_shards - 1>.txt
     out_dir/stats.json
+    out_dir/distinct_ids.npz   (the train split's distinct-id counter of each slot: read_distinct_ids)
 
 Three stages, each a plain function, so that one machine (:func:`prepare_files`) and a Kubeflow fan-out (one pod
 per group of units, then one merge: :mod:`components.data_prep.step`) run the same code:
 
 1. :func:`plan_files` lists the input (:mod:`components.data_prep.sources`), cuts it into units and fixes the schema
    (``feasign`` without ``data.slots``: the slots seen in the input, discovered in a parallel pass);
-2. :func:`convert` turns units into *parts* (a directory per unit: its rows per split and shard, its counts, its
-   distinct-id counters), a pool of processes over the units;
-3. :func:`merge` checks the parts add up to the plan, concatenates them per shard in unit order and writes
-   ``stats.json``.
+2. :func:`convert` turns units into *parts* (a directory per unit: its rows per split and shard, its counts of
+   clicks and of missing values, its distinct-id counters), a pool of processes over the units;
+3. :func:`merge` checks the parts add up to the plan (and, day by day, the day's drift: :mod:`drift`),
+   concatenates them per shard in unit order and writes ``stats.json``.
 
 Where a row goes, decided row by row, never by which process converts it, so the dataset is byte for byte the same
-whatever the number of processes or pods: a row is a test row when a hash of ``(seed, file basename, byte offset of
-its line)`` falls below ``test_fraction``, a validation row when it falls in the ``valid_fraction`` above that; within
-a unit the rows of a split are dealt round-robin over the shards,
-starting at shard ``unit index % num_shards``. Every sparse id is ``hashing.feature_id(slot, raw_value,
-vocab_size)``, so all ids lie in ``[0, vocab_size)``.
+whatever the number of processes or pods. ``split="random"``: a row is a test row when a hash of ``(seed, file
+basename, byte offset of its line)`` falls below ``test_fraction``, a validation row when it falls in the
+``valid_fraction`` above that. ``split="ordered"`` (logs in time order: the model is scored on the rows that came
+after those it learned from): the files one after another are one stream of bytes, and a row is a test row when its
+line starts in the last ``test_fraction`` of them, a validation row in the ``valid_fraction`` before that (the plan
+knows where each file starts; a compressed file counts its decompressed bytes, which the plan reads once to measure).
+Within a unit the rows of a split are dealt round-robin over the shards, starting at shard ``unit index %
+num_shards``. Every sparse id is ``hashing.feature_id(slot, raw_value, vocab_size)``, so all ids lie in ``[0,
+vocab_size)``.
 
 :func:`prepare_synthetic` writes the :mod:`synthetic` generator's rows the same way (one unit; the last
 ``round(rows * test_fraction)`` rows are the test split, the ``round(rows * valid_fraction)`` before them the validation
-split, and ``stats["bayes"]`` holds the Bayes-optimal AUC/logloss
-on it).
+split: an ordered split of i.i.d. rows; ``stats["bayes"]`` holds the Bayes-optimal AUC/logloss on it).
 """
 
 from __future__ import annotations
@@ -51,20 +55,26 @@ import numpy as np
 import pyarrow as pa
 
 from components.config import ints_from_struct
-from components.data_prep.distinct import RELATIVE_ERROR, DistinctCounter
+from components.data_prep.distinct import RELATIVE_ERROR, DistinctCounter, load_counters, save_counters
 from components.data_prep.formats import BlockParser, discover_feasign_slots, schema_for
 from components.data_prep.hashing import HASH_FUNCTION, MAX_VOCAB_SIZE, hash64, mix64
 from components.data_prep.multislot import Schema, text_bytes
-from components.data_prep.sources import UNIT_BYTES, DataPrepError, Unit, list_inputs, plan_units, read_blocks
+from components.data_prep.sources import (UNIT_BYTES, DataPrepError, InputFile, Unit, list_inputs, plan_units,
+                                          read_blocks)
 from components.data_prep.synthetic import (SyntheticRows, SyntheticSpec, bayes_metrics, category_id_tables,
                                             format_lines, generate)
 
-__all__ = ["DataPrepError", "prepare_files", "prepare_synthetic"]
+__all__ = ["DataPrepError", "prepare_files", "prepare_synthetic", "read_distinct_ids"]
 
 SPLITS = ("train", "valid", "test")  # a row's split code is its index here
+SPLIT_RULES = ("random", "ordered")  # data.split
 STATS_FILE = "stats.json"
+DISTINCT_IDS_FILE = "distinct_ids.npz"  # in a dataset: the distinct-id counter of each slot (train rows)
 RESULT_FILE = "result.json"  # in a part: what its unit held
 DISTINCT_FILE = "distinct.npz"  # in a part: the distinct-id counter of each slot (train rows)
+# Sees a dataset's stats and its train split's distinct-id counters before anything is written; returns
+# stats["drift"], or raises DataPrepError to refuse the dataset (components.data_prep.step.drift_check).
+DriftCheck = Callable[[dict, dict[str, DistinctCounter]], dict]
 MALFORMED_EXAMPLES = 10
 SYNTHETIC = "synthetic"
 # Rows of synthetic data generated and written at a time (the hidden model is drawn once for all of them).
@@ -83,7 +93,7 @@ class DataPlan:
 
     fmt: str  # raw | slot | feasign | synthetic
     schema: dict
-    units: list[dict]  # sources.Unit, as dicts (synthetic: one unit without a file)
+    units: list[dict]  # sources.Unit, as dicts (synthetic: one unit without a file); ordered split: + "position"
     vocab_size: int
     seed: int
     test_fraction: float
@@ -93,6 +103,9 @@ class DataPlan:
     max_malformed_fraction: Optional[float] = None
     synthetic: Optional[dict] = None  # {"rows", "spec"}
     valid_fraction: float = 0.0
+    split: str = "random"  # SPLIT_RULES
+    input_bytes: Optional[int] = None  # ordered split: the bytes of every file together (compressed: decompressed)
+    day: Optional[str] = None  # day partitions: the day the input is (components.days)
 
     def to_dict(self) -> dict:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -104,7 +117,14 @@ class DataPlan:
 
     def unit(self, index: int) -> Unit:
         """The unit numbered ``index`` (a convert task's plan holds only its own units)."""
-        return next(Unit.from_dict(unit) for unit in self.units if int(unit["index"]) == index)
+        return Unit.from_dict(self._unit_dict(index))
+
+    def input_position(self, index: int) -> int:
+        """Ordered split: where unit ``index``'s file starts in the files one after another."""
+        return int(self._unit_dict(index)["position"])
+
+    def _unit_dict(self, index: int) -> dict:
+        return next(unit for unit in self.units if int(unit["index"]) == index)
 
 
 def _fingerprint(settings: Mapping, inputs: Iterable[str]) -> str:
@@ -116,12 +136,16 @@ def _fingerprint(settings: Mapping, inputs: Iterable[str]) -> str:
 
 def plan_files(*, uri: str, fmt: str, test_fraction: float, num_shards: int, vocab_size: int, seed: int,
                max_malformed_fraction: float, valid_fraction: float = 0.0, slots: Optional[Sequence[str]] = None,
-               storage_options: Optional[Mapping] = None, unit_bytes: int = UNIT_BYTES,
-               processes: Optional[int] = None) -> DataPlan:
-    """List the input, cut it into units and fix the schema; raises DataPrepError for input that cannot work."""
+               split: str = "random", day: Optional[str] = None, storage_options: Optional[Mapping] = None,
+               unit_bytes: int = UNIT_BYTES, processes: Optional[int] = None) -> DataPlan:
+    """List the input, cut it into units and fix the schema; raises DataPrepError for input that cannot work.
+
+    ``day``: the day partition ``uri`` is (recorded in ``stats.json``)."""
     _check_settings(test_fraction, valid_fraction, num_shards, vocab_size)
     if not 0.0 <= max_malformed_fraction <= 1.0:
         raise DataPrepError(f"max_malformed_fraction must be in [0, 1], got {max_malformed_fraction}")
+    if split not in SPLIT_RULES:
+        raise DataPrepError(f"unknown split {split!r}: use one of {list(SPLIT_RULES)}")
     schema_for(fmt, slots, ["2"])  # an unknown format or slot fails before the input is listed
     files = list_inputs(uri, storage_options)
     units = plan_units(files, unit_bytes)
@@ -133,12 +157,35 @@ def plan_files(*, uri: str, fmt: str, test_fraction: float, num_shards: int, voc
             raise DataPrepError(f"{uri!r} holds no well-formed feasign line with a sparse slot: expected "
                                 "'<feasign>:<slot>' tokens with the label as '<0|1>:1'")
     schema = schema_for(fmt, slots, discovered)
+    unit_dicts, input_bytes = [u.to_dict() for u in units], None
+    if split == "ordered":
+        positions, input_bytes = _input_positions(files, units, storage_options, processes)
+        unit_dicts = [{**unit, "position": position} for unit, position in zip(unit_dicts, positions)]
     settings = dict(fmt=fmt, schema=schema.to_dict(), vocab_size=vocab_size, seed=seed, test_fraction=test_fraction,
                     valid_fraction=valid_fraction, num_shards=num_shards,
-                    max_malformed_fraction=max_malformed_fraction, hash=HASH_FUNCTION)
-    return DataPlan(source=uri, units=[u.to_dict() for u in units],
+                    max_malformed_fraction=max_malformed_fraction, split=split, day=day, hash=HASH_FUNCTION)
+    return DataPlan(source=uri, units=unit_dicts, input_bytes=input_bytes,
                     fingerprint=_fingerprint(settings, (f"{f.url} {f.fingerprint}" for f in files)), **{
                         k: v for k, v in settings.items() if k != "hash"})
+
+
+def _input_positions(files: list[InputFile], units: list[Unit], storage_options: Optional[Mapping],
+                     processes: Optional[int]) -> tuple[list[int], int]:
+    """``(where each unit's file starts, the bytes of all files)`` with the files one after another; a compressed
+    file's rows have offsets in its decompressed stream, so it counts as the bytes it decompresses to (measured by
+    reading it, in parallel: its header does not know)."""
+    sizes = {file.url: file.size for file in files}
+    compressed = [unit for unit in units if unit.compressed]
+    measured = _map(_decompressed_bytes, [(u.to_dict(), dict(storage_options or {})) for u in compressed], processes)
+    sizes.update({unit.url: size for unit, size in zip(compressed, measured)})
+    starts, total = {}, 0
+    for file in files:
+        starts[file.url], total = total, total + sizes[file.url]
+    return [starts[unit.url] for unit in units], total
+
+
+def _decompressed_bytes(unit: dict, storage_options: dict) -> int:
+    return sum(len(block) for _, block in read_blocks(Unit.from_dict(unit), storage_options))
 
 
 def plan_synthetic(*, rows: int, test_fraction: float, num_shards: int, vocab_size: int, seed: int,
@@ -150,7 +197,7 @@ def plan_synthetic(*, rows: int, test_fraction: float, num_shards: int, vocab_si
                        num_shards)
     settings = dict(fmt=SYNTHETIC, schema=spec.schema.to_dict(), vocab_size=vocab_size, seed=seed,
                     test_fraction=test_fraction, valid_fraction=valid_fraction, num_shards=num_shards,
-                    max_malformed_fraction=None, synthetic={"rows": rows, "spec": spec.to_dict()})
+                    max_malformed_fraction=None, synthetic={"rows": rows, "spec": spec.to_dict()}, split="ordered")
     unit = Unit(0, SYNTHETIC, 0, rows, compressed=False)
     return DataPlan(source=None, units=[unit.to_dict()], fingerprint=_fingerprint({**settings, "hash": HASH_FUNCTION},
                                                                                   ()), **settings)
@@ -255,9 +302,16 @@ class _PartWriter:
                     shard.unlink()
 
 
-def _row_splits(plan: DataPlan, unit: Unit, offsets: np.ndarray) -> np.ndarray:
-    """Each row's split code: test when a hash of (seed, file basename, byte offset of its line) is below
-    test_fraction, validation when it is below test_fraction + valid_fraction, else train."""
+def _row_splits(plan: DataPlan, index: int, offsets: np.ndarray) -> np.ndarray:
+    """Each row's split code (its line's byte offset in the file of unit ``index``). Random: test when a hash of
+    (seed, file basename, offset) is below test_fraction, validation when it is below test_fraction +
+    valid_fraction, else train. Ordered: test when the line starts in the last test_fraction of the input's bytes,
+    validation in the valid_fraction before that, else train."""
+    if plan.split == "ordered":
+        where = plan.input_position(index) + offsets
+        valid_from = (1.0 - plan.test_fraction - plan.valid_fraction) * plan.input_bytes
+        return (where >= valid_from).astype(np.uint8) + (where >= (1.0 - plan.test_fraction) * plan.input_bytes)
+    unit = plan.unit(index)
     file_key = np.uint64(hash64(f"{plan.seed}\x1f{posixpath.basename(unit.url)}".encode()))
     keys = mix64(mix64(offsets.astype(np.uint64)) ^ file_key)
     uniform = (keys >> np.uint64(11)).astype(np.float64) * 2.0 ** -53  # the top 53 bits
@@ -275,6 +329,7 @@ def _convert_unit(plan_dict: dict, index: int, parts_dir: str, storage_options: 
     root = Path(parts_dir) / f"unit-{index:05d}"
     writer = _PartWriter(root, index, plan.num_shards)
     counters = [DistinctCounter() for _ in schema.sparse_slots]
+    missing = np.zeros(len(schema.sparse_slots), np.int64)
     lines, malformed, examples = 0, 0, []
     try:
         for offset, block in read_blocks(unit, storage_options):
@@ -283,23 +338,27 @@ def _convert_unit(plan_dict: dict, index: int, parts_dir: str, storage_options: 
             except pa.ArrowInvalid as err:  # what not even the malformed-line handling can read
                 raise DataPrepError(f"{unit.url} (from byte {offset}) cannot be read as data.format={plan.fmt}: "
                                     f"{str(err).splitlines()[0][:200]}; check data.format and data.uri") from None
-            splits = _row_splits(plan, unit, offset + parsed.line_starts[parsed.row_lines])
+            splits = _row_splits(plan, index, offset + parsed.line_starts[parsed.row_lines])
             writer.write(parsed.text, parsed.labels, splits)
             for counter, ids in zip(counters, parsed.slot_ids):
                 counter.add(ids.of_rows(splits == 0))  # the train split's ids: what the servers will hold
+            missing += parsed.missing
             malformed += len(parsed.malformed)
             examples += [{"line": lines + line + 1, "reason": reason}
                          for line, reason in parsed.malformed[:MALFORMED_EXAMPLES - len(examples)]]
             lines += len(parsed.line_starts)
     finally:
         writer.close()
-    _write_result(root, writer, counters, lines=lines, malformed=malformed, examples=examples)
+    _write_result(root, writer, dict(zip(schema.sparse_slots, counters)), missing.tolist(), lines=lines,
+                  malformed=malformed, examples=examples)
 
 
-def _write_result(root: Path, writer: _PartWriter, counters: list[DistinctCounter], **facts: Any) -> None:
-    np.savez(root / DISTINCT_FILE, *[np.frombuffer(c.to_bytes(), np.uint8) for c in counters])
+def _write_result(root: Path, writer: _PartWriter, counters: dict[str, DistinctCounter], missing: list[int],
+                  **facts: Any) -> None:
+    """``missing``: per sparse slot, the rows (of every split) without a value for it."""
+    save_counters(root / DISTINCT_FILE, counters)
     result = {"rows": writer.rows, "clicks": writer.clicks, "shard_rows": writer.shard_rows,
-              "shard_bytes": writer.shard_bytes, **facts}
+              "shard_bytes": writer.shard_bytes, "missing": missing, **facts}
     (root / RESULT_FILE).write_text(json.dumps(result))
 
 
@@ -320,12 +379,10 @@ def _convert_synthetic(plan_dict: dict, index: int, parts_dir: str, storage_opti
             writer.write(format_lines(block, spec, id_tables), block.labels, splits)
     finally:
         writer.close()
-    counters = []
-    for field, table in enumerate(id_tables):
-        counter = DistinctCounter()
+    counters = {slot: DistinctCounter() for slot in spec.schema.sparse_slots}
+    for field, (table, counter) in enumerate(zip(id_tables, counters.values())):
         counter.add(np.unique(table[data.categories[:train_rows, field]]).astype(np.uint64))
-        counters.append(counter)
-    _write_result(root, writer, counters, lines=rows, malformed=0, examples=[],
+    _write_result(root, writer, counters, [0] * len(counters), lines=rows, malformed=0, examples=[],
                   bayes=bayes_metrics(data.labels[train_rows + valid_rows:], data.probabilities[train_rows + valid_rows:]))
 
 
@@ -342,14 +399,44 @@ def find_parts(parts_dirs: Iterable[str | os.PathLike]) -> dict[int, Path]:
     return found
 
 
-def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike) -> dict:
-    """Check the parts, concatenate them per shard in unit order into ``out_dir`` and write ``stats.json``."""
+def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str | os.PathLike,
+          check_drift: Optional[DriftCheck] = None) -> dict:
+    """Check the parts, concatenate them per shard in unit order into ``out_dir`` and write ``stats.json`` and
+    ``distinct_ids.npz``; ``check_drift`` (day partitions) fills ``stats["drift"]`` or refuses the dataset before
+    any of it is written."""
     parts = find_parts(parts_dirs)
     missing = sorted(set(range(len(plan.units))) - set(parts))
     if missing:
         raise DataPrepError(f"units {missing[:10]} of {len(plan.units)} were not converted: a convert step failed "
                             "or did not run")
     results = [json.loads((parts[i] / RESULT_FILE).read_text()) for i in range(len(plan.units))]
+    stats = _merged_stats(plan, results)
+    counters = {slot: DistinctCounter() for slot in plan.schema["sparse_slots"]}
+    for i in range(len(plan.units)):
+        for slot, counter in load_counters(parts[i] / DISTINCT_FILE).items():
+            counters[slot].merge(counter)
+    stats.update(distinct_ids={slot: c.count() for slot, c in counters.items()},
+                 distinct_ids_exact={slot: c.is_exact for slot, c in counters.items()},
+                 distinct_ids_relative_error=RELATIVE_ERROR)
+    stats["drift"] = check_drift(stats, counters) if check_drift else None
+    with _atomic_directory(Path(out_dir)) as staging:
+        gathers = []  # (output shard, [(unit's split file, offset of the shard in it, bytes)])
+        for split in SPLITS:
+            (staging / split).mkdir()
+            for s, rel in enumerate(stats["shards"][split]):
+                gathers.append((staging / rel, [(parts[i] / f"{split}.txt", sum(r["shard_bytes"][split][:s]),
+                                                 r["shard_bytes"][split][s]) for i, r in enumerate(results)]))
+        # One thread per output file: the copies run in the kernel, which lets go of the GIL, so they use every core.
+        with ThreadPoolExecutor(default_processes()) as pool:
+            list(pool.map(lambda gather: _gather(*gather), gathers))
+        save_counters(staging / DISTINCT_IDS_FILE, counters)
+        (staging / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
+    return stats
+
+
+def _merged_stats(plan: DataPlan, results: list[dict]) -> dict:
+    """The dataset's stats from its units' results (all but the distinct ids and the drift); raises DataPrepError
+    for parts that cannot make a dataset."""
     schema = Schema.from_dict(plan.schema)
     rows = {split: sum(r["rows"][split] for r in results) for split in SPLITS}
     examples = _malformed_examples(plan, results)
@@ -374,47 +461,37 @@ def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str 
             _check_split_sizes({s: rows[s] for s in needed}, plan.num_shards, plan.source)
             raise DataPrepError(f"a shard of the {split} split from {plan.source!r} got no row (rows per shard: "
                                 f"{shard_rows[split]}); provide more input or lower num_shards")
-    counters = [DistinctCounter() for _ in schema.sparse_slots]
-    for i in range(len(plan.units)):
-        with np.load(parts[i] / DISTINCT_FILE) as saved:
-            for s, counter in enumerate(counters):
-                counter.merge(DistinctCounter.from_bytes(saved[f"arr_{s}"].tobytes()))
-    with _atomic_directory(Path(out_dir)) as staging:
-        shards = {split: [f"{split}/part-{s:05d}.txt" for s in range(plan.num_shards)] for split in SPLITS}
-        gathers = []  # (output shard, [(unit's split file, offset of the shard in it, bytes)])
-        for split in SPLITS:
-            (staging / split).mkdir()
-            for s, rel in enumerate(shards[split]):
-                gathers.append((staging / rel, [(parts[i] / f"{split}.txt", sum(r["shard_bytes"][split][:s]),
-                                                 r["shard_bytes"][split][s]) for i, r in enumerate(results)]))
-        # One thread per output file: the copies run in the kernel, which lets go of the GIL, so they use every core.
-        with ThreadPoolExecutor(default_processes()) as pool:
-            list(pool.map(lambda gather: _gather(*gather), gathers))
-        stats = {
-            "format": plan.fmt,
-            "source": plan.source,
-            "schema": schema.to_dict(),
-            "slot_names": schema.slot_names(),
-            "vocab_size": plan.vocab_size,
-            "hash_function": HASH_FUNCTION,
-            "seed": plan.seed,
-            "test_fraction": plan.test_fraction,
-            "valid_fraction": plan.valid_fraction,
-            "rows": rows,
-            "ctr": {split: sum(r["clicks"][split] for r in results) / rows[split] if rows[split] else None
-                    for split in SPLITS},
-            "distinct_ids": {slot: c.count() for slot, c in zip(schema.sparse_slots, counters)},
-            "distinct_ids_exact": {slot: c.is_exact for slot, c in zip(schema.sparse_slots, counters)},
-            "distinct_ids_relative_error": RELATIVE_ERROR,
-            "malformed": malformed,
-            "shards": shards,
-            "shard_rows": shard_rows,
-            "bayes": results[0].get("bayes"),
-            "generator": (plan.synthetic or {}).get("spec"),
-            "prep": {"units": len(plan.units), "fingerprint": plan.fingerprint},
-        }
-        (staging / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
-    return stats
+    return {
+        "format": plan.fmt,
+        "source": plan.source,
+        "day": plan.day,
+        "schema": schema.to_dict(),
+        "slot_names": schema.slot_names(),
+        "vocab_size": plan.vocab_size,
+        "hash_function": HASH_FUNCTION,
+        "seed": plan.seed,
+        "split": plan.split,
+        "test_fraction": plan.test_fraction,
+        "valid_fraction": plan.valid_fraction,
+        "rows": rows,
+        "ctr": {split: sum(r["clicks"][split] for r in results) / rows[split] if rows[split] else None
+                for split in SPLITS},
+        # Of every row (all splits), those without a value for the slot.
+        "missing": {slot: sum(r["missing"][s] for r in results) / records
+                    for s, slot in enumerate(schema.sparse_slots)},
+        "malformed": malformed,
+        "shards": {split: [f"{split}/part-{s:05d}.txt" for s in range(plan.num_shards)] for split in SPLITS},
+        "shard_rows": shard_rows,
+        "bayes": results[0].get("bayes"),
+        "generator": (plan.synthetic or {}).get("spec"),
+        "prep": {"units": len(plan.units), "fingerprint": plan.fingerprint},
+    }
+
+
+def read_distinct_ids(dataset_dir: str | os.PathLike) -> dict[str, DistinctCounter]:
+    """The train split's distinct-id counter of each slot of a dataset :func:`merge` wrote (what the servers will
+    hold: day by day, the ids the checkpoint store has seen grow by them)."""
+    return load_counters(Path(dataset_dir) / DISTINCT_IDS_FILE)
 
 
 def _gather(target: Path, pieces: list[tuple[Path, int, int]]) -> None:
@@ -476,18 +553,18 @@ def _atomic_directory(out_dir: Path) -> Iterator[Path]:
 
 # -- one machine: all three stages ----------------------------------------------------------------------------------
 def prepare(plan: DataPlan, out_dir: str | os.PathLike, processes: Optional[int] = None,
-            storage_options: Optional[Mapping] = None) -> dict:
+            storage_options: Optional[Mapping] = None, check_drift: Optional[DriftCheck] = None) -> dict:
     """Convert every unit of ``plan`` (a pool of ``processes``) and merge them into ``out_dir``."""
     out = Path(out_dir)
     out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=f".{out.name}.parts-", dir=out.parent) as parts:
         convert(plan, range(len(plan.units)), parts, processes, storage_options)
-        return merge(plan, [parts], out)
+        return merge(plan, [parts], out, check_drift)
 
 
 def prepare_files(out_dir: str | os.PathLike, *, uri: str, fmt: str, test_fraction: float, num_shards: int,
                   vocab_size: int, seed: int, max_malformed_fraction: float, valid_fraction: float = 0.0,
-                  slots: Optional[Sequence[str]] = None,
+                  slots: Optional[Sequence[str]] = None, split: str = "random",
                   storage_options: Optional[Mapping] = None, processes: Optional[int] = None,
                   unit_bytes: int = UNIT_BYTES) -> dict:
     """Convert the files at ``uri`` (format ``fmt``) into ``out_dir``; returns the stats dict.
@@ -498,8 +575,8 @@ def prepare_files(out_dir: str | os.PathLike, *, uri: str, fmt: str, test_fracti
     """
     plan = plan_files(uri=uri, fmt=fmt, test_fraction=test_fraction, num_shards=num_shards, vocab_size=vocab_size,
                       seed=seed, max_malformed_fraction=max_malformed_fraction, valid_fraction=valid_fraction,
-                      slots=slots,
-                      storage_options=storage_options, unit_bytes=unit_bytes, processes=processes)
+                      slots=slots, split=split, storage_options=storage_options, unit_bytes=unit_bytes,
+                      processes=processes)
     return prepare(plan, out_dir, processes, storage_options)
 
 

@@ -4,13 +4,22 @@ On a pipeline, data prep is three steps: ``plan-data`` lists the input and group
 ``data.prep_parallelism`` of them), ``convert-data`` runs once per group (a ``dsl.ParallelFor``, each a pool of
 ``data.prep_processes`` processes), ``merge-data`` joins the groups' parts into the dataset. :func:`prepare_dataset`
 does all three on one machine (the compose file's ``prep`` service).
+
+Day partitions (``data.uri`` with a ``{day}`` placeholder): the plan reads the input of ``data.day``, and the merge
+compares the day with the one the checkpoint store trained last (:func:`drift_check`) before it writes the dataset.
 """
 
 from typing import Any, Optional
 
+from components.checkpoint.days import DayLedger
+from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, DataSource, from_dict, ints_from_struct
-from components.data_prep.prepare import DataPlan, convert, merge, plan_files, plan_synthetic, prepare
-from components.data_prep.sources import Unit, group_units
+from components.data_prep.distinct import DistinctCounter
+from components.data_prep.drift import compare, day_summary
+from components.data_prep.prepare import (DataPlan, DriftCheck, convert, merge, plan_files, plan_synthetic,
+                                          prepare)
+from components.data_prep.sources import DataPrepError, Unit, group_units
+from components.days import day_uri, is_daily
 
 
 def data_plan(cfg: CtrConfig) -> DataPlan:
@@ -21,8 +30,15 @@ def data_plan(cfg: CtrConfig) -> DataPlan:
                   vocab_size=cfg.table.vocab_size, seed=data.seed)
     if data.source is DataSource.synthetic:
         return plan_synthetic(rows=data.rows, **common)
-    return plan_files(uri=data.uri, fmt=data.format.value, max_malformed_fraction=data.max_malformed_fraction,
-                      slots=list(data.slots) if data.slots else None, processes=data.prep_processes, **common)
+    uri = data.uri
+    if is_daily(uri):
+        if data.day is None:
+            raise DataPrepError(f"data.uri {uri!r} holds a {{day}} placeholder but data.day names no day: a run "
+                                "trains one day of data.days (set data.day)")
+        uri = day_uri(uri, data.day)
+    return plan_files(uri=uri, fmt=data.format.value, max_malformed_fraction=data.max_malformed_fraction,
+                      slots=list(data.slots) if data.slots else None, split=data.split.value, day=data.day,
+                      processes=data.prep_processes, **common)
 
 
 def plan_dataset(config: Any) -> list[dict]:
@@ -54,15 +70,43 @@ def convert_units(group: dict, parts_dir: str) -> None:
     convert(plan, [int(unit["index"]) for unit in plan.units], parts_dir, group.get("processes"))
 
 
-def merge_parts(groups: list[dict], parts_dirs: list[str], out_dir: str) -> dict:
+def merge_parts(config: Any, groups: list[dict], parts_dirs: list[str], out_dir: str) -> dict:
     """The dataset from every group's parts; returns the Dataset artifact's metadata."""
-    return dataset_metadata(merge(_joined(groups), parts_dirs, out_dir))
+    return dataset_metadata(merge(_joined(groups), parts_dirs, out_dir, drift_check(from_dict(config))))
 
 
 def prepare_dataset(config: Any, out_dir: str, processes: Optional[int] = None) -> dict:
     """Build the dataset ``cfg.data`` describes into ``out_dir`` on this machine; returns the stats dict."""
     cfg = from_dict(config)
-    return prepare(data_plan(cfg), out_dir, processes or cfg.data.prep_processes)
+    return prepare(data_plan(cfg), out_dir, processes or cfg.data.prep_processes, check_drift=drift_check(cfg))
+
+
+def drift_check(cfg: CtrConfig) -> Optional[DriftCheck]:
+    """Day partitions: the check of a day's dataset against the last day ``checkpoint.uri`` trained (None
+    otherwise).
+
+    It prints each warning and returns ``stats["drift"]``: ``{"summary"`` (what the train step records for the next
+    day), ``"previous_day"``, ``"warnings"``, ``"errors"}``; a day with errors raises DataPrepError with the first,
+    before the dataset is written (a broken day must not train the model).
+    """
+    if not is_daily(cfg.data.uri):
+        return None
+
+    def check(stats: dict, counters: dict[str, DistinctCounter]) -> dict:
+        ledger = DayLedger(CheckpointStore(cfg.checkpoint.uri))
+        last = ledger.last()
+        previous = last.get("drift") if last else None
+        summary = day_summary(stats, counters, ledger.seen_ids())
+        found = compare(summary, previous, cfg.data.drift)
+        for warning in found["warnings"]:
+            print(f"warning: {warning}", flush=True)
+        for error in found["errors"][1:]:
+            print(f"error: {error}", flush=True)
+        if found["errors"]:
+            raise DataPrepError(found["errors"][0])
+        return {"summary": summary, "previous_day": previous["day"] if previous else None, **found}
+
+    return check
 
 
 def dataset_metadata(stats: dict) -> dict:
@@ -70,4 +114,8 @@ def dataset_metadata(stats: dict) -> dict:
     meta = {"format": stats["format"], "rows": stats["rows"], "ctr": stats["ctr"]}
     if stats.get("bayes"):
         meta["bayes"] = stats["bayes"]
+    if stats.get("day") is not None:
+        meta["day"] = stats["day"]
+    if stats.get("drift") and stats["drift"]["warnings"]:
+        meta["drift_warnings"] = stats["drift"]["warnings"]
     return meta

@@ -23,6 +23,7 @@ from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components import metrics as metric_fns
 from components.evaluate import report
 from components.evaluate.baseline import HashedLogisticRegression
+from components.evaluate.days import DAYS_CSV, DAYS_PNG, day_rows, write_days_csv, write_days_png
 from components.ps.scoring import read_test_split
 
 
@@ -40,13 +41,14 @@ def confusion_threshold(cfg: EvalConfig, stats: dict) -> tuple[float, str]:
 def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
              cfg: EvalConfig, training: Optional[dict] = None,
              markdown_path: Optional[str | os.PathLike] = None, curve: Optional[dict] = None,
-             servers: Optional[dict] = None) -> dict[str, Any]:
+             servers: Optional[dict] = None, days: Optional[list[dict]] = None) -> dict[str, Any]:
     """Metrics of the checkpoint on the test split; writes metrics.json, roc.png, calibration.png, roc.npz,
     confusion.json and report.md/html, and to ``markdown_path`` the report without the linked images (a KFP Markdown
     artifact, whose viewer cannot follow a relative link; the ROC curve is the ClassificationMetrics artifact).
 
     ``curve``: the workers' training curves (:attr:`components.train.job.EventLog.curve`), drawn into
-    training_curve.png; ``servers``: what the job measured of each server, a table of the report."""
+    training_curve.png; ``servers``: what the job measured of each server, a table of the report; ``days``: the trained
+    days' rows (day-by-day training), written into days.csv and days.png; the day's drift warnings are reported."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = ckpt_io.verify_meta(checkpoint_dir, parts=ckpt_io.EVALUATION_PARTS)
@@ -104,9 +106,18 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
                         if calibration else {})}),
                    ("Validation split (the delivered checkpoint)", validation),
                    ("Servers (rows at the last checkpoint, memory)", servers or {})]
+    drift = stats.get("drift") or {}
+    if drift.get("warnings"):
+        comparisons.append((f"Drift from day {drift.get('previous_day')!r} (warnings)",
+                            {str(i): warning for i, warning in enumerate(drift["warnings"], 1)}))
     kwargs = dict(title="CTR model evaluation", reference=reference, calibration=bins, training=training,
                   config_summary=summary, tables=comparisons, confusion=confusion)
     figures = [("ROC curve", out / "roc.png"), ("Reliability", out / "calibration.png")]
+    if days:
+        write_days_csv(out / DAYS_CSV, days)
+        write_days_png(out / DAYS_PNG, days)
+        figures.append(("Day by day (days.csv): each day's model before training on it", out / DAYS_PNG))
+        comparisons.append(("Days trained (days.csv)", day_rows(days)))
     if curve:
         report.write_training_curve_png(out / CURVE_FILE, curve)
         figures.append(("Training curve (running loss and AUC of each worker)", out / CURVE_FILE))

@@ -20,10 +20,13 @@ from typing import Any, Optional
 
 import numpy as np
 
+from components.checkpoint.days import DayLedger
 from components.checkpoint.evaluation import record_evaluation
 from components.checkpoint.format import EVALUATION_PARTS
 from components.checkpoint.pointer import fetched_checkpoint
+from components.checkpoint.store import CheckpointStore
 from components.config import from_dict, ints_from_struct
+from components.days import day_of
 from components.evaluate.evaluate import CONFUSION_FILE, evaluate
 
 # Training facts from the Model artifact's metadata that the report lists.
@@ -64,10 +67,11 @@ def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkp
     ``tpr``, ``thresholds`` and the ``confusion`` summary (the arguments of ``report.log_kfp_metrics``).
     """
     cfg = from_dict(config)
+    days = DayLedger(CheckpointStore(cfg.checkpoint.uri)).entries() if day_of(cfg) is not None else None
     with fetched_checkpoint(checkpoint_path, checkpoint_metadata, EVALUATION_PARTS) as (uri, ckpt_id, local):
         metrics = evaluate(local, data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata),
                            markdown_path=markdown_path, curve=(checkpoint_metadata or {}).get("curve"),
-                           servers=server_facts(checkpoint_metadata))
+                           servers=server_facts(checkpoint_metadata), days=days)
     record_evaluation(uri, ckpt_id, metrics)
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)

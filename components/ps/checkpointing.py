@@ -6,6 +6,10 @@ validation and test splits through the servers; worker 0 merges the scores, judg
 validation split (:mod:`components.ps.validation`) and commits. No worker holds the table, except where the servers
 cannot save it (geo, SSD: :func:`~components.checkpoint.protocol.rows_from_workers`): there each worker uploads the
 rows of the ids it trained and worker 0 merges them into the checkpoint's export.
+
+A job training one day of day partitions (:mod:`components.days`) first scores the whole day with the model it
+restored (:meth:`Checkpointer.score_day`: the next-day metric), and ages and shrinks the table at its first
+checkpoint only, so ``delete_after_unseen_days`` counts days, however many checkpoints a day takes.
 """
 
 from __future__ import annotations
@@ -19,9 +23,12 @@ import numpy as np
 from components.checkpoint import format as checkpoint
 from components.checkpoint import protocol
 from components.checkpoint.store import CheckpointStore, make_id
+from components.checkpoint.restore import STATE_FILE
 from components.config import CtrConfig, Mode
 from components.data_prep.multislot import Schema, read_shards
-from components.ps.contract import CHECKPOINT, JobSpec, emit
+from components.days import day_of
+from components.metrics import ScoreCounts, binary_metrics_counts
+from components.ps.contract import CHECKPOINT, DAY_EVAL, JobSpec, emit
 from components.ps.liveness import Heartbeat
 from components.ps.models import EMBEDDING_TABLE
 from components.ps.pull_scoring import SPARSE_PULL, PullScorer, split_share
@@ -31,6 +38,7 @@ from components.ps.strategy import table_save_mode
 from components.ps.validation import Validator, Verdict
 
 SCORED_SPLITS = (checkpoint.VALID, checkpoint.TEST)  # the splits every worker fetches its share of
+DAY_SPLIT = "day"  # a day's every row, scored before training on it
 
 
 class Checkpointer:
@@ -39,7 +47,8 @@ class Checkpointer:
 
     def __init__(self, cfg: CtrConfig, job: JobSpec, stats: dict, fleet: Any, paddle: Any, exe: Any, scope: Any,
                  place: Any, heartbeat: Heartbeat, barrier: Callable[[], None],
-                 all_reduce: Callable[[np.ndarray, str], np.ndarray], validator: Optional[Validator]):
+                 all_reduce: Callable[[np.ndarray, str], np.ndarray], validator: Optional[Validator],
+                 aged: bool = False):
         self.cfg, self.job, self.stats, self.fleet, self.paddle = cfg, job, stats, fleet, paddle
         self.exe, self.scope, self.place, self.heartbeat = exe, scope, place, heartbeat
         self.barrier, self.all_reduce, self.validator = barrier, all_reduce, validator
@@ -49,6 +58,34 @@ class Checkpointer:
         self.schema = Schema.from_dict(stats["schema"])
         self.main = paddle.static.default_main_program()
         self.scorer = PullScorer(cfg, self.schema, self.main, scope, place, paddle)
+        # A day's job ages and shrinks the table once (a mid-day resume: its day has been aged already); any other
+        # job at every checkpoint.
+        self.day = day_of(cfg)
+        self.aged = aged
+
+    def score_day(self, day: str, source: CheckpointStore, restored: str, train_shards: list[str]) -> None:
+        """Every worker scores its train shards and its share of the validation and test splits with the restored
+        model (through the calibration that checkpoint carries); worker 0 merges the counts and reports them."""
+        started = time.time()
+        meta = source.read_json(restored, checkpoint.MODEL_META) or {}
+        calibration = meta.get("calibration")
+        shards = [str(Path(s).relative_to(self.job.data_dir)) for s in train_shards] + [
+            rel for split in SCORED_SPLITS for rel in split_share(self.stats, split, self.index, self.count)]
+        self.scorer.take_parameters()
+        parts = [self.scorer.score(Path(self.job.data_dir), [rel], calibration) for rel in shards]
+        counts = ScoreCounts.merge([calibrated if calibration else raw for raw, calibrated in parts]) if parts else \
+            ScoreCounts.of(np.zeros(0), np.zeros(0))
+        round_key = f"day-{day}"
+        protocol.upload_scores(self.store, round_key, DAY_SPLIT, self.index, counts, self.workdir)
+        self.barrier()
+        if self.index == 0:
+            local = self.workdir / round_key
+            merged = protocol.merged_scores(self.store, round_key, (DAY_SPLIT,), self.count, local)[DAY_SPLIT]
+            protocol.clear_scores(self.store, round_key)
+            emit(DAY_EVAL, day=day, checkpoint=restored, calibrated=bool(calibration),
+                 previous_day=(source.read_json(restored, STATE_FILE) or {}).get("day"),
+                 metrics=binary_metrics_counts(merged), seconds=round(time.time() - started, 3))
+        self.barrier()
 
     def take(self, epoch: int, chunk: int, chunks_in_pass: int, history: list[dict],
              examples: int) -> Optional[Verdict]:
@@ -68,15 +105,18 @@ class Checkpointer:
         runtime = fleet.fleet._runtime_handle
         runtime._worker.client_flush()
         self.barrier()
+        ages = self.day is None or not self.aged
         with self.heartbeat.waiting():  # every call here ends in a barrier of all workers
-            if cfg.table.eviction.enabled:
+            if cfg.table.eviction.enabled and ages:
                 fleet.shrink()  # worker 0 asks every server to decay and evict; all barrier
             started = time.time()
             if not from_workers:
                 if self.index == 0:
                     announce_save(self.store, ckpt_id, staging)
-                fleet.save_persistables(self.exe, staging, self.main, mode=table_save_mode(cfg.table))  # all barrier
+                fleet.save_persistables(self.exe, staging, self.main,
+                                        mode=table_save_mode(cfg.table, ages=ages))  # all barrier
             timings["save_s"] = time.time() - started
+        self.aged = True
         dense_path = str(self.workdir / "dense.pdparams")
         if cfg.ps.mode is Mode.geo:
             # Geo workers train local copies and exchange deltas of them: a pulled value written into a copy would
@@ -111,7 +151,8 @@ class Checkpointer:
             # Resume continues after pass ``epoch``, or inside it after ``chunk`` chunks.
             state = {"epoch": epoch - 1 if chunk else epoch, "chunk": chunk, "chunks_in_pass": chunks_in_pass,
                      "history": history, "examples": examples, "seed": cfg.data.seed, "run_id": self.job.run_id,
-                     "stopping": self.validator.state() if self.validator else None}
+                     "stopping": self.validator.state() if self.validator else None, "day": self.day,
+                     "aged": self.aged}
             scored = (checkpoint.TEST,) + ((checkpoint.TEST_CALIBRATED,) if calibrated is not None else ())
             protocol.merged_scores(self.store, round_key, scored, self.count, local)
             protocol.clear_scores(self.store, round_key)

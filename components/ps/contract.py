@@ -45,7 +45,9 @@ CONFIG_ERROR_EXIT = 78
 # Event tags: the first word of an event line, then its JSON payload.
 PROGRESS, EPOCH, CHECKPOINT, DONE = "@progress", "@epoch", "@checkpoint", "@done"
 HEARTBEAT = "@heartbeat"  # alive, nothing else to report: {role, index, waiting (in a collective)}
-EVENT_TAGS = (PROGRESS, EPOCH, CHECKPOINT, DONE, HEARTBEAT)
+# Day-by-day training: the restored model scored on the new day's rows before any training on them (worker 0).
+DAY_EVAL = "@day-eval"
+EVENT_TAGS = (PROGRESS, EPOCH, CHECKPOINT, DONE, HEARTBEAT, DAY_EVAL)
 
 
 class Role(str, Enum):

@@ -39,6 +39,7 @@ from components.config import ConfigError, CtrConfig, Mode, from_dict, validate
 from components.data_prep.multislot import Schema
 from components.ps import models
 from components.ps.checkpointing import SCORED_SPLITS, Checkpointer
+from components.days import day_of
 from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV, JobSpec, emit,
                                     wait_until_listening)
 from components.ps.liveness import Heartbeat, children_die_with_this_process, die_with_parent, parent_from_env
@@ -183,7 +184,8 @@ class Worker:
         fleet = self.fleet
         restore = self.job.restore
         source = CheckpointStore(restore.uri) if restore else None
-        state = resume_state(source, restore)
+        day = day_of(self.cfg)
+        state = resume_state(source, restore, day)
         self.heartbeat.start()
         self.exe.run(self.paddle.static.default_startup_program())
         if restore and self.index == 0:
@@ -200,7 +202,12 @@ class Worker:
         self.validating = bool(self.stats["rows"].get("valid"))
         validator = Validator.of(self.cfg, self.stats, state) if self.validating and self.index == 0 else None
         self.checkpointer = Checkpointer(self.cfg, self.job, self.stats, fleet, self.paddle, self.exe, self.scope,
-                                         self.place, self.heartbeat, self._barrier, self._all_reduce, validator)
+                                         self.place, self.heartbeat, self._barrier, self._all_reduce, validator,
+                                         aged=bool(state.get("aged")))
+        if state.get("new_day") and restore is not None:
+            # The next-day metric: the model as the day before delivered it, on every row of this day, before any
+            # training on them (the scoring program only pulls: no row of the day is created or trained).
+            self.checkpointer.score_day(day, source, restore.id, self.shards)
         for epoch in range(state["epoch"] + 1, self.cfg.ps.epochs + 1):
             self._reset_auc()
             # The heartbeat reports this pass's progress (Paddle's own fetch_handler costs ~3 s per pass to stop:

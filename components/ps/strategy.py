@@ -73,8 +73,9 @@ def load_dense_tables(fleet, tables_dir: str) -> list[int]:
 SAVE_ALL, SAVE_ALL_AND_AGE = 0, 3
 
 
-def table_save_mode(table: TableConfig) -> int:
-    return SAVE_ALL_AND_AGE if table.eviction.enabled else SAVE_ALL
+def table_save_mode(table: TableConfig, ages: bool = True) -> int:
+    """The save mode of a checkpoint; ``ages``: this save is the one that ages the rows (a day's first)."""
+    return SAVE_ALL_AND_AGE if table.eviction.enabled and ages else SAVE_ALL
 
 
 def strategy_settings(cfg: CtrConfig) -> dict[str, Any]:

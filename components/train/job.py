@@ -25,7 +25,8 @@ from components.checkpoint.protocol import clear_scores
 from components.checkpoint.restore import RestoreTarget, restore_target
 from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, to_dict
-from components.ps.contract import CHECKPOINT, EPOCH, HEARTBEAT, PROGRESS, JobSpec, Role, parse_event
+from components.days import day_of
+from components.ps.contract import CHECKPOINT, DAY_EVAL, EPOCH, HEARTBEAT, PROGRESS, JobSpec, Role, parse_event
 from components.ps.shard_uploader import clear_records
 from components.train import planner
 
@@ -48,6 +49,7 @@ class JobResult:
     # Local backend: each server's RSS in bytes when it started serving and at its peak while the job ran.
     server_memory: Optional[list[dict]] = None
     curve: Optional[dict[str, list[list[float]]]] = None  # EventLog.curve: the workers' training curves
+    day_eval: Optional[dict] = None  # a day's job: the restored model's metrics on the day, before training on it
 
 
 @dataclass(frozen=True)
@@ -107,7 +109,7 @@ def plan_job(cfg: CtrConfig, stats: Optional[dict], store: CheckpointStore,
              run_id: Optional[str] = None) -> PreparedJob:
     """The part of :func:`prepare_job` that only reads the store: what a job would start from and its table plan
     (``plan=true`` prints it without changing the store)."""
-    restore = restore_target(store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
+    restore = restore_target(store, cfg.checkpoint.resume, cfg.checkpoint.warm_start, day=day_of(cfg))
     planned, plan = plan_table(cfg, stats, restore)
     return PreparedJob(planned, store, restore, plan, run_id or new_run_id())
 
@@ -162,6 +164,13 @@ _EPOCH_LINE = re.compile(rf"^== epoch (?P<epoch>\d+) done: (?P<examples>[\d,]+) 
                          rf"global train AUC (?P<auc>{_NUMBER})$")
 
 
+def format_day_eval(event: dict) -> str:
+    metrics = event["metrics"]
+    return (f"== day {event['day']!r} before training on it: auc {metrics['auc']:.4f}, logloss "
+            f"{metrics['logloss']:.4f}, calibration {metrics['calibration']:.4f} on its {metrics['count']:,} rows "
+            f"(the model of checkpoint {event['checkpoint']}; {event['seconds']:.1f}s)")
+
+
 def parse_progress(line: str) -> Optional[dict]:
     """The worker progress event a :func:`format_progress` line shows (its numbers as rounded there), or None."""
     return _parsed(_PROGRESS_LINE, line, role="worker")
@@ -203,6 +212,7 @@ class EventLog:
         self._passes: dict[str, dict[int, int]] = {}  # worker -> pass -> the most examples it reported in it
         self.epochs: list[dict] = []
         self.checkpoints: list[dict] = []
+        self.day_eval: Optional[dict] = None
         # source -> (when it last reported, on time.monotonic(); whether it said it waits in a collective)
         self.last_report: dict[str, tuple[float, bool]] = {}
         self.last_server_work: dict[str, float] = {}  # server -> when its save or upload last advanced
@@ -226,6 +236,9 @@ class EventLog:
                 # A restarted job retrains from its last checkpoint: a pass reported again replaces the old report.
                 self.epochs = [e for e in self.epochs if e["epoch"] < event["epoch"]] + [event]
                 self.echo(format_epoch(event))
+            elif tag == DAY_EVAL:
+                self.day_eval = event
+                self.echo(format_day_eval(event))
             elif tag == CHECKPOINT:
                 self.checkpoints.append(event)
                 evicted = (f" ({event['evicted']:,} rows evicted since the last checkpoint)"

@@ -10,10 +10,12 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
+from components.checkpoint.days import DayLedger
 from components.checkpoint.lease import StoreLease, new_run_id
 from components.checkpoint.pointer import write_pointer
 from components.checkpoint.store import CheckpointStore
 from components.config import ClusterBackend, CtrConfig, from_dict
+from components.days import day_of
 from components.ps.liveness import driver_from_env, stop_when_gone
 from components.train.job import JobResult, prepare_job
 from components.train.planner import GIB, load_balance_lines, max_over_mean, size
@@ -95,10 +97,44 @@ def training_summary(result: JobResult, checkpoint_uri: str) -> dict:
         summary["server_rows_max_over_mean"] = round(max_over_mean(load["rows"]), 4)
     if result.server_memory and all(result.server_memory):
         summary["server_peak_rss_gib"] = [round(m["peak_rss"] / GIB, 3) for m in result.server_memory]
+    if result.day_eval:
+        summary["day_eval"] = result.day_eval
     if result.curve:
         summary["curve"] = {worker: [[examples, round(loss, 5), round(auc, 5)] for examples, loss, auc in points]
                             for worker, points in result.curve.items()}
     return summary
+
+
+def record_day(cfg: CtrConfig, day: str, result: JobResult, summary: dict, data_dir: Path) -> dict:
+    """Record a trained day in the store's ledger (:mod:`components.checkpoint.days`): its ``days.csv`` row, its
+    data's drift summary and its train ids. Returns the row."""
+    from components.data_prep.prepare import read_distinct_ids
+
+    stats = json.loads((data_dir / "stats.json").read_text())
+    drift = (stats.get("drift") or {}).get("summary")
+    evaluated = (summary.get("day_eval") or {}).get("metrics") or {}
+    delivered = next((c for c in result.checkpoints if c["id"] == summary["id"]), result.checkpoints[-1])
+    evicted = [c.get("evicted") for c in result.checkpoints]
+    row = {"day": day, "train_rows": stats["rows"]["train"], "eval_auc": evaluated.get("auc"),
+           "eval_logloss": evaluated.get("logloss"), "eval_calibration": evaluated.get("calibration"),
+           "train_auc": summary.get("final_train_auc"), "table_rows": delivered.get("rows"),
+           "evicted_rows": sum(e for e in evicted if e is not None) if any(e is not None for e in evicted) else None,
+           "new_id_fraction": (drift or {}).get("new_id_fraction"), "seconds": summary["seconds"],
+           "checkpoint": summary["id"]}
+    DayLedger(CheckpointStore(cfg.checkpoint.uri)).record(row, drift, read_distinct_ids(data_dir))
+    return row
+
+
+def format_day(row: dict) -> str:
+    """One line per trained day."""
+    def number(key: str, spec: str = ".4f") -> str:
+        return "-" if row.get(key) is None else format(row[key], spec)
+
+    return (f"== day {row['day']!r}: next-day auc {number('eval_auc')} (before training on it), logloss "
+            f"{number('eval_logloss')}, calibration {number('eval_calibration')}; trained {row['train_rows']:,} rows, "
+            f"train auc {number('train_auc')}; table {number('table_rows', ',')} rows, "
+            f"{number('evicted_rows', ',')} evicted; new ids {number('new_id_fraction', '.1%')}; "
+            f"{row['seconds']:.1f}s")
 
 
 def server_report(result: JobResult) -> list[str]:
@@ -126,6 +162,10 @@ def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
     result = launch_ps_job(cfg, Path(data_dir), Path(log_dir), echo=echo, data_uri=data_uri)
     shutil.rmtree(Path(log_dir) / "work", ignore_errors=True)  # kept on failure, for debugging
     summary = training_summary(result, cfg.checkpoint.uri)
+    day = day_of(cfg)
+    if day is not None:
+        summary["day"] = record_day(cfg, day, result, summary, Path(data_dir))
+        echo(format_day(summary["day"]))
     write_pointer(pointer_path, summary)
     for line in server_report(result):
         echo(line)

@@ -84,7 +84,7 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
     assert {name: json_format.MessageToDict(p.default_value) for name, p in parameters.items()} == \
         run_parameters(cfg) == {"data_uri": "", "epochs": 2, "learning_rate": 0.001, "table_learning_rate": 0.05,
                                 "batch_size": 256, "checkpoint_uri": "s3://ctr-bucket/golden/checkpoints",
-                                "resume": "none"}
+                                "resume": "none", "day": ""}
     constant = spec.root.dag.tasks["resolve-config"].inputs.parameters["config"].runtime_value.constant
     assert json_format.MessageToDict(constant) == config_struct(compiled_config(cfg))
     assert spec.default_pipeline_root == "s3://ctr-bucket/kfp"
@@ -160,21 +160,24 @@ def test_local_runner_compiles_without_kubernetes_settings(tmp_path):
 
 
 class FakeKfpApi:
-    """The KFP v2beta1 REST endpoints ``kfp.Client`` calls to submit and poll a run, on 127.0.0.1, recording
-    requests.
+    """The KFP v2beta1 REST endpoints ``kfp.Client`` calls to submit and poll a run and to create a recurring run,
+    on 127.0.0.1, recording requests.
 
     ``fail`` maps ``"POST /apis/v2beta1/runs"``-style keys (``"GET /apis/v2beta1/runs/{run_id}"`` for any run)
     to the HTTP status the endpoint answers with, or to a list of statuses answered in turn before it works.
     A created run is PENDING for ``polls_per_state`` polls, then RUNNING as long, then ends in ``outcome``
-    (None: runs forever); when it succeeds, ``execute(run)`` stands for what its steps wrote.
+    (None: runs forever; a list: the n-th run created ends in its n-th item); when it succeeds, ``execute(run)``
+    stands for what its steps wrote.
     """
 
     def __init__(self, experiments=(), fail=None, outcome="SUCCEEDED", polls_per_state=2, execute=None):
         self.requests: list[dict] = []
         self.experiments = {e["experiment_id"]: e for e in experiments}
         self.runs: dict[str, dict] = {}
+        self.recurring_runs: dict[str, dict] = {}
         self.fail = dict(fail or {})
-        self.states = ["PENDING", "RUNNING", *([outcome] if outcome else [])]
+        self.outcomes = list(outcome) if isinstance(outcome, list) else None
+        self.outcome = outcome
         self.polls_per_state = polls_per_state
         self.execute = execute
         api = self
@@ -237,7 +240,13 @@ class FakeKfpApi:
             return 200, experiment
         if key == "POST /apis/v2beta1/runs":
             created = {**body, "run_id": str(uuid.uuid4()), "state": "PENDING"}
-            self.runs[created["run_id"]] = {**created, "polls": 0}
+            outcome = self.outcomes.pop(0) if self.outcomes is not None else self.outcome
+            self.runs[created["run_id"]] = {**created, "polls": 0,
+                                            "states": ["PENDING", "RUNNING", *([outcome] if outcome else [])]}
+            return 200, created
+        if key == "POST /apis/v2beta1/recurringruns":
+            created = {**body, "recurring_run_id": str(uuid.uuid4()), "status": "ENABLED"}
+            self.recurring_runs[created["recurring_run_id"]] = created
             return 200, created
         if key == "GET /apis/v2beta1/runs/{run_id}" and run_id in self.runs:
             return 200, self._poll(self.runs[run_id])
@@ -245,14 +254,15 @@ class FakeKfpApi:
 
     def _poll(self, run):
         run["polls"] += 1
-        state = self.states[min(run["polls"] // self.polls_per_state, len(self.states) - 1)]
+        states = run["states"]
+        state = states[min(run["polls"] // self.polls_per_state, len(states) - 1)]
         if state != run["state"]:
             run["state"] = state
             if state == "SUCCEEDED" and self.execute:
                 self.execute(run)
             if state == "FAILED":
                 run["error"] = {"code": 2, "message": "task 'train' failed: worker 0 exited with 1"}
-        return {k: v for k, v in run.items() if k != "polls"}
+        return {k: v for k, v in run.items() if k not in ("polls", "states")}
 
     def posts(self, path):
         return [r["body"] for r in self.requests if r["method"] == "POST" and r["path"] == path]

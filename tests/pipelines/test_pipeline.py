@@ -57,7 +57,7 @@ def test_pipeline_compiles_with_data_prep_fanned_out_and_export_gated(tmp_path):
         if group is not None:  # inside the gate: passed on by its group
             config = group.inputs.parameters[config.component_input_parameter]
         producer = config.task_output_parameter
-        assert (producer.producer_task, producer.output_parameter_key) == ("resolve-config", "Output"), name
+        assert (producer.producer_task, producer.output_parameter_key) == ("resolve-config", "config"), name
     loop = tasks[PREP_LOOP]
     assert loop.iterator_policy.parallelism_limit == 4
     assert loop.parameter_iterator.items.input_parameter == "pipelinechannel--plan-data-Output"
@@ -83,7 +83,7 @@ def test_run_parameters_default_to_the_composed_config(tmp_path):
     assert set(parameters) == set(RUN_PARAMETERS)
     assert {name: json_format.MessageToDict(p.default_value) for name, p in parameters.items()} == \
         {"epochs": 3, "batch_size": 128, "learning_rate": 0.002, "table_learning_rate": 0.1,
-         "data_uri": "/some/files", "checkpoint_uri": "/ckpt", "resume": "latest"}
+         "data_uri": "/some/files", "checkpoint_uri": "/ckpt", "resume": "latest", "day": ""}
     types = pipeline_spec_pb2.ParameterType
     assert parameters["epochs"].parameter_type == types.NUMBER_INTEGER
     assert parameters["learning_rate"].parameter_type == types.NUMBER_DOUBLE
@@ -115,10 +115,10 @@ def test_run_parameters_override_the_compiled_config(tmp_path, capsys):
     compiled = from_dict(compose_config(tmp_path))
     assert compiled.data.source is DataSource.synthetic
     data = tmp_path / "day_0.tsv"
-    data.write_text("")
+    data.write_text("1\t3\n")
     parameters = {**run_parameters(compiled), "data_uri": str(data), "epochs": 4, "learning_rate": 0.01,
                   "table_learning_rate": 0.2, "batch_size": 64, "checkpoint_uri": str(tmp_path / "ckpt")}
-    resolved = from_dict(effective_config(config_struct(compiled), **parameters))
+    resolved = from_dict(effective_config(config_struct(compiled), **parameters).config)
     assert (resolved.data.source, resolved.data.uri) == (DataSource.files, str(data))
     assert (resolved.ps.epochs, resolved.ps.batch_size, resolved.model.learning_rate, resolved.table.learning_rate) \
         == (4, 64, 0.01, 0.2)
@@ -126,7 +126,7 @@ def test_run_parameters_override_the_compiled_config(tmp_path, capsys):
     assert apply_run_parameters(resolved, **run_parameters(compiled)) == compiled  # nothing else changed
     assert "effective config:" in capsys.readouterr().out
     # An empty data_uri means synthetic data, whatever the compiled config read.
-    back = from_dict(effective_config(config_struct(resolved), **{**parameters, "data_uri": ""}))
+    back = from_dict(effective_config(config_struct(resolved), **{**parameters, "data_uri": ""}).config)
     assert (back.data.source, back.data.uri) == (DataSource.synthetic, None)
 
 
@@ -290,7 +290,9 @@ def test_prep_cache_reuses_a_dataset_only_for_the_same_input_files(tmp_path):
         planned.set_caching_options(False)
         with dsl.ParallelFor(planned.output) as group:
             converted = convert_data(group=group)
-        return merge_data(groups=planned.output, parts=dsl.Collected(converted.outputs["parts"])).outputs["dataset"]
+        merged = merge_data(config=config_struct(cfg), groups=planned.output,
+                            parts=dsl.Collected(converted.outputs["parts"]))
+        return merged.outputs["dataset"]
 
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(tmp_path / "kfp"),
                enable_caching=True, cache_root=str(tmp_path / "cache"))

@@ -394,7 +394,8 @@ class KubernetesJob:
                 signal.signal(signal.SIGTERM, self._previous_sigterm)
         return JobResult(epochs=self.events.epochs, seconds=time.time() - started,
                          checkpoints=self.events.checkpoints, restored_from=self.job.restore, plan=self.job.plan,
-                         curve=self.events.curve)  # worker 0's: the log the launcher follows
+                         # worker 0's: the log the launcher follows
+                         curve=self.events.curve, day_eval=self.events.day_eval)
 
     def _run_attempts(self, follower: Worker0Log) -> None:
         """Run the job; a kind that restarts nothing itself is created again after a failure (what JobSet's

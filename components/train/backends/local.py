@@ -176,7 +176,7 @@ class LocalJob:
         return JobResult(epochs=self.events.epochs, seconds=time.time() - started,
                          checkpoints=self.events.checkpoints, restored_from=self.job.restore, plan=self.job.plan,
                          server_memory=[self.server_memory.get(i) for i in range(cfg.ps.servers)],
-                         curve=self.events.curve)
+                         curve=self.events.curve, day_eval=self.events.day_eval)
 
     def _stopped(self, signum: int) -> JobStopped:
         return JobStopped("launcher", f"PS job {self.job_id} stopped by {signal.Signals(signum).name}: every process "
