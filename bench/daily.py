@@ -10,9 +10,9 @@ before training on the day, on all of that day's rows):
 
 * **daily**: ``data.days=[0,1,...,D-1]``: each day continues the model of the day before;
 * **once**: ``data.days=[0,D-1]``: trained on day 0 only, judged on the last day;
-* **retrain k**: ``data.days=['[0-(k-1)]',k]``: the first "day" is the glob ``day_[0-(k-1)].tsv``, days 0..k-1 at
-  once, from scratch (the last day's retrain is the fair reference for the daily model); its train step's seconds
-  grow with k.
+* **retrain k**: ``data.days=[d0-(k-1),dk]`` over directories of hard links: the first "day" holds days 0..k-1, trained
+  at once from scratch (the last day's retrain is the fair reference for the daily model; its train step's seconds
+  grow with k), the second day k.
 
 The table: the last day's next-day AUC of each, the oracle's, the daily model's time per day against the retrains'.
 """
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 from datetime import date
@@ -35,10 +36,10 @@ from bench.common import log, publish  # noqa: E402
 RESULTS = ROOT / "bench" / "results" / "daily.md"
 
 
-def run_days(work: Path, name: str, days: list[str]) -> list[dict]:
-    """One pipeline run over ``days`` (a store of its own); its days.csv rows."""
+def run_days(work: Path, name: str, days: list[str], uri: str) -> list[dict]:
+    """One pipeline run over ``days`` of ``uri`` (a store of its own); its days.csv rows."""
     run_dir = work / name
-    command = [sys.executable, "-m", "pipelines.ctr", "data=criteo", f"data.uri='{work / 'logs'}/day_{{day}}.tsv'",
+    command = [sys.executable, "-m", "pipelines.ctr", "data=criteo", f"data.uri='{uri}'",
                "data.days=[" + ",".join(f"'{day}'" for day in days) + "]", f"hydra.run.dir={run_dir}",
                "eval.baseline=false"]
     log(f"{name}: {' '.join(command[3:])}")
@@ -47,11 +48,23 @@ def run_days(work: Path, name: str, days: list[str]) -> list[dict]:
         return list(csv.DictReader(rows))
 
 
+def retrain_input(work: Path, k: int) -> str:
+    """Two "days" as directories of hard links to the logs: days 0..k-1 together, then day k."""
+    root = work / f"retrain-{k}-input"
+    for name, days in ((f"d0-{k - 1}", range(k)), (f"d{k}", [k])):
+        (root / name).mkdir(parents=True, exist_ok=True)
+        for day in days:
+            link = root / name / f"day_{day}.tsv"
+            if not link.exists():
+                os.link(work / "logs" / f"day_{day}.tsv", link)
+    return f"{root}/{{day}}"
+
+
 def render(spec: dict, oracle: dict, daily: list[dict], once: list[dict], retrains: dict[int, list[dict]]) -> str:
     last = str(spec["days"] - 1)
 
-    def auc(rows: list[dict], day: str) -> float:
-        return float(next(r for r in rows if r["day"] == day)["eval_auc"])
+    def auc(rows: list[dict], day: str) -> float:  # the last row: the day judged (retrains name it d<k>)
+        return float(next(r for r in rows if r["day"] in (day, f"d{day}"))["eval_auc"])
 
     reference = retrains[spec["days"] - 1]
     lines = [f"# Day-by-day training (`python bench/daily.py`, {date.today()}, {spec['days']} days x "
@@ -64,17 +77,18 @@ def render(spec: dict, oracle: dict, daily: list[dict], once: list[dict], retrai
                 ("oracle", "the true click probabilities", oracle[last]["auc"])]
     for name, trained, value in variants:
         lines.append(f"| {name} | {trained} | {value:.4f} | {value - variants[0][2]:+.4f} |")
-    lines += ["", "Per day (daily: its days.csv; retrain k: the train step on days 0..k-1 at once):", "",
+    lines += ["", "Per day (daily: its days.csv; the retrain: its train step on days 0..day at once, from scratch):", "",
               "| day | next-day AUC (daily) | oracle AUC | new ids | table rows | daily train step (s) | "
-              "retrain train step (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
+              "retrain on days 0..day: train step (s) |", "|---|---:|---:|---:|---:|---:|---:|"]
+    def cell(value: str, spec: str) -> str:
+        return format(float(value), spec) if value else "-"
+
     for row in daily:
         k = int(row["day"]) + 1
-        retrain = (retrains.get(k) or [{}])[0].get("seconds") if k < spec["days"] else None
-        lines.append(f"| {row['day']} | {row['eval_auc'] or '-'} | {oracle[row['day']]['auc']:.4f} | "
-                     f"{float(row['new_id_fraction']):.1%} | {int(row['table_rows']):,} | {float(row['seconds']):.1f} | "
-                     f"{retrain or '-'} |" if row["new_id_fraction"] else
-                     f"| {row['day']} | - | {oracle[row['day']]['auc']:.4f} | - | {int(row['table_rows']):,} | "
-                     f"{float(row['seconds']):.1f} | {retrain or '-'} |")
+        retrain = retrains[k][0]["seconds"] if k < spec["days"] else ""
+        lines.append(f"| {row['day']} | {cell(row['eval_auc'], '.4f')} | {oracle[row['day']]['auc']:.4f} | "
+                     f"{cell(row['new_id_fraction'], '.1%')} | {int(row['table_rows']):,} | "
+                     f"{float(row['seconds']):.1f} | {cell(retrain, '.1f')} |")
     seconds = [float(r["seconds"]) for r in daily]
     lines += ["", f"Daily minus once on day {last}: {variants[0][2] - variants[1][2]:+.4f} AUC; daily minus retrain: "
               f"{variants[0][2] - variants[2][2]:+.4f}; daily's last day over its second: "
@@ -95,12 +109,12 @@ def main() -> None:
     args.work.mkdir(parents=True, exist_ok=True)
     log(f"writing {spec.days} days of {spec.rows_per_day:,} rows to {args.work / 'logs'}")
     oracle = write_days(args.work / "logs", spec)
-    last = spec.days - 1
-    daily = run_days(args.work, "daily", [str(d) for d in range(spec.days)])
-    once = run_days(args.work, "once", ["0", str(last)])
+    last, days_uri = spec.days - 1, f"{args.work / 'logs'}/day_{{day}}.tsv"
+    daily = run_days(args.work, "daily", [str(d) for d in range(spec.days)], days_uri)
+    once = run_days(args.work, "once", ["0", str(last)], days_uri)
     retrains = {1: once}
     for k in range(2, spec.days):
-        retrains[k] = run_days(args.work, f"retrain-{k}", [f"[0-{k - 1}]", str(k)])
+        retrains[k] = run_days(args.work, f"retrain-{k}", [f"d0-{k - 1}", f"d{k}"], retrain_input(args.work, k))
     (args.work / "results.json").write_text(json.dumps({"daily": daily, "retrains": retrains}, indent=2))
     publish(render({"days": spec.days, "rows_per_day": spec.rows_per_day}, oracle, daily, once, retrains), args.out)
 
