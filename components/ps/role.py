@@ -108,10 +108,21 @@ def auc_from_stats(pos: np.ndarray, neg: np.ndarray) -> float:
 
 
 def worker_place(cfg: CtrConfig, paddle):
-    """The GPU when the worker pods are given one (cluster.workers.gpus), else the CPU."""
+    """The GPU when the worker pods are given one (cluster.workers.gpus), else the CPU; ConfigError (the role exits
+    78, which Kubernetes does not restart) when the build of Paddle and the GPUs this process sees cannot train.
+
+    A GPU build with no visible GPU is refused whatever the config says: the paddlepaddle-gpu 2.6.2 wheel segfaults
+    in ``HogwildWorker::CreateDeviceResource`` at the first ``train_from_dataset`` (Paddle#76762)."""
+    gpu_build = paddle.device.is_compiled_with_cuda()
+    visible = paddle.device.cuda.device_count() if gpu_build else 0
+    if gpu_build and not visible:
+        raise ConfigError("cluster.workers.gpus", cfg.cluster.workers.gpus, "a GPU this worker can see with a GPU "
+                          "build of Paddle", f"this Paddle {paddle.__version__} is a GPU build and sees no GPU "
+                          f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); it would crash at the "
+                          "first batch (Paddle#76762): give the worker pods a GPU, or run them on the CPU image")
     if cfg.cluster.workers.gpus <= 0:
         return paddle.CPUPlace()
-    if not paddle.device.is_compiled_with_cuda():
+    if not gpu_build:
         raise ConfigError("cluster.workers.gpus", cfg.cluster.workers.gpus, "0 with a CPU build of Paddle",
                           f"this Paddle {paddle.__version__} is a CPU build: run workers on the GPU image "
                           "(paddlepaddle-gpu) or set cluster.workers.gpus=0")
