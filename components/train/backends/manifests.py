@@ -59,6 +59,11 @@ REPLICATED_JOB = {Role.SERVER: "ps", Role.WORKER: "worker"}
 # Kubeflow Trainer patches the replicated job labelled as the trainer ancestor from the TrainJob; its webhook
 # requires that job to have replicas: 1 and a container named "node" (pkg/webhooks/trainingruntime_webhook.go).
 TRAINER_ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+# The kubeflow SDK (TrainerClient, kubeflow 0.5) lists only runtimes carrying this label; the value names ours.
+TRAINER_FRAMEWORK_LABEL, TRAINER_FRAMEWORK = "trainer.kubeflow.org/framework", "paddle-ps"
+# Trainer 2.4 refuses replicated-job names over 20 characters (kubeflow/trainer#4394); a pod's host name,
+# <trainjob>-<replicated job>-<job index>-<pod index>, must fit a DNS label (kubeflow/trainer#2734).
+MAX_REPLICATED_JOB_NAME, MAX_HOST_NAME = 20, 63
 TRAINER_ANCESTOR = "trainer"
 TRAINER_NODE = "node"
 TRAINER_REPLICATED_JOB = {Role.SERVER: "ps", Role.WORKER: TRAINER_NODE}
@@ -290,7 +295,9 @@ def training_runtime(cfg: CtrConfig, name: str, namespace: str, spec_json: str, 
     workers["template"]["metadata"] = {"labels": {TRAINER_ANCESTOR_LABEL: TRAINER_ANCESTOR}}
     node = workers["template"]["spec"]["template"]["spec"]["containers"][0]
     del node["env"], node["resources"]  # given by the TrainJob (trainer.env, resourcesPerNode), as Trainer intends
-    return {"apiVersion": TRAINER_API, "kind": "TrainingRuntime", "metadata": _metadata(cfg, name, namespace, owner),
+    metadata = _metadata(cfg, name, namespace, owner)
+    metadata["labels"][TRAINER_FRAMEWORK_LABEL] = TRAINER_FRAMEWORK
+    return {"apiVersion": TRAINER_API, "kind": "TrainingRuntime", "metadata": metadata,
             "spec": {"mlPolicy": {"numNodes": cfg.ps.workers},
                      "template": {"spec": _jobset_spec(cfg, name, [servers, workers])}}}
 

@@ -145,6 +145,13 @@ def test_training_runtime_passes_trainers_webhook_and_trainer_patches_only_the_n
     cfg = prod("cluster.backend=trainjob", "ps.servers=3", "ps.workers=4", "cluster.workers.cpu=6")
     _, runtime, trainjob = _objects(cfg)
     assert training_runtime_errors(runtime) == []
+    # What the kubeflow SDK and Trainer 2.4 need: the framework label, short replicated-job and host names.
+    assert runtime["metadata"]["labels"][manifests.TRAINER_FRAMEWORK_LABEL] == manifests.TRAINER_FRAMEWORK
+    name = runtime["metadata"]["name"]
+    for rjob in runtime["spec"]["template"]["spec"]["replicatedJobs"]:
+        assert len(rjob["name"]) <= manifests.MAX_REPLICATED_JOB_NAME
+    hosts = [manifests.pod_host(cfg, f"{name}-r9", role, 999).split(".")[0] for role in Role]  # a relaunch's name
+    assert max(map(len, hosts)) <= manifests.MAX_HOST_NAME
     rjobs = _replicated_jobs(runtime["spec"]["template"])
     assert list(rjobs) == ["ps", "node"]  # servers first (InOrder)
     assert rjobs["node"]["replicas"] == 1 and rjobs["node"]["template"]["metadata"]["labels"] == {
