@@ -118,11 +118,14 @@ class Checkpointer:
             timings["save_s"] = time.time() - started
         self.aged = True
         dense_path = str(self.workdir / "dense.pdparams")
+        dense_scope = self.scope
         if cfg.ps.mode is Mode.geo:
             # Geo workers train local copies and exchange deltas of them: a pulled value written into a copy would
-            # travel back as a delta. Worker 0 pulls the servers' for the checkpoint; each scores its own copy.
+            # travel back as a delta (the servers' moves since the last exchange, pushed again). Worker 0 pulls the
+            # servers' into a scope of their own for the checkpoint; each scores its own copy.
+            dense_scope = self._dense_copy()
             with self.heartbeat.waiting():
-                fleet.save_dense_params(self.exe, dense_path, self.scope, self.main)
+                fleet.save_dense_params(self.exe, dense_path, dense_scope, self.main)
         else:
             # Every worker pulls the servers' dense parameters into its scope: what the checkpoint and its scores
             # hold (fleet.save_dense_params pulls them on worker 0 only; the others would score their own copies).
@@ -157,7 +160,7 @@ class Checkpointer:
             protocol.merged_scores(self.store, round_key, scored, self.count, local)
             protocol.clear_scores(self.store, round_key)
             self._commit(ckpt_id, local, epoch, history, staging, from_workers, state, timings, verdict,
-                         calibration)
+                         calibration, dense_scope)
         self.barrier()
         return verdict
 
@@ -181,7 +184,7 @@ class Checkpointer:
 
     def _commit(self, ckpt_id: str, local: Path, epoch: int, history: list[dict], staging: str, from_workers: bool,
                 state: dict, timings: dict[str, float], verdict: Optional[Verdict],
-                calibration: Optional[dict]) -> None:
+                calibration: Optional[dict], dense_scope: Any) -> None:
         cfg = self.cfg
         meta = self._meta(history)
         server_files, servers = {}, None
@@ -204,7 +207,7 @@ class Checkpointer:
             if cfg.table.eviction.enabled and None not in evicted:
                 servers["evicted"] = sum(evicted)
         timings["upload_s"] = time.time() - started
-        dense = {p.name: np.array(self.scope.find_var(p.name).get_tensor()) for p in self.main.all_parameters()
+        dense = {p.name: np.array(dense_scope.find_var(p.name).get_tensor()) for p in self.main.all_parameters()
                  if p.name != EMBEDDING_TABLE}
         checkpoint.save_dense(local, dense)
         if verdict:
@@ -231,6 +234,15 @@ class Checkpointer:
             "servers": self.cfg.ps.servers, "workers": self.cfg.ps.workers,
             "paddle_version": self.paddle.__version__, "training": {"epochs": history},
         }
+
+    def _dense_copy(self) -> Any:
+        """A scope holding a copy of this worker's dense parameters, for a pull that must not touch them."""
+        scope = self.paddle.static.Scope()
+        for param in self.main.all_parameters():
+            if param.name != EMBEDDING_TABLE:
+                value = np.array(self.scope.find_var(param.name).get_tensor())
+                scope.var(param.name).get_tensor().set(value, self.place)
+        return scope
 
     # -- rows from the workers, where the servers cannot save (geo, SSD) -----------------------------------
     def _worker_rows(self) -> tuple[np.ndarray, np.ndarray]:
