@@ -32,6 +32,17 @@ COLUMNS = ("day", "train_rows", "eval_auc", "eval_logloss", "eval_calibration", 
            "evicted_rows", "new_id_fraction", "seconds", "checkpoint")
 
 
+def describe_day(row: dict[str, Any]) -> str:
+    """A day's row, readable: the console's line per day and the report's table."""
+    def number(key: str, spec: str = ".4f") -> str:
+        return "-" if row.get(key) is None else format(row[key], spec)
+
+    return (f"next-day auc {number('eval_auc')} (before training on it), logloss {number('eval_logloss')}, "
+            f"calibration {number('eval_calibration')}; trained {row['train_rows']:,} rows, train auc "
+            f"{number('train_auc')}; table {number('table_rows', ',')} rows, {number('evicted_rows', ',')} evicted; "
+            f"new ids {number('new_id_fraction', '.1%')}; {number('seconds', '.1f')}s")
+
+
 class DayOrderError(CheckpointError):
     """A day that cannot be trained on this store now (out of order with the days it has trained)."""
 
@@ -57,11 +68,11 @@ class DayLedger:
     def check_next(self, day: str) -> Optional[dict[str, Any]]:
         """Whether ``day`` may be trained now: its entry when it is trained already (skip it), None when it comes
         after every trained day. Raises :class:`DayOrderError` naming the day otherwise."""
-        day = str(day)
-        done = self.entry(day)
+        day, entries = str(day), self.entries()
+        done = next((e for e in entries if e["day"] == day), None)
         if done is not None:
             return done
-        last = self.last()
+        last = entries[-1] if entries else None
         if last is not None and _sorts_before(day, last["day"]):
             raise DayOrderError(f"day {day!r} comes before day {last['day']!r}, which {self.store.display_uri} has "
                                 "trained already: a store learns its days in order (train it into a new "

@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from components.checkpoint.days import COLUMNS
+from components.checkpoint.days import COLUMNS, describe_day
 from components.evaluate.report import _figure, _save_png
 
 DAYS_CSV, DAYS_PNG = "days.csv", "days.png"
@@ -52,11 +52,4 @@ def write_days_png(path: str | os.PathLike[str], entries: Sequence[Mapping[str, 
 
 def day_rows(entries: Sequence[Mapping[str, Any]]) -> dict[str, str]:
     """The report's day table: day -> its row, readable."""
-    def number(entry: Mapping[str, Any], key: str, spec: str) -> str:
-        return "-" if entry.get(key) is None else format(entry[key], spec)
-
-    return {str(e["day"]): (f"next-day auc {number(e, 'eval_auc', '.4f')}, logloss {number(e, 'eval_logloss', '.4f')}"
-                            f", calibration {number(e, 'eval_calibration', '.3f')}; {e['train_rows']:,} rows trained, "
-                            f"train auc {number(e, 'train_auc', '.4f')}; new ids {number(e, 'new_id_fraction', '.1%')};"
-                            f" table {number(e, 'table_rows', ',')} rows; {number(e, 'seconds', '.0f')} s")
-            for e in entries}
+    return {str(e["day"]): describe_day(e) for e in entries}

@@ -10,7 +10,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable, Optional
 
-from components.checkpoint.days import DayLedger
+from components.checkpoint.days import DayLedger, describe_day
 from components.checkpoint.lease import StoreLease, new_run_id
 from components.checkpoint.pointer import write_pointer
 from components.checkpoint.store import CheckpointStore
@@ -125,18 +125,6 @@ def record_day(cfg: CtrConfig, day: str, result: JobResult, summary: dict, data_
     return row
 
 
-def format_day(row: dict) -> str:
-    """One line per trained day."""
-    def number(key: str, spec: str = ".4f") -> str:
-        return "-" if row.get(key) is None else format(row[key], spec)
-
-    return (f"== day {row['day']!r}: next-day auc {number('eval_auc')} (before training on it), logloss "
-            f"{number('eval_logloss')}, calibration {number('eval_calibration')}; trained {row['train_rows']:,} rows, "
-            f"train auc {number('train_auc')}; table {number('table_rows', ',')} rows, "
-            f"{number('evicted_rows', ',')} evicted; new ids {number('new_id_fraction', '.1%')}; "
-            f"{row['seconds']:.1f}s")
-
-
 def server_report(result: JobResult) -> list[str]:
     """After training: where the rows of the last checkpoint live and, for local servers, what they held."""
     lines = []
@@ -165,7 +153,7 @@ def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
     day = day_of(cfg)
     if day is not None:
         summary["day"] = record_day(cfg, day, result, summary, Path(data_dir))
-        echo(format_day(summary["day"]))
+        echo(f"== day {day!r}: {describe_day(summary['day'])}")
     write_pointer(pointer_path, summary)
     for line in server_report(result):
         echo(line)
