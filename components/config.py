@@ -50,6 +50,9 @@ ExportDtype = _vocabulary("ExportDtype", ["float32", "float16"],
 ExportFormat = _vocabulary("ExportFormat", ["sharded", "single"],
                            "The serving export: the dense program plus id-sorted embedding shards looked up per "
                            "batch (any table size), or one Paddle inference model holding every row (small tables).")
+Pooling = _vocabulary("Pooling", ["sum", "mean", "sqrtn"],
+                      "How a multi-valued slot's embedding rows become one: their sum, their mean, or their sum over "
+                      "the square root of their count.")
 DataSplit = _vocabulary("DataSplit", ["random", "ordered"],
                         "How rows go to the train, validation and test splits: by a hash of where each row is, or the "
                         "validation and test splits from the end of the input in file order (README: honest splits).")
@@ -104,6 +107,14 @@ class DataConfig:
     day_format: str = "%Y-%m-%d"
     day_lag: int = 1
     drift: DriftConfig = field(default_factory=DriftConfig)
+    # Ids of a sparse slot seen in fewer train rows than this map to one out-of-vocabulary id of that slot (1: off).
+    min_id_count: int = 1
+    # Negative downsampling: the train split keeps this fraction of its negatives, chosen by a hash of each row
+    # (deterministic); predictions are corrected by q = p / (p + (1 - p) / rate) wherever they are used.
+    negative_sample_rate: float = 1.0
+    # Per-row importance weights: raw format, a 0-based column after Criteo's 40 (e.g. "40"); slot and feasign
+    # formats, a slot name (weight:2.5). Every weight must be a non-negative number; it scales the loss and metrics.
+    weight_column: Optional[str] = None
 
 
 @dataclass
@@ -115,6 +126,7 @@ class ModelConfig:
     dropout: float = 0.0  # on every hidden layer's output, while training
     embedding_l2: float = 0.0  # L2 penalty on the embedding rows a batch looks up (their gradient reaches the servers)
     cross_layers: int = 3  # dcn: cross layers beside the deep tower
+    pooling: Pooling = Pooling.sum  # of a multi-valued slot's rows
 
 
 @dataclass
@@ -137,6 +149,15 @@ class EvictionConfig:
 
 
 @dataclass
+class AdmissionConfig:
+    """When a new id gets its embedding: a row keeps only its first-order weight until its score
+    ``(show - click) * nonclk_coeff + click * click_coeff`` (its shows, with the default coefficients) reaches
+    ``embedx_threshold`` (Paddle's SparseAccessor embedx_threshold; 0: at once)."""
+
+    embedx_threshold: float = 0.0
+
+
+@dataclass
 class TableConfig:
     table_class: TableClass = TableClass.MemorySparseTable
     accessor: Accessor = Accessor.SparseAccessor
@@ -152,6 +173,7 @@ class TableConfig:
     initial_g2sum: float = 3.0
     weight_bounds: list[float] = field(default_factory=lambda: [-10.0, 10.0])
     eviction: EvictionConfig = field(default_factory=EvictionConfig)
+    admission: AdmissionConfig = field(default_factory=AdmissionConfig)
 
 
 @dataclass
@@ -231,6 +253,12 @@ class EvalConfig:
     threshold: Optional[float] = None
     # The pipeline exports the serving model only when the test AUC is at least this (0: always).
     min_auc: float = 0.0
+    # Grouped AUC (GAUC): the AUC per value of this sparse slot (a user or ad id), weighted by the group's
+    # impressions; groups with one class are skipped and counted.
+    group_by: Optional[str] = None
+    # A per-slice table for the top slice_top values of this sparse slot: rows, CTR, AUC, calibration.
+    slices: Optional[str] = None
+    slice_top: int = 10
 
 
 # The image every pipeline step and PS pod runs unless the cluster config names another (containers/Dockerfile).
