@@ -118,14 +118,16 @@ class Heartbeat:
     """Reports this process alive every ``period_s`` from a daemon thread.
 
     ``progress()``: the progress event's payload to report instead of a heartbeat (a worker in a pass), or
-    None. ``healthy()``: False skips a beat (a server whose brpc service does not answer).
+    None. ``healthy()``: False skips a beat (a server whose brpc service does not answer). ``publish(payload)``: also
+    given each progress payload (worker 0 on a Kubeflow Trainer pod: :mod:`components.ps.trainer_status`).
     """
 
     def __init__(self, role: str, index: int, period_s: float,
                  progress: Optional[Callable[[], Optional[dict]]] = None,
-                 healthy: Optional[Callable[[], bool]] = None):
+                 healthy: Optional[Callable[[], bool]] = None,
+                 publish: Optional[Callable[[dict], None]] = None):
         self.role, self.index, self.period_s = role, index, period_s
-        self.progress, self.healthy = progress, healthy
+        self.progress, self.healthy, self.publish = progress, healthy, publish
         self._waiting = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{role}-{index}", daemon=True)
@@ -159,5 +161,7 @@ class Heartbeat:
             payload = self.progress() if self.progress is not None and not self._waiting else None
             if payload is not None:
                 emit(PROGRESS, **payload)
+                if self.publish is not None:
+                    self.publish(payload)
             else:
                 self.beat()
