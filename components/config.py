@@ -339,6 +339,10 @@ class ClusterConfig:
     # A cron expression (KFP's six fields, seconds first: "0 0 2 * * *"): create a recurring run, one run per
     # day, that trains the day named by its scheduled time (data.day_format, data.day_lag) on a {day} data.uri.
     schedule: Optional[str] = None
+    # A Kubeflow run's hygiene (dsl.PipelineConfig): its pods and their logs are deleted this long after it
+    # finished, and a run still going after run_deadline_s is stopped (null: never).
+    run_ttl_s: Optional[int] = 7 * 24 * 3600
+    run_deadline_s: Optional[int] = 48 * 3600
     # Wait for the submitted run to end and return its objective (sweeps with adaptive sweepers need it).
     wait: bool = False
     poll_s: float = 30.0
@@ -674,6 +678,9 @@ def _validate_cluster(cfg: CtrConfig) -> None:
             raise ConfigError(f"cluster.{key}", getattr(cluster, key), "seconds > 0")
     if cluster.start_timeout_s <= 0:
         raise ConfigError("cluster.start_timeout_s", cluster.start_timeout_s, "seconds > 0")
+    for key in ("run_ttl_s", "run_deadline_s"):
+        if getattr(cluster, key) is not None and getattr(cluster, key) < 1:
+            raise ConfigError(f"cluster.{key}", getattr(cluster, key), "null or whole seconds >= 1")
     if cluster.max_restarts < 0:
         raise ConfigError("cluster.max_restarts", cluster.max_restarts, "an integer >= 0")
     if cluster.run_as_user < 1:

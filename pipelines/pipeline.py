@@ -84,8 +84,10 @@ def ctr_pipeline(cfg: CtrConfig):
     image = cfg.cluster.pipeline_image.reference
     on_kubeflow = cfg.cluster.runner is PipelineRunner.kubeflow
     gated = day_gated(cfg)
+    hygiene = dsl.PipelineConfig(ttl_seconds_after_finished=cfg.cluster.run_ttl_s,
+                                 active_deadline_seconds=cfg.cluster.run_deadline_s) if on_kubeflow else None
     decorator = dsl.pipeline(name=PIPELINE_NAME, description="Parameter-server training of a CTR model on PaddlePaddle",
-                             pipeline_root=cfg.cluster.pipeline_root)
+                             pipeline_root=cfg.cluster.pipeline_root, pipeline_config=hygiene)
 
     def steps(arguments: dict) -> dict:
         """Every task (by :data:`TASKS` name) of a run given these arguments (the run parameters, among others)."""

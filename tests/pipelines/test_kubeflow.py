@@ -157,6 +157,18 @@ def test_a_step_given_gpus_gets_an_accelerator_and_retries_can_be_turned_off(tmp
 def test_local_runner_compiles_without_kubernetes_settings(tmp_path):
     text = Path(compile_pipeline(from_dict(compose_config(tmp_path)), tmp_path / "pipeline.yaml")).read_text()
     assert len(list(yaml.safe_load_all(text))) == 1
+    assert "pipelineConfig" not in text
+
+
+def test_a_kubeflow_run_is_cleaned_up_after_its_ttl_and_stopped_at_its_deadline(tmp_path):
+    cfg = from_dict(compose_config(tmp_path, *PROD, "cluster.submit=false", "cluster.run_ttl_s=3600",
+                                   "cluster.run_deadline_s=7200"))
+    platform = list(yaml.safe_load_all(Path(compile_pipeline(cfg, tmp_path / "pipeline.yaml")).read_text()))[1]
+    assert platform["platforms"]["kubernetes"]["pipelineConfig"] == {"resourceTtlOnCompletion": 3600,
+                                                                     "activeDeadlineSeconds": 7200}
+    never = from_dict(compose_config(tmp_path, *PROD, "cluster.submit=false", "cluster.run_deadline_s=null"))
+    platform = list(yaml.safe_load_all(Path(compile_pipeline(never, tmp_path / "never.yaml")).read_text()))[1]
+    assert "activeDeadlineSeconds" not in platform["platforms"]["kubernetes"]["pipelineConfig"]
 
 
 class FakeKfpApi:
