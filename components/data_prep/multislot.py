@@ -4,6 +4,8 @@ One example per line. For each slot, in schema order, the number of values then 
 values, all separated by single spaces:
 
 * ``click`` -- int64, exactly 1 value (0 or 1);
+* ``weight`` -- float, exactly 1 value >= 0: the row's importance weight, only in a
+  weighted dataset (``data.weight_column``; :attr:`Schema.weighted`);
 * ``dense`` -- float, exactly ``dense_dim`` values; the slot is omitted entirely when
   ``dense_dim == 0``;
 * each sparse slot -- int64 feature ids, at least 1 value (Paddle's feed rejects an
@@ -28,8 +30,10 @@ from typing import NamedTuple
 import numpy as np
 
 LABEL_SLOT = "click"
+WEIGHT_SLOT = "weight"
 DENSE_SLOT = "dense"
-_RESERVED_SLOTS = frozenset({LABEL_SLOT, DENSE_SLOT})
+_RESERVED_SLOTS = frozenset({LABEL_SLOT, WEIGHT_SLOT, DENSE_SLOT})
+_FLOAT_SLOTS = frozenset({WEIGHT_SLOT, DENSE_SLOT})
 
 # Byte classes for the vectorised shard parser.
 _IS_SPACE = np.zeros(256, dtype=bool)
@@ -41,10 +45,12 @@ _MAX_INT_DIGITS = 15  # every 15-digit integer is exact in float64
 
 @dataclass(frozen=True)
 class Schema:
-    """Which slots a MultiSlot line holds: the label, ``dense_dim`` floats, sparse slots."""
+    """Which slots a MultiSlot line holds: the label, its weight (``weighted``), ``dense_dim`` floats, sparse
+    slots."""
 
     dense_dim: int
     sparse_slots: list[str] = field(default_factory=list)
+    weighted: bool = False
 
     def __post_init__(self) -> None:
         if self.dense_dim < 0:
@@ -61,33 +67,43 @@ class Schema:
                 raise ValueError(f"slot names must be non-empty without whitespace: {name!r}")
 
     def slot_names(self) -> list[str]:
-        """Slot order of every line: ``["click", "dense", *sparse]`` (no "dense" if dim 0)."""
+        """Slot order of every line: ``["click", "weight", "dense", *sparse]`` (no "weight" if unweighted, no
+        "dense" if dim 0)."""
+        weight = [WEIGHT_SLOT] if self.weighted else []
         dense = [DENSE_SLOT] if self.dense_dim else []
-        return [LABEL_SLOT, *dense, *self.sparse_slots]
+        return [LABEL_SLOT, *weight, *dense, *self.sparse_slots]
 
     def slot_dtypes(self) -> list[str]:
         """Paddle dtype of each slot in :meth:`slot_names` order."""
-        return ["float32" if name == DENSE_SLOT else "int64" for name in self.slot_names()]
+        return ["float32" if name in _FLOAT_SLOTS else "int64" for name in self.slot_names()]
 
     def to_dict(self) -> dict:
-        return {"dense_dim": self.dense_dim, "sparse_slots": list(self.sparse_slots)}
+        # An unweighted schema's dict is the one from before weights existed: the fingerprints and stored metas of
+        # earlier datasets and checkpoints stay equal to today's.
+        weighted = {"weighted": True} if self.weighted else {}
+        return {"dense_dim": self.dense_dim, "sparse_slots": list(self.sparse_slots), **weighted}
 
     @classmethod
     def from_dict(cls, data: dict) -> Schema:
-        return cls(dense_dim=int(data["dense_dim"]), sparse_slots=list(data["sparse_slots"]))
+        return cls(dense_dim=int(data["dense_dim"]), sparse_slots=list(data["sparse_slots"]),
+                   weighted=bool(data.get("weighted", False)))
 
 
 def format_line(
-    label: int, dense: Sequence[float], sparse: Sequence[Sequence[int]], schema: Schema
+    label: int, dense: Sequence[float], sparse: Sequence[Sequence[int]], schema: Schema, weight: float = 1.0
 ) -> str:
-    """One MultiSlot line (without newline) for one example."""
+    """One MultiSlot line (without newline) for one example (``weight``: written if the schema is weighted)."""
     if label not in (0, 1):
         raise ValueError(f"label must be 0 or 1, got {label!r}")
+    if not (math.isfinite(weight) and weight >= 0):
+        raise ValueError(f"weight must be a finite number >= 0, got {weight!r}")
     if len(dense) != schema.dense_dim:
         raise ValueError(f"expected {schema.dense_dim} dense values, got {len(dense)}")
     if len(sparse) != len(schema.sparse_slots):
         raise ValueError(f"expected {len(schema.sparse_slots)} sparse slots, got {len(sparse)}")
     tokens = ["1", str(int(label))]
+    if schema.weighted:
+        tokens += ["1", format_float(weight)]
     if schema.dense_dim:
         tokens.append(str(schema.dense_dim))
         tokens.extend(format_float(value) for value in dense)
@@ -120,6 +136,7 @@ class ParsedLine(NamedTuple):
     label: int
     dense: list[float]
     sparse: list[list[int]]
+    weight: float = 1.0  # an unweighted line's rows weigh 1
 
 
 def parse_line(line: str, schema: Schema) -> ParsedLine:
@@ -148,6 +165,12 @@ def parse_line(line: str, schema: Schema) -> ParsedLine:
     (label_text,) = take_slot(LABEL_SLOT, 1)
     if label_text not in ("0", "1"):
         raise ValueError(f"label must be 0 or 1, got {label_text!r}")
+    weight = 1.0
+    if schema.weighted:
+        (weight_text,) = take_slot(WEIGHT_SLOT, 1)
+        weight = float(weight_text)
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"weight must be a finite number >= 0, got {weight_text!r}")
     dense: list[float] = []
     if schema.dense_dim:
         dense = [float(value) for value in take_slot(DENSE_SLOT, schema.dense_dim)]
@@ -156,7 +179,7 @@ def parse_line(line: str, schema: Schema) -> ParsedLine:
     sparse = [[int(value) for value in take_slot(name, None)] for name in schema.sparse_slots]
     if position != len(tokens):
         raise ValueError(f"{len(tokens) - position} unexpected trailing tokens")
-    return ParsedLine(int(label_text), dense, sparse)
+    return ParsedLine(int(label_text), dense, sparse, weight)
 
 
 class RaggedIds(NamedTuple):
@@ -169,41 +192,44 @@ class RaggedIds(NamedTuple):
         return self.values[self.offsets[index] : self.offsets[index + 1]]
 
 
-def read_shards(
-    paths: Iterable[str | Path], schema: Schema
-) -> tuple[np.ndarray, np.ndarray, list[RaggedIds]]:
+def read_shards(paths: Iterable[str | Path], schema: Schema, with_weights: bool = False) -> tuple:
     """Load MultiSlot shards into arrays (rows in file order, files in the given order).
 
     Returns ``(labels int64[n], dense float32[n, dense_dim], sparse)`` where ``sparse``
-    has one :class:`RaggedIds` per schema sparse slot. Parsing is vectorised per file;
-    ids must be below 2**53 (guaranteed by ``hashing.MAX_VOCAB_SIZE``). Raises
-    ``ValueError`` naming the file and line of the first malformed example.
+    has one :class:`RaggedIds` per schema sparse slot; ``with_weights``: ``(labels, dense,
+    sparse, weights float64[n])``, the weights all 1 in an unweighted schema. Parsing is
+    vectorised per file; ids must be below 2**53 (guaranteed by ``hashing.MAX_VOCAB_SIZE``).
+    Raises ``ValueError`` naming the file and line of the first malformed example.
     """
-    per_file = [_read_shard(Path(path), schema) for path in paths]
-    if not per_file:
-        return _no_rows(schema)
-    labels = np.concatenate([labels for labels, _, _ in per_file])
-    dense = np.concatenate([dense for _, dense, _ in per_file])
+    per_file = [_read_shard(Path(path), schema) for path in paths] or [_no_rows(schema)]
+    labels = np.concatenate([shard.labels for shard in per_file])
+    dense = np.concatenate([shard.dense for shard in per_file])
     sparse = []
     for slot_index in range(len(schema.sparse_slots)):
-        parts = [slots[slot_index] for _, _, slots in per_file]
+        parts = [shard.sparse[slot_index] for shard in per_file]
         starts = np.cumsum([0] + [len(part.values) for part in parts[:-1]])
         shifted = [part.offsets[1:] + start for part, start in zip(parts, starts)]
         offsets = np.concatenate([np.zeros(1, np.int64), *shifted])
         sparse.append(RaggedIds(np.concatenate([part.values for part in parts]), offsets))
+    if with_weights:
+        return labels, dense, sparse, np.concatenate([shard.weights for shard in per_file])
     return labels, dense, sparse
 
 
-def _no_rows(schema: Schema) -> tuple[np.ndarray, np.ndarray, list[RaggedIds]]:
+class _Shard(NamedTuple):
+    labels: np.ndarray
+    dense: np.ndarray
+    sparse: list[RaggedIds]
+    weights: np.ndarray
+
+
+def _no_rows(schema: Schema) -> _Shard:
     empty = RaggedIds(np.zeros(0, np.int64), np.zeros(1, np.int64))
-    return (
-        np.zeros(0, np.int64),
-        np.zeros((0, schema.dense_dim), np.float32),
-        [empty for _ in schema.sparse_slots],
-    )
+    return _Shard(np.zeros(0, np.int64), np.zeros((0, schema.dense_dim), np.float32),
+                  [empty for _ in schema.sparse_slots], np.zeros(0, np.float64))
 
 
-def _read_shard(path: Path, schema: Schema) -> tuple[np.ndarray, np.ndarray, list[RaggedIds]]:
+def _read_shard(path: Path, schema: Schema) -> _Shard:
     data = path.read_bytes()
     if not data.strip():
         return _no_rows(schema)
@@ -235,6 +261,12 @@ def _read_shard(path: Path, schema: Schema) -> tuple[np.ndarray, np.ndarray, lis
     labels_float = tokens[cursor + 1]
     check(~np.isin(labels_float, (0.0, 1.0)), "label must be 0 or 1")
     cursor += 2
+    weights = np.ones(len(cursor), np.float64)
+    if schema.weighted:
+        check(take_counts(WEIGHT_SLOT) != 1, "weight slot must hold exactly one value")
+        weights = tokens[cursor + 1]
+        check(~(np.isfinite(weights) & (weights >= 0)), "weight must be a finite number >= 0")
+        cursor += 2
     dense = np.zeros((len(cursor), schema.dense_dim), np.float32)
     if schema.dense_dim:
         dense_counts = take_counts(DENSE_SLOT)
@@ -250,7 +282,7 @@ def _read_shard(path: Path, schema: Schema) -> tuple[np.ndarray, np.ndarray, lis
         sparse.append(RaggedIds(tokens[value_index].astype(np.int64), offsets))
         cursor += 1 + counts
     check(cursor != line_starts + tokens_per_line, "unexpected trailing tokens")
-    return labels_float.astype(np.int64), dense, sparse
+    return _Shard(labels_float.astype(np.int64), dense, sparse, weights)
 
 
 def _parse_numbers(path: Path, data: bytes) -> tuple[np.ndarray, np.ndarray]:

@@ -144,6 +144,21 @@ def read_blocks(unit: Unit, storage_options: Optional[Mapping] = None,
         yield from _whole_lines(read, start)
 
 
+def lines_before(unit: Unit, storage_options: Optional[Mapping] = None) -> int:
+    """The lines of the unit's file before the unit's first line, counted by reading up to it (for an error's line
+    number only: a unit's own lines are counted as it is read)."""
+    if unit.start == 0:
+        return 0
+    with fsspec.open(unit.url, "rb", **dict(storage_options or {})) as f:
+        remaining, newlines = unit.start - 1, 0
+        while remaining:
+            data = f.read(min(READ_BYTES, remaining))
+            if not data:
+                break
+            newlines, remaining = newlines + data.count(b"\n"), remaining - len(data)
+    return newlines + 1  # the unit starts after the newline at or after its start - 1 (_line_start)
+
+
 def _line_start(f, position: int) -> int:
     """The offset of the first line that starts at or after ``position`` (the file's size if none does)."""
     if position == 0:

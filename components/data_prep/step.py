@@ -16,8 +16,8 @@ from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, DataSource, from_dict, ints_from_struct
 from components.data_prep.distinct import DistinctCounter
 from components.data_prep.drift import compare, day_summary
-from components.data_prep.prepare import (DataPlan, DriftCheck, convert, merge, plan_files, plan_synthetic,
-                                          prepare)
+from components.data_prep.plan import DataPlan, plan_files, plan_synthetic
+from components.data_prep.prepare import DriftCheck, convert, merge, prepare
 from components.data_prep.sources import DataPrepError, Unit, group_units
 from components.days import day_uri, is_daily
 
@@ -25,9 +25,11 @@ from components.days import day_uri, is_daily
 def data_plan(cfg: CtrConfig) -> DataPlan:
     """Shards: one per worker reader (``ps.workers * data.shards_per_worker``), as the launcher expects."""
     data = cfg.data
+    # The counting pass also runs for the servers' admission: the memory planner reads how many ids reach it.
     common = dict(test_fraction=data.test_fraction, valid_fraction=data.valid_fraction,
                   num_shards=cfg.ps.workers * data.shards_per_worker,
-                  vocab_size=cfg.table.vocab_size, seed=data.seed)
+                  vocab_size=cfg.table.vocab_size, seed=data.seed, negative_sample_rate=data.negative_sample_rate,
+                  min_id_count=data.min_id_count, count_ids=cfg.table.admission.embedx_threshold > 0)
     if data.source is DataSource.synthetic:
         return plan_synthetic(rows=data.rows, **common)
     uri = data.uri
@@ -38,7 +40,7 @@ def data_plan(cfg: CtrConfig) -> DataPlan:
         uri = day_uri(uri, data.day)
     return plan_files(uri=uri, fmt=data.format.value, max_malformed_fraction=data.max_malformed_fraction,
                       slots=list(data.slots) if data.slots else None, split=data.split.value, day=data.day,
-                      processes=data.prep_processes, **common)
+                      processes=data.prep_processes, weight_column=data.weight_column, **common)
 
 
 def plan_dataset(config: Any) -> list[dict]:
@@ -64,7 +66,8 @@ def _joined(groups: list[dict]) -> DataPlan:
 
 
 def convert_units(group: dict, parts_dir: str) -> None:
-    """Convert one group of the plan's units into parts under ``parts_dir``."""
+    """Convert one group of the plan's units into parts under ``parts_dir``. A plan that counts ids has every
+    task count the whole input first (each lists it again), so that all map ids by the same counts."""
     group = ints_from_struct(group)
     plan = DataPlan.from_dict({**group["plan"], "units": group["units"]})
     convert(plan, [int(unit["index"]) for unit in plan.units], parts_dir, group.get("processes"))

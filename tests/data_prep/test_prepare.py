@@ -57,7 +57,7 @@ def _prepare_raw(tmp_path: Path, uri: Path | str, **overrides) -> dict:
 def test_format_line_matches_the_multislot_contract():
     line = format_line(0, [0.5, 0.25], [[1234], [77, 78]], SMALL_SCHEMA)
     assert line == "1 0 2 0.5 0.25 1 1234 2 77 78"
-    assert parse_line(line, SMALL_SCHEMA) == (0, [0.5, 0.25], [[1234], [77, 78]])
+    assert parse_line(line, SMALL_SCHEMA) == (0, [0.5, 0.25], [[1234], [77, 78]], 1.0)  # unweighted: weight 1
     assert SMALL_SCHEMA.slot_names() == ["click", "dense", "a", "b"]
     assert SMALL_SCHEMA.slot_dtypes() == ["int64", "float32", "int64", "int64"]
 
@@ -67,7 +67,7 @@ def test_schema_without_dense_omits_the_dense_slot():
     line = format_line(1, [], [[5], [6, 7]], schema)
     assert line == "1 1 1 5 2 6 7"
     assert schema.slot_names() == ["click", "2", "3"]
-    assert parse_line(line, schema) == (1, [], [[5], [6, 7]])
+    assert parse_line(line, schema) == (1, [], [[5], [6, 7]], 1.0)
 
 
 def test_floats_are_compact_and_round_trip_within_float32():
@@ -222,7 +222,8 @@ def test_synthetic_dataset_is_criteo_like_with_bayes_metrics_of_the_test_split(t
     # The vectorised writer produces exactly what format_line would.
     schema = Schema.from_dict(stats["schema"])
     for line in (out / "train" / "part-00001.txt").read_text().splitlines()[:50]:
-        assert format_line(*parse_line(line, schema), schema) == line
+        label, dense, sparse, weight = parse_line(line, schema)
+        assert format_line(label, dense, sparse, schema, weight) == line
 
 
 # --- real samples -------------------------------------------------------------------------
@@ -278,7 +279,7 @@ def test_feasign_sample_keeps_multivalued_slots_and_fills_missing_ones(tmp_path)
     assert slot_ids == sorted(slot_ids)
     first_line = FEASIGN_SAMPLE.read_text().splitlines()[0]
     parsed = BlockParser("feasign", schema, 1 << 20).parse((first_line + "\n").encode())
-    label, _, sparse = parse_line(parsed.text.to_pylist()[0], schema)
+    label, _, sparse, _ = parse_line(parsed.text.to_pylist()[0], schema)
     assert label == int(first_line.split()[0].split(":")[0])
     assert max(len(ids) for ids in sparse) > 1
     missing = [feature_id(slot, MISSING_VALUE, 1 << 20) for slot in schema.sparse_slots]
@@ -349,7 +350,7 @@ def test_malformed_slot_and_feasign_lines_are_reported():
                   f"click:0 {dense} 1:5 99:3\n")
     schema = schema_for("slot", None)
     parsed = BlockParser("slot", schema, 1 << 20).parse(slot_lines.encode())
-    label, values, sparse = parse_line(parsed.text.to_pylist()[0], schema)
+    label, values, sparse, _ = parse_line(parsed.text.to_pylist()[0], schema)
     assert label == 1 and values == [0.5] * 13
     assert sparse[0] == [feature_id("C1", "5", 1 << 20)]
     assert sparse[1] == [feature_id("C2", "7", 1 << 20), feature_id("C2", "8", 1 << 20)]  # several, in line order
@@ -362,7 +363,7 @@ def test_malformed_slot_and_feasign_lines_are_reported():
     schema = schema_for("feasign", ["2", "3"])
     parsed = BlockParser("feasign", schema, 1 << 20).parse(feasign_lines.encode())
     assert parse_line(parsed.text.to_pylist()[0], schema) == (
-        1, [], [[feature_id("2", "5", 1 << 20), feature_id("2", "6", 1 << 20)], [feature_id("3", "7", 1 << 20)]])
+        1, [], [[feature_id("2", "5", 1 << 20), feature_id("2", "6", 1 << 20)], [feature_id("3", "7", 1 << 20)]], 1.0)
     assert [(line + 1, reason) for line, reason in parsed.malformed] == [
         (2, "expected exactly one <0|1>:1 token, found 0"), (3, "token 'x:2' is not <uint64 feasign>:<slot id>"),
         (4, "label (slot 1) must be 0 or 1, got '3'"), (5, "feasign 99999999999999999999 does not fit in uint64")]
