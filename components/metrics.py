@@ -3,17 +3,21 @@
 Every metric is computed from :class:`ScoreCounts`, the distinct predicted values with the positive and negative
 labels at each. That form is exact (AUC with ties counted one half, logloss as a count-weighted sum) and merges
 exactly by summing counts, so each worker can count its share of a split and the evaluation scores their union; its
-size is bounded by the split's rows. ``f_counts(counts, ...)`` is a metric's implementation and ``f(labels, preds,
-...)`` the same metric of rows, which it counts first. Everything is O(n log n), so it runs on the full evaluation
-set (tens of millions of rows) without Paddle.
+size is bounded by the split's rows. Rows may carry weights (``data.weight_column``): the counts then also sum the
+weights, and every metric but the confusion matrix weighs each row by its weight (a row of weight 2 counts as the
+row twice); unweighted counts stay integers, exact. ``f_counts(counts, ...)`` is a metric's implementation and
+``f(labels, preds, ..., weights=None)`` the same metric of rows, which it counts first. Everything is O(n log n), so
+it runs on the full evaluation set (tens of millions of rows) without Paddle. Metrics per group of rows (GAUC,
+slices) are :mod:`components.evaluate.groups`.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Optional
 
 import numpy as np
 import numpy.typing as npt
@@ -28,11 +32,15 @@ LOGLOSS_EPS = 1e-7
 class ScoreCounts:
     """Predictions grouped by value: ``positives[i]`` rows labelled 1 and ``negatives[i]`` labelled 0 were predicted
     ``values[i]``. ``values`` are distinct and ascending, in float64, which holds float32 predictions exactly; every
-    value is the prediction of at least one row. Checked on construction, so a loaded file is checked too."""
+    value is the prediction of at least one row. Weighted rows also sum their weights there: ``positive_weights[i]``
+    and ``negative_weights[i]`` (both None: every row weighs 1). Checked on construction, so a loaded file is checked
+    too."""
 
     values: np.ndarray
     positives: np.ndarray
     negatives: np.ndarray
+    positive_weights: Optional[np.ndarray] = None
+    negative_weights: Optional[np.ndarray] = None
 
     def __post_init__(self) -> None:
         self.values = np.asarray(self.values, dtype=np.float64)
@@ -47,26 +55,49 @@ class ScoreCounts:
             raise ValueError("values must be distinct and ascending")
         if np.any((self.positives < 0) | (self.negatives < 0) | (self.positives + self.negatives == 0)):
             raise ValueError("counts must be non-negative, with at least one row at each value")
+        if (self.positive_weights is None) != (self.negative_weights is None):
+            raise ValueError("positive_weights and negative_weights go together: both arrays or both None")
+        if self.weighted:
+            self.positive_weights = np.asarray(self.positive_weights, dtype=np.float64)
+            self.negative_weights = np.asarray(self.negative_weights, dtype=np.float64)
+            if not self.values.shape == self.positive_weights.shape == self.negative_weights.shape:
+                raise ValueError(f"the weights must be of the values' shape {self.values.shape}, got "
+                                 f"{self.positive_weights.shape} and {self.negative_weights.shape}")
+            if np.any(~((self.positive_weights >= 0) & (self.negative_weights >= 0) &
+                        np.isfinite(self.positive_weights + self.negative_weights))):
+                raise ValueError("weights must be finite and non-negative")
 
     @classmethod
-    def of(cls, labels: npt.ArrayLike, preds: npt.ArrayLike) -> "ScoreCounts":
-        """The counts of rows: 0/1 ``labels`` and their predicted probabilities ``preds`` (1-D or ``(n, 1)``
-        columns). No rows give empty counts: a worker may hold no rows of a split.
+    def of(cls, labels: npt.ArrayLike, preds: npt.ArrayLike, weights: Optional[npt.ArrayLike] = None
+           ) -> "ScoreCounts":
+        """The counts of rows: 0/1 ``labels``, their predicted probabilities ``preds`` and, when given, their
+        ``weights`` (1-D or ``(n, 1)`` columns). No rows give empty counts: a worker may hold no rows of a split.
 
-        Raises ValueError for mismatched lengths, labels other than 0/1, or predictions outside [0, 1] or NaN.
+        Raises ValueError for mismatched lengths, labels other than 0/1, predictions outside [0, 1] or NaN, or
+        weights that are negative or not finite.
         """
         is_positive, pred_array = _validated(labels, preds)
         values, value_of_row, rows_per_value = np.unique(pred_array, return_inverse=True, return_counts=True)
         positives = np.bincount(value_of_row[is_positive], minlength=values.size)
-        return cls(values, positives, rows_per_value - positives)
+        if weights is None:
+            return cls(values, positives, rows_per_value - positives)
+        weight_array = _validated_weights(weights, pred_array.size)
+        return cls(values, positives, rows_per_value - positives,
+                   np.bincount(value_of_row[is_positive], weight_array[is_positive], minlength=values.size),
+                   np.bincount(value_of_row[~is_positive], weight_array[~is_positive], minlength=values.size))
 
     @classmethod
     def merge(cls, parts: Iterable["ScoreCounts"]) -> "ScoreCounts":
-        """The counts of all the parts' rows together: the union of their values, counts summed (exact)."""
+        """The counts of all the parts' rows together: the union of their values, counts (and weights) summed; the
+        counts exactly. Weighted if any part is (an unweighted part's rows weigh 1)."""
         parts = list(parts)
-        return cls._regrouped(np.concatenate([np.empty(0), *(part.values for part in parts)]),
-                              np.concatenate([np.empty(0, np.int64), *(part.positives for part in parts)]),
-                              np.concatenate([np.empty(0, np.int64), *(part.negatives for part in parts)]))
+        label_weights = [part.weights_by_label for part in parts] if any(part.weighted for part in parts) else None
+        return cls._regrouped(
+            np.concatenate([np.empty(0), *(part.values for part in parts)]),
+            np.concatenate([np.empty(0, np.int64), *(part.positives for part in parts)]),
+            np.concatenate([np.empty(0, np.int64), *(part.negatives for part in parts)]),
+            *((np.concatenate([np.empty(0), *(positive for positive, _ in label_weights)]),
+               np.concatenate([np.empty(0), *(negative for _, negative in label_weights)])) if label_weights else ()))
 
     def mapped(self, transform: Callable[[np.ndarray], npt.ArrayLike]) -> "ScoreCounts":
         """The counts of the rows' predictions after ``transform`` (elementwise, e.g. a calibration; it need not be
@@ -75,41 +106,68 @@ class ScoreCounts:
         if transformed.shape != self.values.shape:
             raise ValueError(f"transform changed the shape of the values: {self.values.shape} -> "
                              f"{transformed.shape}; it must map each value to one")
-        return self._regrouped(transformed, self.positives, self.negatives)
+        return self._regrouped(transformed, self.positives, self.negatives,
+                               *((self.positive_weights, self.negative_weights) if self.weighted else ()))
+
+    @property
+    def weighted(self) -> bool:
+        """Whether the rows carry weights (else each weighs 1)."""
+        return self.positive_weights is not None
 
     @property
     def count(self) -> int:
-        """Rows counted."""
+        """Rows counted (whatever their weights)."""
         return int(self.positives.sum() + self.negatives.sum())
 
     @property
     def positive_count(self) -> int:
-        """Rows labelled 1."""
+        """Rows labelled 1 (whatever their weights)."""
         return int(self.positives.sum())
+
+    @property
+    def weights_by_label(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(weight of the rows labelled 1, of those labelled 0)`` at each value: what every weighted metric sums.
+        Unweighted, the row counts themselves (int64, so those metrics stay exact)."""
+        if self.weighted:
+            return self.positive_weights, self.negative_weights
+        return self.positives, self.negatives
+
+    @property
+    def weight(self) -> int | float:
+        """The rows' total weight: :attr:`count` when unweighted."""
+        return float(self.positive_weights.sum() + self.negative_weights.sum()) if self.weighted else self.count
+
+    @property
+    def positive_weight(self) -> int | float:
+        """The total weight of the rows labelled 1: :attr:`positive_count` when unweighted."""
+        return float(self.positive_weights.sum()) if self.weighted else self.positive_count
 
     def save(self, path: str | os.PathLike) -> None:
         """Write as an ``.npz`` at ``path``, atomically (a reader never sees half a file)."""
         path = Path(path)
         tmp = path.with_name(path.name + ".tmp")
+        weights = {"positive_weights": self.positive_weights, "negative_weights": self.negative_weights} \
+            if self.weighted else {}
         with open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to a name
-            np.savez(f, values=self.values, positives=self.positives, negatives=self.negatives)
+            np.savez(f, values=self.values, positives=self.positives, negatives=self.negatives, **weights)
         os.replace(tmp, path)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "ScoreCounts":
         with np.load(path) as saved:
-            return cls(saved["values"], saved["positives"], saved["negatives"])
+            weights = (saved["positive_weights"], saved["negative_weights"]) \
+                if "positive_weights" in saved.files else ()
+            return cls(saved["values"], saved["positives"], saved["negatives"], *weights)
 
     @classmethod
-    def _regrouped(cls, values: np.ndarray, positives: np.ndarray, negatives: np.ndarray) -> "ScoreCounts":
-        """Counts at values that may repeat and be unsorted, summed per distinct value."""
+    def _regrouped(cls, values: np.ndarray, *per_value: np.ndarray) -> "ScoreCounts":
+        """Counts (and weights) at values that may repeat and be unsorted, summed per distinct value."""
         if values.size == 0:
-            return cls(values, positives, negatives)
+            return cls(values, *per_value)
         order = np.argsort(values, kind="stable")
         values = values[order]
         starts = np.flatnonzero(np.concatenate(([True], values[1:] != values[:-1])))
-        return cls(values[starts], np.add.reduceat(positives[order], starts),
-                   np.add.reduceat(negatives[order], starts))
+        return cls(values[starts], *(np.add.reduceat(column[order], starts) for column in per_value))
 
 
 def binary_metrics_counts(counts: ScoreCounts) -> dict[str, Any]:
@@ -117,39 +175,50 @@ def binary_metrics_counts(counts: ScoreCounts) -> dict[str, Any]:
 
     Returns a dict with ``auc`` (exact ROC AUC, ties count one half),
     ``logloss`` (mean negative log-likelihood, probabilities clipped to
-    ``[LOGLOSS_EPS, 1 - LOGLOSS_EPS]``), ``calibration`` (mean prediction /
-    observed CTR; 1.0 is perfectly calibrated on average), ``mean_pred``,
-    ``observed_ctr``, ``count`` and ``positives``.
+    ``[LOGLOSS_EPS, 1 - LOGLOSS_EPS]``), ``ne`` (normalized entropy: the logloss
+    over the entropy of the observed CTR, the logloss of always predicting it;
+    below 1 is better than that), ``calibration`` (mean prediction / observed
+    CTR; 1.0 is perfectly calibrated on average), ``mean_pred``,
+    ``observed_ctr``, ``count`` (rows) and ``positives`` (rows labelled 1).
+    Weighted counts weigh every mean and rate by the rows' weights and add
+    ``weight`` and ``positive_weight``, the totals.
 
     Raises ValueError for empty counts or labels of a single class.
     """
     _require_both_classes(counts)
-    count, positives = counts.count, counts.positive_count
-    observed_ctr = positives / count
-    mean_pred = float(np.sum(counts.values * (counts.positives + counts.negatives)) / count)
+    positive_weights, negative_weights = counts.weights_by_label
+    weight = counts.weight
+    observed_ctr = counts.positive_weight / weight
+    mean_pred = float(np.sum(counts.values * (positive_weights + negative_weights)) / weight)
     clipped = np.clip(counts.values, LOGLOSS_EPS, 1.0 - LOGLOSS_EPS)
-    logloss = -float(np.sum(counts.positives * np.log(clipped) + counts.negatives * np.log1p(-clipped)) / count)
-    return {
+    logloss = -float(np.sum(positive_weights * np.log(clipped) + negative_weights * np.log1p(-clipped)) / weight)
+    base_rate_entropy = -(observed_ctr * math.log(observed_ctr) + (1 - observed_ctr) * math.log1p(-observed_ctr))
+    measured = {
         "auc": _auc(counts),
         "logloss": logloss,
+        "ne": logloss / base_rate_entropy,
         "calibration": mean_pred / observed_ctr,
         "mean_pred": mean_pred,
         "observed_ctr": observed_ctr,
-        "count": count,
-        "positives": positives,
+        "count": counts.count,
+        "positives": counts.positive_count,
     }
+    if counts.weighted:
+        measured.update(weight=weight, positive_weight=counts.positive_weight)
+    return measured
 
 
-def binary_metrics(labels: npt.ArrayLike, preds: npt.ArrayLike) -> dict[str, Any]:
+def binary_metrics(labels: npt.ArrayLike, preds: npt.ArrayLike,
+                   weights: Optional[npt.ArrayLike] = None) -> dict[str, Any]:
     """:func:`binary_metrics_counts` of rows; raises ValueError as :meth:`ScoreCounts.of` does, and for no rows or
     labels of a single class."""
-    return binary_metrics_counts(ScoreCounts.of(labels, preds))
+    return binary_metrics_counts(ScoreCounts.of(labels, preds, weights))
 
 
 def roc_curve_counts(counts: ScoreCounts, max_points: int = 200) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """ROC curve as ``(fpr, tpr, thresholds)``, at most ``max_points`` long.
 
-    Point ``i`` is the rate of negatives / positives with ``pred >= thresholds[i]``.
+    Point ``i`` is the rate (the share of the weight) of negatives / positives with ``pred >= thresholds[i]``.
     The curve starts at (0, 0) with threshold ``+inf`` (nothing predicted
     positive) and ends at (1, 1) with the smallest prediction; fpr and tpr are
     non-decreasing and thresholds strictly decreasing. Downsampling keeps
@@ -161,8 +230,9 @@ def roc_curve_counts(counts: ScoreCounts, max_points: int = 200) -> tuple[np.nda
     _require_both_classes(counts)
 
     # Walk thresholds from the highest prediction down; prepend the empty selection.
-    true_positives = np.concatenate(([0], np.cumsum(counts.positives[::-1])))
-    false_positives = np.concatenate(([0], np.cumsum(counts.negatives[::-1])))
+    positive_weights, negative_weights = counts.weights_by_label
+    true_positives = np.concatenate(([0], np.cumsum(positive_weights[::-1])))
+    false_positives = np.concatenate(([0], np.cumsum(negative_weights[::-1])))
     tpr = true_positives / true_positives[-1]
     fpr = false_positives / false_positives[-1]
     thresholds = np.concatenate(([np.inf], counts.values[::-1]))
@@ -179,10 +249,10 @@ def roc_curve_counts(counts: ScoreCounts, max_points: int = 200) -> tuple[np.nda
 
 
 def roc_curve(
-    labels: npt.ArrayLike, preds: npt.ArrayLike, max_points: int = 200
+    labels: npt.ArrayLike, preds: npt.ArrayLike, max_points: int = 200, weights: Optional[npt.ArrayLike] = None
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """:func:`roc_curve_counts` of rows."""
-    return roc_curve_counts(ScoreCounts.of(labels, preds), max_points)
+    return roc_curve_counts(ScoreCounts.of(labels, preds, weights), max_points)
 
 
 CONFUSION_CLASSES = ("no click", "click")
@@ -190,7 +260,8 @@ CONFUSION_CLASSES = ("no click", "click")
 
 def confusion_matrix_counts(counts: ScoreCounts, threshold: float) -> list[list[int]]:
     """Counts by actual class (rows) and predicted class (columns), in :data:`CONFUSION_CLASSES` order: a
-    prediction ``>= threshold`` is a predicted click, as on the ROC curve. ``[[tn, fp], [fn, tp]]``."""
+    prediction ``>= threshold`` is a predicted click, as on the ROC curve. ``[[tn, fp], [fn, tp]]``, of rows
+    whatever their weights (what the KFP artifact shows is a matrix of examples)."""
     if not 0.0 < threshold < 1.0:
         raise ValueError(f"threshold must be a probability in (0, 1), got {threshold}")
     _require_rows(counts)
@@ -200,7 +271,7 @@ def confusion_matrix_counts(counts: ScoreCounts, threshold: float) -> list[list[
 
 
 def confusion_matrix(labels: npt.ArrayLike, preds: npt.ArrayLike, threshold: float) -> list[list[int]]:
-    """:func:`confusion_matrix_counts` of rows."""
+    """:func:`confusion_matrix_counts` of rows (their weights would not count)."""
     return confusion_matrix_counts(ScoreCounts.of(labels, preds), threshold)
 
 
@@ -213,8 +284,11 @@ def calibration_bins_counts(counts: ScoreCounts, bins: int = 10) -> list[dict[st
     Tied predictions may straddle two bins; their labels are then shared in
     proportion to the rows on each side (so the bins do not depend on the rows'
     order, which counts do not keep). Fewer bins are returned when there are
-    fewer rows. Each dict has ``bin``, ``count``, ``pred_min``, ``pred_max``,
-    ``mean_pred`` and ``observed_rate``. Single-class labels are allowed here.
+    fewer rows. Each dict has ``bin``, ``count`` (rows), ``pred_min``,
+    ``pred_max``, ``mean_pred`` and ``observed_rate``. Single-class labels are
+    allowed here. Weighted counts: the bins still hold equal rows, the mean and
+    the rate are weighted, each dict adds the bin's ``weight``, and a bin whose
+    rows all weigh 0 (nothing to compare) is left out.
     """
     if bins < 1:
         raise ValueError(f"bins must be at least 1, got {bins}")
@@ -234,56 +308,64 @@ def calibration_bins_counts(counts: ScoreCounts, bins: int = 10) -> list[dict[st
     piece_rows = piece_ends - piece_starts
     value_of_piece = np.searchsorted(value_ends, piece_starts, side="right")
     bin_of_piece = np.searchsorted(bin_ends, piece_starts, side="right")
-    pred_sums = np.bincount(bin_of_piece, weights=piece_rows * counts.values[value_of_piece], minlength=bin_count)
-    positive_share = counts.positives / rows_per_value
-    positives = np.bincount(bin_of_piece, weights=piece_rows * positive_share[value_of_piece], minlength=bin_count)
+    # A piece's rows carry their value's weight per row (1 unweighted) and its positive weight per row.
+    positive_weights, negative_weights = counts.weights_by_label
+    weight_per_row = ((positive_weights + negative_weights) / rows_per_value)[value_of_piece]
+    positive_weight_per_row = (positive_weights / rows_per_value)[value_of_piece]
+    bin_weights = np.bincount(bin_of_piece, weights=piece_rows * weight_per_row, minlength=bin_count)
+    pred_sums = np.bincount(bin_of_piece, weights=piece_rows * weight_per_row * counts.values[value_of_piece],
+                            minlength=bin_count)
+    positives = np.bincount(bin_of_piece, weights=piece_rows * positive_weight_per_row, minlength=bin_count)
     pred_min = counts.values[np.searchsorted(value_ends, bin_starts, side="right")]
     pred_max = counts.values[np.searchsorted(value_ends, bin_ends - 1, side="right")]
     return [
         {
             "bin": index,
             "count": int(bin_rows[index]),
+            **({"weight": float(bin_weights[index])} if counts.weighted else {}),
             "pred_min": float(pred_min[index]),
             "pred_max": float(pred_max[index]),
-            "mean_pred": float(pred_sums[index] / bin_rows[index]),
-            "observed_rate": float(positives[index] / bin_rows[index]),
+            "mean_pred": float(pred_sums[index] / bin_weights[index]),
+            "observed_rate": float(positives[index] / bin_weights[index]),
         }
-        for index in range(bin_count)
+        for index in range(bin_count) if bin_weights[index] > 0
     ]
 
 
 def calibration_bins(
-    labels: npt.ArrayLike, preds: npt.ArrayLike, bins: int = 10
+    labels: npt.ArrayLike, preds: npt.ArrayLike, bins: int = 10, weights: Optional[npt.ArrayLike] = None
 ) -> list[dict[str, float | int]]:
     """:func:`calibration_bins_counts` of rows."""
-    return calibration_bins_counts(ScoreCounts.of(labels, preds), bins)
+    return calibration_bins_counts(ScoreCounts.of(labels, preds, weights), bins)
 
 
 def expected_calibration_error_counts(counts: ScoreCounts, bins: int = 10) -> float:
     """Mean |mean prediction - observed rate| over the equal-count bins of :func:`calibration_bins_counts`,
-    weighted by the rows in each: 0 for a perfectly calibrated model."""
+    weighted by the rows (the weight) in each: 0 for a perfectly calibrated model."""
     rows = calibration_bins_counts(counts, bins)
-    total = sum(row["count"] for row in rows)
-    return float(sum(row["count"] * abs(row["mean_pred"] - row["observed_rate"]) for row in rows) / total)
+    mass = [row.get("weight", row["count"]) for row in rows]
+    return float(sum(m * abs(row["mean_pred"] - row["observed_rate"]) for m, row in zip(mass, rows)) / sum(mass))
 
 
-def expected_calibration_error(labels: npt.ArrayLike, preds: npt.ArrayLike, bins: int = 10) -> float:
+def expected_calibration_error(labels: npt.ArrayLike, preds: npt.ArrayLike, bins: int = 10,
+                               weights: Optional[npt.ArrayLike] = None) -> float:
     """:func:`expected_calibration_error_counts` of rows."""
-    return expected_calibration_error_counts(ScoreCounts.of(labels, preds), bins)
+    return expected_calibration_error_counts(ScoreCounts.of(labels, preds, weights), bins)
 
 
 def fit_platt_counts(counts: ScoreCounts, iterations: int = 50) -> dict[str, float]:
     """Platt scaling: ``p' = sigmoid(a * logit(p) + b)`` with ``a``, ``b`` minimising the logloss of ``p'`` on
     (held-out) labels (Newton's method on the two parameters, a little ridge for separable data). Each value's
-    rows weigh in by their counts, so the fit is the one on the rows."""
+    rows weigh in by their counts (their weights), so the fit is the one on the rows."""
     _require_both_classes(counts)
     logit = _logit(counts.values)
-    rows = (counts.positives + counts.negatives).astype(np.float64)
+    positive_weights, negative_weights = counts.weights_by_label
+    rows = (positive_weights + negative_weights).astype(np.float64)
     features = np.stack([logit, np.ones_like(logit)], axis=1)
     params = np.array([1.0, 0.0])
     for _ in range(iterations):
         p = 1.0 / (1.0 + np.exp(-(features @ params)))
-        gradient = features.T @ (rows * p - counts.positives) + 1e-6 * params
+        gradient = features.T @ (rows * p - positive_weights) + 1e-6 * params
         hessian = (features * (rows * p * (1 - p))[:, None]).T @ features + 1e-6 * np.eye(2)
         step = np.linalg.solve(hessian, gradient)
         params -= step
@@ -292,9 +374,10 @@ def fit_platt_counts(counts: ScoreCounts, iterations: int = 50) -> dict[str, flo
     return {"method": "platt", "a": float(params[0]), "b": float(params[1])}
 
 
-def fit_platt(labels: npt.ArrayLike, preds: npt.ArrayLike, iterations: int = 50) -> dict[str, float]:
+def fit_platt(labels: npt.ArrayLike, preds: npt.ArrayLike, iterations: int = 50,
+              weights: Optional[npt.ArrayLike] = None) -> dict[str, float]:
     """:func:`fit_platt_counts` of rows."""
-    return fit_platt_counts(ScoreCounts.of(labels, preds), iterations)
+    return fit_platt_counts(ScoreCounts.of(labels, preds, weights), iterations)
 
 
 def calibrate(preds: npt.ArrayLike, calibration: Mapping[str, Any]) -> np.ndarray:
@@ -326,6 +409,10 @@ def _require_both_classes(counts: ScoreCounts) -> None:
         only_class = 1 if positives else 0
         raise ValueError(f"all {count} labels are {only_class}; "
                          "AUC is undefined without both positive and negative examples")
+    positive_weights, negative_weights = counts.weights_by_label
+    if not (positive_weights.any() and negative_weights.any()):
+        raise ValueError(f"the rows labelled {0 if positive_weights.any() else 1} (of {count} rows) all weigh 0; "
+                         "AUC is undefined without weight on both positive and negative examples")
 
 
 def _validated(labels: npt.ArrayLike, preds: npt.ArrayLike) -> tuple[np.ndarray, np.ndarray]:
@@ -353,6 +440,19 @@ def _validated(labels: npt.ArrayLike, preds: npt.ArrayLike) -> tuple[np.ndarray,
     return is_positive, pred_array
 
 
+def _validated_weights(weights: npt.ArrayLike, rows: int) -> np.ndarray:
+    """Row weights as float64, checked: one per row, finite, non-negative."""
+    weight_array = _as_vector(weights, "weights").astype(np.float64, copy=False)
+    if weight_array.size != rows:
+        raise ValueError(f"weights and preds differ in length: {weight_array.size} weights vs {rows} preds")
+    invalid = ~(np.isfinite(weight_array) & (weight_array >= 0))
+    if np.any(invalid):
+        first_bad = int(np.flatnonzero(invalid)[0])
+        raise ValueError(f"weights must be finite and non-negative; {int(np.count_nonzero(invalid))} are not, e.g. "
+                         f"weights[{first_bad}] = {weight_array[first_bad]}")
+    return weight_array
+
+
 def _as_vector(values: npt.ArrayLike, name: str) -> np.ndarray:
     """Accept 1-D input or an (n, 1) column, as Paddle fetches come back."""
     array = np.asarray(values)
@@ -364,11 +464,14 @@ def _as_vector(values: npt.ArrayLike, name: str) -> np.ndarray:
 
 
 def _auc(counts: ScoreCounts) -> float:
-    """Mann-Whitney AUC: P(pred of a positive > pred of a negative), ties counted 1/2.
+    """Mann-Whitney AUC: P(pred of a positive > pred of a negative), ties counted 1/2; of weighted rows, each pair
+    weighs the product of its rows' weights.
 
-    Summed in int64 as twice the pair count, so it is exact (no float rank sums)
+    Unweighted, summed in int64 as twice the pair count, so it is exact (no float rank sums)
     for up to ~4e9 rows.
     """
-    negatives_below = np.cumsum(counts.negatives) - counts.negatives
-    doubled_wins = int(np.sum(counts.positives * (2 * negatives_below + counts.negatives)))
-    return doubled_wins / (2 * counts.positive_count * (counts.count - counts.positive_count))
+    positive_weights, negative_weights = counts.weights_by_label
+    negatives_below = np.cumsum(negative_weights) - negative_weights
+    # .item(): a Python int from int64 sums, so the products below cannot overflow.
+    doubled_wins = np.sum(positive_weights * (2 * negatives_below + negative_weights)).item()
+    return doubled_wins / (2 * positive_weights.sum().item() * negative_weights.sum().item())

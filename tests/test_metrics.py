@@ -501,3 +501,110 @@ def test_calibrated_counts_are_the_counts_of_the_calibrated_rows():
     assert_same_counts(mapped, ScoreCounts.of(labels, calibrated))
     with pytest.raises(ValueError, match="unknown calibration method 'isotonic'"):
         calibrate(preds, {"method": "isotonic"})
+
+
+# -- NE and weighted rows -------------------------------------------------------------------------------------------
+def test_ne_of_a_constant_base_rate_predictor_is_one():
+    labels, _ = tied_float32_data(5)
+    assert binary_metrics(labels, np.full(labels.size, labels.mean()))["ne"] == pytest.approx(1.0, abs=1e-12)
+    weights = np.random.default_rng(5).random(labels.size) * 3
+    weighted_rate = np.sum(weights * labels) / np.sum(weights)
+    assert binary_metrics(labels, np.full(labels.size, weighted_rate), weights)["ne"] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_ne_is_the_logloss_over_the_entropy_of_the_observed_ctr():
+    labels, preds = tied_float32_data(6)
+    metrics = binary_metrics(labels, preds)
+    ctr = labels.mean()
+    assert metrics["ne"] == pytest.approx(metrics["logloss"] / -(ctr * np.log(ctr) + (1 - ctr) * np.log(1 - ctr)))
+    assert metrics["ne"] < 1  # the predictions carry information beyond the base rate
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_row_of_weight_two_counts_as_the_row_twice(seed):
+    labels, preds = tied_float32_data(seed, size=1500)
+    weights = np.random.default_rng(seed).integers(0, 4, labels.size)  # 0 too: a row that does not count
+    repeated = np.repeat(np.arange(labels.size), weights)
+    weighted = ScoreCounts.of(labels, preds, weights.astype(np.float64))
+    duplicated = ScoreCounts.of(labels[repeated], preds[repeated])
+    of_weights, of_duplicates = binary_metrics_counts(weighted), binary_metrics_counts(duplicated)
+    for key in ("auc", "logloss", "ne", "calibration", "mean_pred", "observed_ctr"):
+        assert of_weights[key] == pytest.approx(of_duplicates[key], abs=1e-12), key
+    assert of_weights["count"] == labels.size and of_weights["positives"] == labels.sum()  # rows, not weight
+    assert of_weights["weight"] == weights.sum() == of_duplicates["count"]
+    assert of_weights["positive_weight"] == np.sum(weights * labels)
+    # The curve has a point per value, and a value only weightless rows predict is no value of the duplicates.
+    counted = weights > 0
+    curve_of_weights = roc_curve(labels[counted], preds[counted], 10_000, weights[counted])
+    for by_weight, by_rows in zip(curve_of_weights, roc_curve_counts(duplicated, 10_000)):
+        np.testing.assert_allclose(by_weight, by_rows, atol=1e-12)
+    assert fit_platt_counts(weighted)["a"] == pytest.approx(fit_platt_counts(duplicated)["a"], abs=1e-9)
+    assert of_weights["auc"] == pytest.approx(  # and to the pair-counting definition
+        brute_force_auc(labels[repeated], preds[repeated].astype(np.float64)), abs=1e-12)
+
+
+def test_weighted_counts_merge_save_and_calibrate_by_weight(tmp_path):
+    labels, preds = tied_float32_data(7, size=1000)
+    weights = np.random.default_rng(7).random(labels.size) * 2
+    worker = np.arange(labels.size) % 3
+    parts = [ScoreCounts.of(labels[worker == w], preds[worker == w], weights[worker == w]) for w in range(3)]
+    whole = ScoreCounts.of(labels, preds, weights)
+    merged = ScoreCounts.merge([*parts, ScoreCounts.of([], [])])  # an unweighted empty part: still weighted
+    assert merged.weighted and merged.positives.dtype == np.int64
+    np.testing.assert_array_equal(merged.values, whole.values)
+    np.testing.assert_allclose(merged.positive_weights, whole.positive_weights, rtol=1e-12)
+    assert binary_metrics_counts(merged) == pytest.approx(binary_metrics_counts(whole), abs=1e-12)
+    whole.save(tmp_path / "weighted.npz")
+    loaded = ScoreCounts.load(tmp_path / "weighted.npz")
+    np.testing.assert_array_equal(loaded.negative_weights, whole.negative_weights)
+    assert every_metric(loaded) == every_metric(whole)
+    bins = calibration_bins_counts(whole, 4)
+    assert [row["count"] for row in bins] == [250] * 4  # equal rows, weighted means
+    assert sum(row["weight"] for row in bins) == pytest.approx(weights.sum())
+    order = np.argsort(preds, kind="stable")[:250]  # the lowest bin (its last value may straddle: a tolerance)
+    assert bins[0]["mean_pred"] == pytest.approx(np.average(preds[order], weights=weights[order]), abs=0.02)
+    ece = sum(row["weight"] * abs(row["mean_pred"] - row["observed_rate"]) for row in bins) / weights.sum()
+    assert expected_calibration_error_counts(whole, 4) == pytest.approx(ece)
+    mapped = whole.mapped(lambda values: calibrate(values, {"method": "platt", "a": 1.2, "b": 0.1}))
+    assert mapped.weighted and mapped.weight == pytest.approx(whole.weight)
+
+
+def test_a_bin_of_weightless_rows_is_left_out_and_weights_are_checked():
+    rows = calibration_bins([0, 1, 0, 1], [0.1, 0.2, 0.7, 0.8], bins=2, weights=[0, 0, 1, 1])
+    assert [(row["bin"], row["count"], row["weight"], row["observed_rate"]) for row in rows] == [(1, 2, 2.0, 0.5)]
+    with pytest.raises(ValueError, match=r"rows labelled 1 \(of 4 rows\) all weigh 0"):
+        binary_metrics([0, 1, 0, 1], [0.1, 0.2, 0.7, 0.8], [1, 0, 1, 0])
+    for weights, message in (([1, -1], r"finite and non-negative; 1 are not, e.g. weights\[1\] = -1.0"),
+                             ([1, float("nan")], "finite and non-negative"), ([1], "differ in length")):
+        with pytest.raises(ValueError, match=message):
+            ScoreCounts.of([0, 1], [0.2, 0.4], weights)
+    with pytest.raises(ValueError, match="both arrays or both None"):
+        ScoreCounts(np.array([0.1]), np.array([1]), np.array([0]), np.array([1.0]))
+
+
+def test_the_report_and_kfp_carry_ne_gauc_and_the_slices(tmp_path, evaluated):
+    metrics, (fpr, tpr, thresholds), calibration = evaluated
+    metrics = {**metrics, "gauc": 0.61, "gauc_groups": 12, "gauc_skipped_groups": 3, "gauc_skipped_rows": 4,
+               "gauc_by": "C1"}
+    slices = ("C2", [{"value": 17, "rows": 1200, "ctr": 0.3, "auc": 0.7, "mean_pred": 0.33, "calibration": 1.1},
+                     {"value": "other", "rows": 800, "ctr": 0.0, "auc": None, "mean_pred": 0.2,
+                      "calibration": None}])
+    weighted_bins = [{**row, "weight": 10.5} for row in calibration]
+    write_report(tmp_path / "report.md", metrics, title="t", calibration=weighted_bins, slices=slices)
+    text = (tmp_path / "report.md").read_text()
+    assert f"| NE (logloss / entropy of the observed CTR) | {metrics['ne']:.4f} |" in text
+    assert "| GAUC (AUC per group, weighted by the group's impressions) | 0.6100 |" in text
+    assert "| gauc_by | C1 |" in text and "| gauc_skipped_rows | 4 |" in text
+    assert "## Slices by C2 (its 1 most frequent ids, then every other)" in text
+    assert "| Value | Examples | CTR | ROC AUC | Mean prediction | Calibration |" in text
+    assert "| 17 | 1,200 | 0.3000 | 0.7000 | 0.3300 | 1.1000 |" in text and "| other | 800 | 0.0000 | n/a |" in text
+    assert "| Bin | Examples | Weight | Prediction range |" in text and "| 10.5 |" in text
+    write_report_html(tmp_path / "report.html", metrics, title="t", slices=slices)
+    assert "<td>other</td>" in (tmp_path / "report.html").read_text()
+    metrics_artifact = Metrics(name="m", uri=str(tmp_path / "m"))
+    log_kfp_metrics(metrics_artifact, ClassificationMetrics(name="c", uri=str(tmp_path / "c")),
+                    {**metrics, "slices": slices[1], "calibration_bins": calibration}, fpr, tpr, thresholds)
+    assert metrics_artifact.metadata["ne"] == metrics["ne"] and metrics_artifact.metadata["gauc"] == 0.61
+    assert "slices" not in metrics_artifact.metadata and "gauc_by" not in metrics_artifact.metadata
+    log_kfp_metrics(Metrics(name="m", uri=str(tmp_path / "m2")), ClassificationMetrics(name="c", uri=str(tmp_path / "c2")),
+                    {**metrics, "gauc": None}, fpr, tpr, thresholds)  # no group of both classes: nothing logged

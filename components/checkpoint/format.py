@@ -14,6 +14,8 @@ A checkpoint directory holds::
     scores/test-calibrated.npz  validation and evaluation compute their metrics from; the calibrated ones (when
                              the checkpoint carries a calibration) by the program that applies it as the served
                              model does
+    scores/test-rows/worker-NNNNN.npz  only with eval.group_by or eval.slices: each worker's per-row test
+                             predictions (:class:`RowPredictions`), what the per-group metrics need
     model.json               what rebuilds the network: model config, data schema, table config (shard_num),
                              the sparse table's directory (``sparse_table``), mode, Paddle version, server count
     MANIFEST.json            written last: every file with size and sha256
@@ -48,6 +50,7 @@ DENSE_FILE = "dense.npz"
 SCORES = "scores"
 VALID, TEST = "valid", "test"  # the splits a checkpoint is scored on
 TEST_CALIBRATED = "test-calibrated"  # the test split's scores through the calibration the checkpoint carries
+TEST_ROWS = "test-rows"  # under scores/: the workers' per-row test predictions
 
 
 # What the evaluation needs of a checkpoint: its scores and what describes it.
@@ -147,6 +150,79 @@ def load_scores(root: str | os.PathLike, split: str) -> "ScoreCounts":
                               "was made before checkpoints were scored through the servers, or its data has no "
                               f"{split} split")
     return ScoreCounts.load(path)
+
+
+@dataclass
+class RowPredictions:
+    """A worker's predictions of every row of its share of the test split, in its shards' order: ``raw`` (float32)
+    and, when the checkpoint carries a calibration, ``calibrated``; the rows' ``weights`` the counts were weighted
+    by (weighted data); ``shard_rows`` are the rows of each of ``shards`` (paths relative to the dataset) as the
+    worker's dataset counted them."""
+
+    shards: list[str]
+    shard_rows: list[int]
+    raw: np.ndarray
+    calibrated: Optional[np.ndarray] = None
+    weights: Optional[np.ndarray] = None
+
+    def __post_init__(self) -> None:
+        if len(self.shards) != len(self.shard_rows):
+            raise ValueError(f"{len(self.shards)} shards but {len(self.shard_rows)} row counts")
+        for name, column in self.columns().items():
+            if len(column) != sum(self.shard_rows):
+                raise ValueError(f"{len(column)} {name} for the {sum(self.shard_rows)} rows of shards {self.shards}")
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The per-row arrays present, by name."""
+        return {name: column for name, column in (("raw", self.raw), ("calibrated", self.calibrated),
+                                                  ("weights", self.weights)) if column is not None}
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write as an ``.npz`` at ``path``, atomically (a reader never sees half a file)."""
+        path = Path(path)
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "wb") as f:  # a file object: np.savez would add ".npz" to a name
+            np.savez(f, shards=np.array(self.shards, dtype=str), shard_rows=np.array(self.shard_rows, np.int64),
+                     **self.columns())
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "RowPredictions":
+        with np.load(path) as saved:
+            return cls([str(shard) for shard in saved["shards"]], saved["shard_rows"].tolist(),
+                       *(saved[name] if name in saved.files else None for name in ("raw", "calibrated", "weights")))
+
+
+def row_predictions_file(worker: int) -> str:
+    """Worker ``worker``'s :class:`RowPredictions` in a checkpoint, relative to its root."""
+    return f"{SCORES}/{TEST_ROWS}/worker-{worker:05d}.npz"
+
+
+def load_row_predictions(root: str | os.PathLike, shards: list[str], shard_rows: list[int]) -> RowPredictions:
+    """Every worker's per-row test predictions of the checkpoint, in the order of the test split being evaluated:
+    its ``shards`` with ``shard_rows`` rows each (``stats.json``'s). Raises :class:`CheckpointError` naming the
+    shard that no worker scored, or that the workers scored with another number of rows (other data)."""
+    folder = Path(root) / SCORES / TEST_ROWS
+    parts = [RowPredictions.load(path) for path in sorted(folder.glob("worker-*.npz"))]
+    if not parts:
+        raise CheckpointError(f"checkpoint {root} holds no per-row test predictions ({SCORES}/{TEST_ROWS}/): it was "
+                              "trained without eval.group_by and eval.slices, which the per-group metrics need")
+    scored: dict[str, dict[str, np.ndarray]] = {}  # shard -> its rows' slice of each column
+    for part in parts:
+        starts = np.cumsum([0, *part.shard_rows])
+        for shard, start, end in zip(part.shards, starts[:-1], starts[1:]):
+            scored[shard] = {name: column[start:end] for name, column in part.columns().items()}
+    for shard, rows in zip(shards, shard_rows):
+        if shard not in scored:
+            raise CheckpointError(f"no worker saved per-row predictions of test shard {shard} in checkpoint {root}")
+        if len(scored[shard]["raw"]) != rows:
+            raise CheckpointError(f"test shard {shard} has {rows} rows but checkpoint {root} holds "
+                                  f"{len(scored[shard]['raw'])} predictions of it: it was scored on other data")
+    # Every worker scored through the same calibration, of the same data: the columns of any part holding rows.
+    template = next((part for part in parts if part.shards), parts[0]).columns()
+    return RowPredictions(list(shards), list(shard_rows), **{
+        name: np.concatenate([column[:0], *(scored[shard][name] for shard in shards)])
+        for name, column in template.items()})
 
 
 def save_dense(root: str | os.PathLike, dense: dict[str, np.ndarray]) -> None:

@@ -11,7 +11,9 @@ worker together:
    merges them into the export and removes them;
 3. every worker scores its share of the validation and test splits through the servers (a program that only
    pulls: :mod:`components.ps.pull_scoring`) and uploads its :class:`~components.metrics.ScoreCounts` to
-   ``_scores/`` in the store; worker 0 merges them into the checkpoint's ``scores/<split>.npz`` and removes them;
+   ``_scores/`` in the store; worker 0 merges them into the checkpoint's ``scores/<split>.npz`` and removes them
+   (with eval.group_by or eval.slices, each worker's per-row test predictions travel the same way, unmerged:
+   worker 0 moves them into ``scores/test-rows/`` without reading them);
 4. worker 0 writes the dense parameters (and, when the rows came from the workers, the export of their rows)
    and the training state, uploads them, and commits: ``MANIFEST.json`` last, then ``LATEST`` (and ``BEST``
    when the validation split says it is the best so far: :mod:`components.ps.validation`); then prunes.
@@ -25,13 +27,14 @@ through the store too.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
-from components.checkpoint.format import SCORES
+from components.checkpoint.format import SCORES, TEST_ROWS, RowPredictions, row_predictions_file
 from components.checkpoint.restore import STATE_FILE
 from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, Mode, TableClass
@@ -129,6 +132,34 @@ def merged_scores(store: CheckpointStore, round_key: str, splits: tuple[str, ...
         merged[split] = ScoreCounts.merge(parts)
         merged[split].save(staging / SCORES / f"{split}.npz")
     return merged
+
+
+def _row_predictions_part(round_key: str, worker: int) -> str:
+    return f"{SCORES_SCRATCH}/{round_key}/{TEST_ROWS}-worker-{worker}.npz"
+
+
+def upload_row_predictions(store: CheckpointStore, round_key: str, worker: int, predictions: RowPredictions,
+                           local_root: Path) -> None:
+    """One worker's per-row test predictions of checkpoint round ``round_key``, into the store's scratch area."""
+    local = local_root / f"{TEST_ROWS}-worker-{worker}.npz"
+    predictions.save(local)
+    target = store.fs_path(None, _row_predictions_part(round_key, worker))
+    store.ensure_parent(target)
+    store.fs.put_file(str(local), target)
+    local.unlink()
+
+
+def collected_row_predictions(store: CheckpointStore, round_key: str, workers: int, staging: Path) -> None:
+    """Every worker's per-row test predictions, moved as they are into the checkpoint under ``staging`` (each
+    whole or absent: fetched under a temporary name) and removed from the scratch area."""
+    for worker in range(workers):
+        final = staging / row_predictions_file(worker)
+        final.parent.mkdir(parents=True, exist_ok=True)
+        local = final.with_name(f".{final.name}.tmp")
+        part = store.fs_path(None, _row_predictions_part(round_key, worker))
+        store.fs.get_file(part, str(local))
+        os.replace(local, final)
+        store.fs.rm_file(part)
 
 
 def clear_scores(store: CheckpointStore, round_key: Optional[str] = None) -> None:
