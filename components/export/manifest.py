@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 from components.checkpoint.format import file_digest
 from components.data_prep.hashing import HASH_FUNCTION, check_hash_function
+from components.ps.scoring import DOWNSAMPLING_CORRECTION, negative_sample_rate
 
 MANIFEST = "serving.json"
 FORMAT_VERSION = 1
@@ -37,7 +38,8 @@ def checkpoint_facts(meta: dict[str, Any], manifest_sha256: str, source: dict[st
         "vocab_size": table.get("vocab_size"),
         # Checkpoints made before the name was recorded used the same (and only) function.
         "hash_function": meta.get("hash_function") or HASH_FUNCTION,
-        # Applied in the program: it outputs calibrated probabilities.
+        # Applied in the program, in this order: it outputs corrected, then calibrated probabilities.
+        "negative_sample_rate": negative_sample_rate(meta), "correction": DOWNSAMPLING_CORRECTION,
         "calibration": meta.get("calibration"),
         "source_checkpoint": {"manifest_sha256": manifest_sha256, "mode": meta.get("mode"), "rows": meta.get("rows"),
                               "paddle_version": meta.get("paddle_version"), **source},

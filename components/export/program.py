@@ -4,7 +4,7 @@ The single-file model saves :class:`components.ps.scoring.Scorer`'s program: the
 The sharded format saves :func:`rows_program`: the same network (:func:`components.ps.scoring.network_program`)
 whose lookup is a feed, per sparse slot, of the rows already looked up (``<slot>.rows``: float32
 ``[total_ids, dim]``, one LoD sequence per example), so everything after the lookup is the single-file model's,
-calibration included.
+the negative-downsampling correction and the calibration included.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import numpy as np
 from components.checkpoint.format import CheckpointError
 from components.config import from_dict
 from components.data_prep.multislot import Schema
-from components.ps.scoring import network_program
+from components.ps.scoring import negative_sample_rate, network_program
 
 MODEL_PREFIX = "model"
 PROGRAM_FILES = (f"{MODEL_PREFIX}.pdmodel", f"{MODEL_PREFIX}.pdiparams")
@@ -69,14 +69,15 @@ class RowsProgram:
 
     main: Any
     feeds: list  # dense (when the schema has it), then each sparse slot's rows, in schema order
-    prob: Any  # [batch, 1] calibrated click probability
+    prob: Any  # [batch, 1] click probability: corrected for negative downsampling, then calibrated
     scope: Any
     exe: Any
 
 
 def rows_program(meta: dict[str, Any], dense: dict[str, np.ndarray]) -> RowsProgram:
-    """The network of a checkpoint's ``model.json`` fed with looked-up rows, with its ``dense`` parameters and
-    the calibration it carries. Raises :class:`CheckpointError` when ``dense`` lacks a parameter."""
+    """The network of a checkpoint's ``model.json`` fed with looked-up rows, with its ``dense`` parameters, the
+    correction for the negative sample rate it was trained with and the calibration it carries. Raises
+    :class:`CheckpointError` when ``dense`` lacks a parameter."""
     import paddle
 
     model_cfg = from_dict({"model": meta["model"]}).model
@@ -91,7 +92,7 @@ def rows_program(meta: dict[str, Any], dense: dict[str, np.ndarray]) -> RowsProg
             return rows
         return lookup
 
-    built = network_program(model_cfg, schema, dim, make_lookup, meta.get("calibration"))
+    built = network_program(model_cfg, schema, dim, make_lookup, meta.get("calibration"), negative_sample_rate(meta))
     missing = [p.name for p in built.main.all_parameters() if p.name not in dense]
     if missing:
         raise CheckpointError(f"checkpoint lacks parameters {missing} of model {model_cfg.name.value}")

@@ -11,10 +11,10 @@ A version directory (:mod:`components.export.store` names and publishes it)::
 ``serving.json``: ``format`` (``sharded``), ``format_version``, ``kind`` (base or delta), ``version``,
 ``parent`` (None for a base), ``chain`` (the versions a loader applies: the base, then each delta), ``store``,
 ``feed_names`` / ``feeds`` / ``fetch_names``, ``slot_tables`` (slot -> table), ``hash_function``,
-``vocab_size``, ``calibration``, ``embedding_dim`` / ``embedding_dtype``, ``shard_num``, ``rows`` (the full
-table's at this version), ``written_rows`` / ``removed_rows``, ``shards`` (per shard: its files, ``written``,
-``removed``, ``total``), ``source_checkpoint`` (uri and id or path, its MANIFEST.json sha256), and ``files``
-(every other file's size and sha256).
+``vocab_size``, ``negative_sample_rate`` / ``correction``, ``calibration``, ``embedding_dim`` / ``embedding_dtype``,
+``shard_num``, ``rows`` (the full table's at this version), ``written_rows`` / ``removed_rows``, ``shards`` (per
+shard: its files, ``written``, ``removed``, ``total``), ``source_checkpoint`` (uri and id or path, its MANIFEST.json
+sha256), and ``files`` (every other file's size and sha256).
 
 Memory: one table shard (the checkpoint's, and for a delta its parent's rebuilt) at a time, plus the dense
 parameters; the checkpoint's shard files are fetched and dropped one by one.

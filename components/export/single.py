@@ -9,7 +9,8 @@ A directory::
     ids.npy           uint64 [n], sorted: the feature id of each table row (row i <-> ids[i]); any other id
                       uses row n, the zero row
     serving.json      written last: format ``single``, schema, feed and fetch names, model, the source
-                      checkpoint, table shape and dtype, vocab_size, calibration, every file's size and sha256
+                      checkpoint, table shape and dtype, vocab_size, negative_sample_rate and correction, calibration,
+                      every file's size and sha256
 
 The program is the one :class:`components.ps.scoring.Scorer` runs (:func:`components.ps.scoring.build_program`).
 Writing it reads the whole table into this process (:meth:`~components.export.table.CheckpointTable.whole`):

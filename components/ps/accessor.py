@@ -38,11 +38,17 @@ def rule_state_dim(rule: SparseRule, weights: int) -> int:
 def row_floats(table: TableConfig) -> int:
     """Floats of a full row: header, embed_w's optimizer state, embedx and its state.
 
-    Every row gets its embedx part on its first push (the strategy leaves embedx_threshold at 0), so
-    every trained row is full.
+    A row gets its embedx part once its score reaches ``table.admission.embedx_threshold`` (Paddle's
+    MemorySparseTable extends it when ``SparseAccessor::NeedExtendMF`` says so; with the default 0, on its
+    first push); until then it holds :func:`short_row_floats`.
     """
     embedx = table.embedding_dim - 1
-    return HEADER_FLOATS + rule_state_dim(table.rule, 1) + embedx + rule_state_dim(table.rule, embedx)
+    return short_row_floats(table) + embedx + rule_state_dim(table.rule, embedx)
+
+
+def short_row_floats(table: TableConfig) -> int:
+    """Floats of a row below the admission threshold: header and embed_w's optimizer state (no embedx)."""
+    return HEADER_FLOATS + rule_state_dim(table.rule, 1)
 
 
 def read_sparse_table(table_dir: str | os.PathLike, rule: SparseRule, dim: int) -> tuple[np.ndarray, np.ndarray]:

@@ -62,6 +62,8 @@ class Checkpointer:
         # job at every checkpoint.
         self.day = day_of(cfg)
         self.aged = aged
+        # The per-group metrics of the evaluation need each test row's prediction, not only their counts.
+        self.saves_test_rows = bool(cfg.eval.group_by or cfg.eval.slices)
 
     def score_day(self, day: str, source: CheckpointStore, restored: str, train_shards: list[str]) -> None:
         """Every worker scores its train shards and its share of the validation and test splits with the restored
@@ -72,9 +74,11 @@ class Checkpointer:
         shards = [str(Path(s).relative_to(self.job.data_dir)) for s in train_shards] + [
             rel for split in SCORED_SPLITS for rel in split_share(self.stats, split, self.index, self.count)]
         self.scorer.take_parameters()
-        parts = [self.scorer.score(Path(self.job.data_dir), [rel], calibration) for rel in shards]
-        counts = ScoreCounts.merge([calibrated if calibration else raw for raw, calibrated in parts]) if parts else \
-            ScoreCounts.of(np.zeros(0), np.zeros(0))
+        parts = []  # the counts of each shard only: its rows' predictions go as soon as it is scored
+        for rel in shards:
+            raw, calibrated, _, _ = self.scorer.score(Path(self.job.data_dir), [rel], calibration)
+            parts.append(calibrated if calibration else raw)
+        counts = ScoreCounts.merge(parts)
         round_key = f"day-{day}"
         protocol.upload_scores(self.store, round_key, DAY_SPLIT, self.index, counts, self.workdir)
         self.barrier()
@@ -141,13 +145,17 @@ class Checkpointer:
         # The test split is scored after the calibration is fitted, by a program that applies it as the served one
         # does: the evaluation's calibrated metrics come from the same float32 arithmetic.
         calibration = self._shared_calibration(verdict)
-        raw, calibrated = self.scorer.score(Path(self.job.data_dir),
-                                            split_share(self.stats, checkpoint.TEST, self.index, self.count),
-                                            calibration)
+        test_shards = split_share(self.stats, checkpoint.TEST, self.index, self.count)
+        raw, calibrated, preds, weights = self.scorer.score(Path(self.job.data_dir), test_shards, calibration)
         protocol.upload_scores(self.store, round_key, checkpoint.TEST, self.index, raw, self.workdir)
         if calibrated is not None:
             protocol.upload_scores(self.store, round_key, checkpoint.TEST_CALIBRATED, self.index, calibrated,
                                    self.workdir)
+        if self.saves_test_rows:
+            rows_of = dict(zip(self.stats["shards"][checkpoint.TEST], self.stats["shard_rows"][checkpoint.TEST]))
+            predictions = checkpoint.RowPredictions(test_shards, [rows_of[rel] for rel in test_shards], preds[:, 0],
+                                                    preds[:, 1] if calibrated is not None else None, weights)
+            protocol.upload_row_predictions(self.store, round_key, self.index, predictions, self.workdir)
         timings["score_s"] = time.time() - started
         self.barrier()
         if self.index == 0:
@@ -158,6 +166,8 @@ class Checkpointer:
                      "aged": self.aged}
             scored = (checkpoint.TEST,) + ((checkpoint.TEST_CALIBRATED,) if calibrated is not None else ())
             protocol.merged_scores(self.store, round_key, scored, self.count, local)
+            if self.saves_test_rows:
+                protocol.collected_row_predictions(self.store, round_key, self.count, local)
             protocol.clear_scores(self.store, round_key)
             self._commit(ckpt_id, local, epoch, history, staging, from_workers, state, timings, verdict,
                          calibration, dense_scope)
@@ -166,8 +176,8 @@ class Checkpointer:
 
     def _score_validation(self, round_key: str, ckpt_id: Optional[str], local: Path) -> Optional[Verdict]:
         """Every worker scores its share of the validation split; worker 0 merges and judges them (its verdict)."""
-        counts, _ = self.scorer.score(Path(self.job.data_dir),
-                                      split_share(self.stats, checkpoint.VALID, self.index, self.count))
+        counts, _, _, _ = self.scorer.score(Path(self.job.data_dir),
+                                            split_share(self.stats, checkpoint.VALID, self.index, self.count))
         protocol.upload_scores(self.store, round_key, checkpoint.VALID, self.index, counts, self.workdir)
         self.barrier()
         if self.index != 0:
@@ -233,6 +243,8 @@ class Checkpointer:
                              if lookup is not None and not protocol.rows_from_workers(self.cfg) else None),
             "servers": self.cfg.ps.servers, "workers": self.cfg.ps.workers,
             "paddle_version": self.paddle.__version__, "training": {"epochs": history},
+            # What the scoring and serving programs of this checkpoint correct its predictions for.
+            "negative_sample_rate": self.cfg.data.negative_sample_rate,
         }
 
     def _dense_copy(self) -> Any:

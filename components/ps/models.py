@@ -9,20 +9,29 @@ The embedding lookup is injected, so the same network serves every place it runs
 All models share one sparse table. A row is ``[w, v_1 .. v_{dim-1}]``, matching SparseAccessor's
 ``embed_w`` + ``embedx`` split: ``w`` is the first-order (wide / linear) weight of the id and ``v`` its
 factor vector. Dense parameters carry explicit names so a checkpoint maps onto any of those programs.
+
+A slot's rows are pooled into one by ``model.pooling``; a weighted dataset's rows weigh in the loss by their
+``weight`` (:func:`heads`); the training program pushes each id's show and click with its gradient
+(:func:`push_counts`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
-from components.config import ModelConfig, ModelName
-from components.data_prep.multislot import Schema
+from components.config import ModelConfig, ModelName, Pooling
+from components.data_prep.multislot import WEIGHT_SLOT, Schema
 
 # The one sparse table every model looks its ids up in (its parameter name in every program).
 EMBEDDING_TABLE = "embedding"
 # slot variable -> [batch, dim] rows (one per id, LoD over the batch)
 Lookup = Callable[[object], object]
+# model.pooling -> sequence_pool's pool type: the sum, the sum / n, the sum / sqrt(n) of a slot's n rows.
+POOL_TYPES = {Pooling.sum: "sum", Pooling.mean: "average", Pooling.sqrtn: "sqrt"}
+# Below it a batch's weights count as none: the weighted loss is then 0 rather than 0 / 0.
+MIN_WEIGHT_SUM = 1e-12
 
 
 @dataclass
@@ -30,19 +39,50 @@ class Feeds:
     label: object
     dense: object | None
     sparse: list
+    weight: object | None = None  # [batch, 1] float32 row weights of a weighted dataset
 
     def in_order(self) -> list:
-        """Variables in the MultiSlot file's slot order: label, dense, sparse slots."""
-        return [self.label] + ([self.dense] if self.dense is not None else []) + self.sparse
+        """Variables in the MultiSlot file's slot order: label, weight, dense, sparse slots."""
+        optional = [v for v in (self.weight, self.dense) if v is not None]
+        return [self.label] + optional + self.sparse
 
 
 def create_feeds(schema: Schema) -> Feeds:
     import paddle
 
     label = paddle.static.data("click", [-1, 1], "int64")
+    weight = paddle.static.data(WEIGHT_SLOT, [-1, 1], "float32") if schema.weighted else None
     dense = paddle.static.data("dense", [-1, schema.dense_dim], "float32") if schema.dense_dim else None
     sparse = [paddle.static.data(_slot_var(s), [-1, 1], "int64", lod_level=1) for s in schema.sparse_slots]
-    return Feeds(label, dense, sparse)
+    return Feeds(label, dense, sparse, weight)
+
+
+@dataclass
+class PushCounts:
+    show: object  # [batch, 1] float32: 1 per row
+    click: object  # [batch, 1] float32: the row's label
+
+    def entry(self):
+        """The lookup's ``entry``: Paddle's trainer pass then pushes these per row with every id's gradient."""
+        import paddle
+
+        return paddle.distributed.ShowClickEntry(self.show.name, self.click.name)
+
+
+def push_counts(feeds: Feeds) -> PushCounts:
+    """What the training program pushes for each id of a row: one show, and a click when the row was clicked.
+
+    Without them Paddle 2.6.2's trainer pass pushes show 1 and click 0 for every id (DistributedOpsPass
+    ``_push_sparse_fuse``), so a saved row would hold no click and its score (eviction, admission) would not count
+    clicks. Paddle's ``FleetWrapper::PushSparseFromTensorAsync`` reads them as float32, one per example (the LoD
+    sequence an id sits in), so they are computed here from the label and need no slot of their own. Shows stay 1
+    on a weighted row too: the servers' sparse rules divide an id's pushed gradient by its shows, which a weight of
+    0 would turn into a division by zero.
+    """
+    import paddle
+
+    click = paddle.cast(feeds.label, "float32")
+    return PushCounts(paddle.ones_like(click), click)
 
 
 def _slot_var(slot: str) -> str:
@@ -70,6 +110,13 @@ def _mlp(x, hidden: list[int], prefix: str, dropout: float, training: bool, out:
     return _fc(x, 1, f"{prefix}_out") if out else x
 
 
+def pool(rows, pooling: Pooling):
+    """``[batch, dim]``: each example's rows of one slot (a LoD sequence of ``[n, dim]``) pooled into one."""
+    import paddle
+
+    return paddle.static.nn.sequence_pool(rows, POOL_TYPES[pooling])
+
+
 @dataclass
 class Net:
     logit: object  # [batch, 1]
@@ -81,9 +128,9 @@ def net(cfg: ModelConfig, feeds: Feeds, lookup: Lookup, embedding_dim: int, trai
     import paddle
 
     looked_up = [paddle.reshape(lookup(slot), [-1, embedding_dim]) for slot in feeds.sparse]
-    pooled = [paddle.static.nn.sequence_pool(rows, "sum") for rows in looked_up]
+    pooled = [pool(rows, cfg.pooling) for rows in looked_up]
     # Pool first, then sum over the dimension: a reduction over axis 1 would drop the rows' LoD that pooling needs.
-    squares = paddle.add_n([paddle.sum(paddle.static.nn.sequence_pool(paddle.square(rows), "sum"), axis=1, keepdim=True)
+    squares = paddle.add_n([paddle.sum(pool(paddle.square(rows), Pooling.sum), axis=1, keepdim=True)
                             for rows in looked_up]) if cfg.embedding_l2 and training else None
     rows = paddle.stack(pooled, axis=1)  # [batch, slots, dim]
     dense = [feeds.dense] if feeds.dense is not None else []
@@ -119,14 +166,26 @@ class Heads:
     auc_stats: list  # [stat_pos, stat_neg]: persistable bucket counts, summed across workers for global AUC
 
 
-def heads(network: Net, label, embedding_l2: float) -> Heads:
-    """Probability, loss (logloss, plus ``embedding_l2`` x the looked-up rows' squares) and AUC statistics."""
+def heads(network: Net, feeds: Feeds, embedding_l2: float) -> Heads:
+    """Probability, loss (logloss, plus ``embedding_l2`` x the looked-up rows' squares) and AUC statistics.
+
+    With row weights every per-row term is averaged as ``sum(w * term) / sum(w)``: a row of weight 2 counts exactly
+    as the row twice. The AUC statistics count rows, unweighted.
+    """
     import paddle
 
-    logit = network.logit
+    logit, label, weight = network.logit, feeds.label, feeds.weight
+
+    def row_mean(per_row):
+        if weight is None:
+            return paddle.mean(per_row)
+        return paddle.sum(weight * per_row) / paddle.clip(paddle.sum(weight), min=MIN_WEIGHT_SUM, max=math.inf)
+
     prob = paddle.nn.functional.sigmoid(logit)
-    loss = paddle.mean(paddle.nn.functional.binary_cross_entropy_with_logits(logit, paddle.cast(label, "float32")))
+    per_row = paddle.nn.functional.binary_cross_entropy_with_logits(logit, paddle.cast(label, "float32"),
+                                                                    reduction="none")
+    loss = row_mean(per_row)
     if embedding_l2:
-        loss = loss + embedding_l2 * paddle.mean(network.embedding_squares)
+        loss = loss + embedding_l2 * row_mean(network.embedding_squares)
     _, _, stats = paddle.static.auc(paddle.concat([1 - prob, prob], axis=1), label)
     return Heads(prob, loss, stats[2:])

@@ -58,7 +58,8 @@ class PullScorer:
         self.make_lookup = self._local_lookup if self.geo else self._pull_lookup(train_main, dim)
         # The uncalibrated program, and the one of the latest calibration (each checkpoint fits its own): kept, since
         # Paddle's executor caches programs by id(), and no more, since a long job would pile them up.
-        self.raw = network_program(cfg.model, schema, dim, self.make_lookup)
+        self.raw = network_program(cfg.model, schema, dim, self.make_lookup,
+                                   negative_sample_rate=cfg.data.negative_sample_rate)
         check_pull_only(self.raw.main)
         self.calibrated: Optional[tuple[tuple, Any]] = None
         self._pull = None  # the program that pulls rows by id, once built
@@ -71,12 +72,14 @@ class PullScorer:
             self.scope.var(EMBEDDING_TABLE).get_tensor().set(np.zeros((1, dim), np.float32), place)
 
     def program(self, calibration: Optional[dict] = None):
-        """The scoring network (with ``calibration`` applied in it, as the served program applies it)."""
+        """The scoring network: its probability corrected for ``data.negative_sample_rate``, then (with
+        ``calibration``) calibrated in it, as the served program does; ``raw_prob`` is before the calibration."""
         if not calibration:
             return self.raw
         key = (calibration["a"], calibration["b"])
         if self.calibrated is None or self.calibrated[0] != key:
-            built = network_program(self.cfg.model, self.schema, self.dim, self.make_lookup, calibration)
+            built = network_program(self.cfg.model, self.schema, self.dim, self.make_lookup, calibration,
+                                    self.cfg.data.negative_sample_rate)
             check_pull_only(built.main)
             self.calibrated = (key, built)
         return self.calibrated[1]
@@ -134,14 +137,18 @@ class PullScorer:
                                    fetch_list=[rows])[0] for i in range(0, len(ids), batch)]
         return np.concatenate(pulled).reshape(len(ids), self.dim) if pulled else np.zeros((0, self.dim), np.float32)
 
-    def score(self, data_dir: Path, shards: list[str],
-              calibration: Optional[dict] = None) -> tuple[ScoreCounts, Optional[ScoreCounts]]:
-        """``(counts of this worker's predictions on shards, of its calibrated predictions or None)`` (empty counts
-        when it has no shard)."""
+    def score(self, data_dir: Path, shards: list[str], calibration: Optional[dict] = None
+              ) -> tuple[ScoreCounts, Optional[ScoreCounts], np.ndarray, Optional[np.ndarray]]:
+        """``(counts of this worker's predictions on shards, of its calibrated predictions or None, the predictions
+        of every row in the shards' order, the rows' weights or None)``: the predictions float32 ``[rows, 1]``, or
+        ``[rows, 2]`` with the calibrated ones second; the counts weighted when the data is (empty counts when the
+        worker has no shard)."""
         if not shards:
             empty = ScoreCounts.of(np.zeros(0), np.zeros(0))
-            return empty, (empty if calibration else None)
-        labels, dense, sparse = read_shards([Path(data_dir) / rel for rel in shards], self.schema)
+            return empty, (empty if calibration else None), np.zeros((0, 2 if calibration else 1), np.float32), None
+        labels, dense, sparse, weights = read_shards([Path(data_dir) / rel for rel in shards], self.schema,
+                                                     with_weights=True)
+        weights = weights if self.schema.weighted else None  # unweighted counts stay exact integers
         paddle, program = self.paddle, self.program(calibration)
         feeds = program.feeds
         outputs = [program.raw_prob] + ([program.prob] if calibration else [])
@@ -152,4 +159,5 @@ class PullScorer:
 
         preds = predict_batches(run, None, feeds.dense.name if feeds.dense is not None else None,
                                 [v.name for v in feeds.sparse], dense, sparse)
-        return ScoreCounts.of(labels, preds[:, 0]), (ScoreCounts.of(labels, preds[:, 1]) if calibration else None)
+        return (ScoreCounts.of(labels, preds[:, 0], weights),
+                ScoreCounts.of(labels, preds[:, 1], weights) if calibration else None, preds, weights)

@@ -48,6 +48,7 @@ from components.ps.network import bind_to_own_host
 from components.ps.pull_scoring import split_share
 from components.ps.strategy import (build_strategy, dense_optimizer, install_ps_desc_settings, load_dense_tables,
                                     rpc_gflags, server_flags)
+from components.ps.trainer_status import TrainerStatusReporter, progress_publisher
 from components.ps.validation import Validator
 
 
@@ -81,12 +82,17 @@ def build_train_program(cfg: CtrConfig, schema: Schema, paddle) -> TrainProgram:
     dim = cfg.table.embedding_dim
     attr = paddle.ParamAttr(name=EMBEDDING_TABLE)
     if cfg.ps.mode is Mode.geo:
+        # Geo workers send the deltas of a dense local copy (an embedding, not a sparse_embedding), which carry no
+        # show or click: eviction and admission do not apply to its servers' MemorySparseGeoTable.
         def lookup(slot):
             return paddle.static.nn.embedding(slot, size=[cfg.table.vocab_size, dim], is_sparse=True, param_attr=attr)
     else:
+        entry = models.push_counts(feeds).entry()  # each id's show and click, for eviction and admission
+
         def lookup(slot):
-            return paddle.static.nn.sparse_embedding(slot, size=[cfg.table.vocab_size, dim], param_attr=attr)
-    heads = models.heads(models.net(cfg.model, feeds, lookup, dim, training=True), feeds.label, cfg.model.embedding_l2)
+            return paddle.static.nn.sparse_embedding(slot, size=[cfg.table.vocab_size, dim], param_attr=attr,
+                                                     entry=entry)
+    heads = models.heads(models.net(cfg.model, feeds, lookup, dim, training=True), feeds, cfg.model.embedding_l2)
     # An exponential average of the batch loss, persistable so the progress thread can read it. It starts at 0, so
     # it is divided by the same average of a constant 1 (Adam's bias correction): early reports are not too low.
     running_loss = paddle.static.create_global_var([1], 0.0, "float32", persistable=True, name="running_loss")
@@ -146,7 +152,10 @@ class Worker:
         self.workdir = Path(job.workdir)
         self.in_pass: Optional[tuple[int, float]] = None  # (epoch, when it started) while a pass trains
         self._chunk_files: dict[int, list[list[str]]] = {}  # batches per chunk -> the chunk files
-        self.heartbeat = Heartbeat("worker", self.index, cfg.ps.progress_period_s, progress=self._progress)
+        # Worker 0 on a Kubeflow Trainer pod also shows its progress in the TrainJob's status.
+        reporter = TrainerStatusReporter.from_env() if self.index == 0 else None
+        self.heartbeat = Heartbeat("worker", self.index, cfg.ps.progress_period_s, progress=self._progress,
+                                   publish=progress_publisher(reporter, cfg.ps.epochs) if reporter else None)
 
     # -- training -------------------------------------------------------------------------------
     def _tensor(self, var) -> np.ndarray:
@@ -285,8 +294,10 @@ class Worker:
         seen = float(pos.sum() + neg.sum())
         weight = float(self._tensor(self.program.running_loss_weight).ravel()[0])
         loss = float(self._tensor(self.program.running_loss).ravel()[0]) / weight if weight else None  # no batch yet
-        return dict(role="worker", index=self.index, epoch=epoch, examples=int(seen),
-                    examples_per_s=seen / max(time.time() - started, 1e-9), loss=loss, auc=auc_from_stats(pos, neg))
+        elapsed = max(time.time() - started, 1e-9)
+        return dict(role="worker", index=self.index, epoch=epoch, examples=int(seen), examples_per_s=seen / elapsed,
+                    loss=loss, auc=auc_from_stats(pos, neg), pass_examples=self.rows_per_worker[self.index],
+                    pass_seconds=elapsed)
 
     def _end_epoch(self, epoch: int, started: float) -> dict:
         """Global AUC of the pass: every worker's bucket counts summed over gloo."""

@@ -5,11 +5,16 @@ their exported dtype (a float16 table's looked-up rows are widened to float32, e
 ids the servers never saw map to a zero row (the PS would create them with near-zero weights).
 :func:`build_program` is the one place that builds that program: :class:`Scorer` runs it here, and
 :func:`components.export.single.export_single` saves it in Paddle's inference format.
+
+Every program that turns the logit into a delivered probability (:func:`network_program`) first corrects it for
+negative downsampling: a model trained on data whose negatives were kept at rate ``w`` (``data.negative_sample_rate``,
+recorded in the checkpoint's ``model.json``) predicts ``q = sigmoid(logit + ln w)``, then the calibration applies.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +29,8 @@ from components.ps import models
 from components.ps.models import EMBEDDING_TABLE
 
 SCORE_BATCH = 8192
+# How the programs correct for negative downsampling, as the serving manifest names it.
+DOWNSAMPLING_CORRECTION = "logit + ln(negative_sample_rate)"
 
 
 @dataclass
@@ -33,8 +40,10 @@ class NetworkProgram:
     main: Any
     startup: Any
     feeds: models.Feeds
-    prob: Any  # [batch, 1] click probability (calibrated when the program was built with a calibration)
-    raw_prob: Any  # [batch, 1] the network's own probability, before any calibration
+    prob: Any  # [batch, 1] click probability: corrected for negative downsampling, then calibrated (if built so)
+    # [batch, 1] before any calibration, corrected for negative downsampling: what the calibration is fitted on, and
+    # the "uncalibrated" metrics are of (the network's own probability only when the rate is 1)
+    raw_prob: Any
 
 
 @dataclass
@@ -50,12 +59,15 @@ class LocalProgram(NetworkProgram):
 
 
 def network_program(model_cfg: ModelConfig, schema: Schema, embedding_dim: int,
-                    make_lookup: Callable[[Any], models.Lookup], calibration: Optional[dict] = None) -> NetworkProgram:
+                    make_lookup: Callable[[Any], models.Lookup], calibration: Optional[dict] = None,
+                    negative_sample_rate: float = 1.0) -> NetworkProgram:
     """The network of ``model_cfg`` in a program of its own, its rows looked up by ``make_lookup(block)``'s lookup
     (called inside the program, so the variables it creates are the program's).
 
     Its dense parameters carry the names the PS programs give them, so a checkpoint's dense parameters map onto it.
-    ``calibration`` (Platt's ``a``, ``b``) is applied in the program: ``sigmoid(a * logit + b)``.
+    The logit is corrected for the ``negative_sample_rate`` ``w`` the model was trained with (``logit + ln w``),
+    then ``calibration`` (Platt's ``a``, ``b``, fitted on corrected predictions) is applied in the program:
+    ``sigmoid(a * (logit + ln w) + b)``.
     """
     import paddle
 
@@ -64,6 +76,9 @@ def network_program(model_cfg: ModelConfig, schema: Schema, embedding_dim: int,
     with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
         feeds = models.create_feeds(schema)
         logit = models.net(model_cfg, feeds, make_lookup(main.global_block()), embedding_dim).logit
+        if negative_sample_rate != 1.0:
+            # Keeping negatives at rate w multiplies the odds the model learns by 1 / w: ln w undoes it.
+            logit = logit + math.log(negative_sample_rate)
         raw_prob = prob = paddle.nn.functional.sigmoid(logit)
         if calibration and calibration.get("method") == "platt":
             prob = paddle.nn.functional.sigmoid(logit * float(calibration["a"]) + float(calibration["b"]))
@@ -71,7 +86,8 @@ def network_program(model_cfg: ModelConfig, schema: Schema, embedding_dim: int,
 
 
 def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embedding_dim: int,
-                  table_dtype: str = "float32", calibration: Optional[dict] = None) -> LocalProgram:
+                  table_dtype: str = "float32", calibration: Optional[dict] = None,
+                  negative_sample_rate: float = 1.0) -> LocalProgram:
     """The network of ``model_cfg`` over a local ``[table_rows, embedding_dim]`` table named ``EMBEDDING_TABLE``.
 
     A ``float16`` table stays float16 (half the table's bytes, in memory and in a saved inference model); the
@@ -88,8 +104,21 @@ def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embed
             return rows if table_dtype == "float32" else paddle.cast(rows, "float32")  # keeps the LoD
         return lookup
 
-    built = network_program(model_cfg, schema, shape[1], make_lookup, calibration)
+    built = network_program(model_cfg, schema, shape[1], make_lookup, calibration, negative_sample_rate)
     return LocalProgram(**vars(built), table_shape=shape, table_dtype=table_dtype)
+
+
+def negative_sample_rate(meta: dict) -> float:
+    """The rate at which the training data of a checkpoint (its ``model.json``) kept its negatives (1: all, as in
+    checkpoints made before the rate was recorded)."""
+    return float(meta.get("negative_sample_rate") or 1.0)
+
+
+def corrected_probability(prob: np.ndarray, rate: float) -> np.ndarray:
+    """``sigmoid(logit + ln rate)`` of probabilities ``sigmoid(logit)``: what the programs' correction makes of
+    predictions already taken (``p w / (p w + 1 - p)``)."""
+    prob = np.asarray(prob, dtype=np.float64)
+    return prob * rate / (prob * rate + 1.0 - prob)
 
 
 def local_table(checkpoint: ckpt_io.Checkpoint) -> np.ndarray:
@@ -101,8 +130,8 @@ def local_table(checkpoint: ckpt_io.Checkpoint) -> np.ndarray:
 
 def checkpoint_program(checkpoint: ckpt_io.Checkpoint,
                        calibrated: bool = False) -> tuple[LocalProgram, dict[str, np.ndarray]]:
-    """The checkpoint's network (:func:`build_program`; ``calibrated``: with the calibration its ``model.json``
-    carries) and the value of each of its parameters.
+    """The checkpoint's network (:func:`build_program`, corrected for the negative sample rate its ``model.json``
+    records; ``calibrated``: with the calibration it carries) and the value of each of its parameters.
 
     Raises :class:`~components.checkpoint.CheckpointError` when the checkpoint lacks one of them.
     """
@@ -110,7 +139,8 @@ def checkpoint_program(checkpoint: ckpt_io.Checkpoint,
     schema = Schema.from_dict(checkpoint.meta["schema"])
     table = local_table(checkpoint)
     program = build_program(model_cfg, schema, *table.shape, table_dtype=table.dtype.name,
-                            calibration=checkpoint.meta.get("calibration") if calibrated else None)
+                            calibration=checkpoint.meta.get("calibration") if calibrated else None,
+                            negative_sample_rate=negative_sample_rate(checkpoint.meta))
     params = {**checkpoint.dense, EMBEDDING_TABLE: table}
     missing = [p.name for p in program.main.all_parameters() if p.name not in params]
     if missing:
@@ -170,8 +200,8 @@ def predict_batches(run: Callable[[dict], np.ndarray], ids: Optional[np.ndarray]
 
 
 class Scorer:
-    """A checkpoint's model as a local Paddle program: ``predict(dense, sparse) -> probabilities`` (``calibrated``:
-    through the calibration the checkpoint carries)."""
+    """A checkpoint's model as a local Paddle program: ``predict(dense, sparse) -> probabilities`` (corrected for
+    the negative sample rate it was trained with; ``calibrated``: then through the calibration it carries)."""
 
     def __init__(self, checkpoint: ckpt_io.Checkpoint, calibrated: bool = False):
         import paddle
@@ -200,7 +230,7 @@ class Scorer:
         return self._predict(dense, sparse, [self.prob])[:, 0]
 
     def predict_with_uncalibrated(self, dense: np.ndarray, sparse: list[RaggedIds]) -> tuple[np.ndarray, np.ndarray]:
-        """``(probabilities, uncalibrated probabilities)``, from one pass of the network over the rows."""
+        """``(probabilities, the same before the calibration)``, from one pass of the network over the rows."""
         both = self._predict(dense, sparse, [self.prob, self.program.raw_prob])
         return both[:, 0], both[:, 1]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from components.config import CtrConfig, DenseOptimizer, Mode, SparseRule, TableClass, TableConfig
+from components.config import ConfigError, CtrConfig, DenseOptimizer, Mode, SparseRule, TableClass, TableConfig
 from components.ps.models import EMBEDDING_TABLE
 
 # Paddle's names for our sparse rules and the sub-message holding their settings.
@@ -43,12 +43,27 @@ def sparse_table_configs(table: TableConfig, table_name: str = EMBEDDING_TABLE) 
         configs[key + f"{settings}.weight_bounds"] = list(table.weight_bounds)
         if settings == "adagrad":
             configs[key + "adagrad.initial_g2sum"] = table.initial_g2sum
+    # A row's score, (show - click) * nonclk_coeff + click * click_coeff, decides both its eviction and its
+    # admission, so the coefficients are always ours (Paddle's default nonclk_coeff, 0.1, would need ten shows for
+    # one point of admission score).
+    key = f"{prefix}accessor.ctr_accessor_param."
+    for name in ("nonclk_coeff", "click_coeff"):
+        configs[key + name] = getattr(table.eviction, name)
     if table.eviction.enabled:
-        key = f"{prefix}accessor.ctr_accessor_param."
-        for name in ("show_click_decay_rate", "delete_threshold", "delete_after_unseen_days", "nonclk_coeff",
-                     "click_coeff"):
+        for name in ("show_click_decay_rate", "delete_threshold", "delete_after_unseen_days"):
             configs[key + name] = getattr(table.eviction, name)
+    configs[prefix + "accessor.embedx_threshold"] = embedx_threshold(table)
     return {table_name: configs}
+
+
+def embedx_threshold(table: TableConfig) -> int:
+    """``table.admission.embedx_threshold`` as the accessor's field takes it: a whole score (a uint32 in Paddle's
+    TableAccessorParameter); a row's embedx (its factors) is kept once its score reaches it (0: at once)."""
+    threshold = table.admission.embedx_threshold
+    if threshold < 0 or threshold != int(threshold):
+        raise ConfigError("table.admission.embedx_threshold", threshold, "a whole number >= 0 (0: every id gets its "
+                          "embedding at once)", "Paddle's SparseAccessor keeps the threshold as an unsigned integer")
+    return int(threshold)
 
 
 def load_dense_tables(fleet, tables_dir: str) -> list[int]:

@@ -118,7 +118,7 @@ def plan_table(cfg: CtrConfig, stats: Optional[dict],
                restore: Optional[RestoreTarget]) -> tuple[CtrConfig, Optional[planner.MemoryPlan]]:
     """``(cfg with table.shard_num resolved, the table's memory plan)``, checked to fit; no store needed."""
     planned, shard_source = planned_config(cfg, restore, stats)
-    plan = planner.plan_memory(planned, planner.distinct_train_ids(stats), shard_source)
+    plan = planner.plan_memory(planned, planner.distinct_train_ids(stats), shard_source, stats=stats)
     if plan is not None:
         planner.check_fits(planned, plan)
     return planned, plan

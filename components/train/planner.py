@@ -12,6 +12,10 @@ sum can over-count but never under-count). The plan takes the smaller bound.
 SparseAccessor layout (:func:`components.ps.accessor.row_floats`) behind a node of a chunk allocator, indexed by an open-addressing
 hash map per local shard. :data:`ROW_OVERHEAD_BYTES` is what that costs beyond the floats, measured.
 
+**Admission.** With ``table.admission.embedx_threshold`` > 0 a row holds no embedx until its score reaches the
+threshold (:func:`components.ps.accessor.short_row_floats`): only the ids seen often enough get full rows
+(:func:`full_rows`), and the plan's bytes per row are the mean over full and short rows.
+
 Every other process: :mod:`components.train.process_plan`; sizing a table of 10^9 ids or more before choosing a
 cluster: :mod:`components.train.sizing`.
 
@@ -26,7 +30,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from components.config import ClusterBackend, ConfigError, CtrConfig, Mode, TableClass, TableConfig, kubernetes_bytes
-from components.ps.accessor import row_floats
+from components.ps.accessor import row_floats, short_row_floats
 from components.ps.sharding import SHARDS_PER_SERVER, default_shard_num, shards_per_server
 
 MIB, GIB = 1 << 20, 1 << 30
@@ -61,7 +65,14 @@ LOAD_ROWS_PER_S = 146_000
 
 
 def bytes_per_row(table: TableConfig) -> int:
+    """Bytes of a full row in a server."""
     return row_floats(table) * FLOAT_BYTES + ROW_OVERHEAD_BYTES
+
+
+def mean_bytes_per_row(table: TableConfig, rows: int, full: int) -> int:
+    """Bytes per row in a server when ``full`` of ``rows`` rows are full and the others hold no embedx."""
+    short = short_row_floats(table) * FLOAT_BYTES + ROW_OVERHEAD_BYTES
+    return math.ceil((full * bytes_per_row(table) + (rows - full) * short) / rows) if rows else bytes_per_row(table)
 
 
 def serving_buffer_bytes(table: TableConfig) -> int:
@@ -86,6 +97,34 @@ def distinct_train_ids(stats: Optional[dict]) -> Optional[int]:
     if not stats or "distinct_ids" not in stats:
         return None
     return int(sum(stats["distinct_ids"].values()))
+
+
+def full_rows(cfg: CtrConfig, rows: int, stats: Optional[dict]) -> tuple[int, str]:
+    """``(rows that get their embedx, why)``: with ``table.admission.embedx_threshold`` > 0, the distinct ids data
+    prep saw in at least ``k`` train rows (``stats["distinct_ids_seen_at_least"]``) for the largest counted ``k``
+    that may reach the threshold, else every row.
+
+    A row's score is at most ``max(nonclk_coeff, click_coeff)`` per show, and an id shows once per row it is in
+    per pass, so an id of fewer than ``threshold / (max coefficient x ps.epochs)`` rows stays short (an id
+    repeated within a row shows once per repeat, and a restored table's rows carry their own shows: neither is
+    counted). Rounding ``k`` down over-counts the full rows: the plan errs on the side of memory.
+    """
+    threshold = cfg.table.admission.embedx_threshold
+    if not threshold:
+        return rows, "every row full"
+    seen = (stats or {}).get("distinct_ids_seen_at_least")
+    if not seen:
+        return rows, (f"every row planned full: stats.json counts no distinct_ids_seen_at_least for "
+                      f"table.admission.embedx_threshold {threshold:g}")
+    score_per_row = max(cfg.table.eviction.nonclk_coeff, cfg.table.eviction.click_coeff) * cfg.ps.epochs
+    rows_needed = threshold / score_per_row if score_per_row > 0 else math.inf
+    counted = {int(k): int(ids) for k, ids in seen.items() if int(k) <= rows_needed}
+    if not counted:
+        return rows, (f"every row planned full: an id of {rows_needed:g} train rows reaches "
+                      f"table.admission.embedx_threshold {threshold:g}, and stats.json counts none that few")
+    k = max(counted)
+    return min(rows, counted[k]), (f"ids seen in at least {k} train rows; table.admission.embedx_threshold "
+                                          f"{threshold:g} needs {rows_needed:g} over {cfg.ps.epochs} pass(es)")
 
 
 # -- shards ------------------------------------------------------------------------------------------------
@@ -118,8 +157,8 @@ class MemoryPlan:
     rows: int
     rows_source: str
     vocab_size: int
-    floats: int
-    bytes_per_row: int
+    floats: int  # of a full row
+    bytes_per_row: int  # the mean over full and short rows (mean_bytes_per_row)
     servers: int
     shard_num: int
     shard_source: str
@@ -128,6 +167,9 @@ class MemoryPlan:
     budget_bytes: Optional[float]
     budget_source: str
     table_class: str
+    full_rows: int  # rows holding their embedx (full_rows)
+    full_rows_source: str
+    short_floats: int  # of a row below the admission threshold
 
     @property
     def server_bytes(self) -> int:
@@ -144,9 +186,15 @@ class MemoryPlan:
         shards = shards_per_server(self.shard_num, self.servers)
         source = (self.rows_source if self.rows == self.vocab_size
                   else f"{self.rows_source}; vocab_size {self.vocab_size:,}")
+        if self.full_rows == self.rows:
+            layout = (f"{self.floats} floats = {self.floats * FLOAT_BYTES} B + {ROW_OVERHEAD_BYTES} B table overhead"
+                      + ("" if self.full_rows_source == "every row full" else f"; {self.full_rows_source}"))
+        else:
+            layout = (f"on average: {self.full_rows:,} full rows of {self.floats} floats ({self.full_rows_source}), "
+                      f"{self.rows - self.full_rows:,} without embedx of {self.short_floats}; "
+                      f"+ {ROW_OVERHEAD_BYTES} B table overhead each")
         return [
-            f"memory plan: {self.rows:,} rows ({source}) x {self.bytes_per_row} B/row ({self.floats} floats = "
-            f"{self.floats * FLOAT_BYTES} B + {ROW_OVERHEAD_BYTES} B table overhead)",
+            f"memory plan: {self.rows:,} rows ({source}) x {self.bytes_per_row} B/row ({layout})",
             f"memory plan: shard_num {self.shard_num} ({self.shard_source}): {max(shards)} shard(s) on the fullest "
             f"of {self.servers} server(s), {self.largest_server_rows:,} rows",
             f"memory plan: {size(self.server_bytes)} on the fullest server "
@@ -173,22 +221,27 @@ class MemoryPlan:
                 "budget_gib": None if self.budget_bytes is None else round(self.budget_bytes / GIB, 3)}
 
 
-def plan_memory(cfg: CtrConfig, distinct_ids: Optional[int], shard_source: str) -> Optional[MemoryPlan]:
+def plan_memory(cfg: CtrConfig, distinct_ids: Optional[int], shard_source: str,
+                stats: Optional[dict] = None) -> Optional[MemoryPlan]:
     """The plan of ``cfg``'s sparse table, whose ``table.shard_num`` is resolved (:func:`resolve_shard_num`
-    says from where: ``shard_source``); None in geo mode (geo servers keep a MemorySparseGeoTable, whose
+    says from where: ``shard_source``); ``stats`` (the dataset's ``stats.json``) say how many rows the admission
+    threshold leaves short (:func:`full_rows`). None in geo mode (geo servers keep a MemorySparseGeoTable, whose
     layout this does not model)."""
     if cfg.ps.mode is Mode.geo:
         return None
     rows, rows_source = table_rows(cfg.table.vocab_size, distinct_ids)
+    full, full_source = full_rows(cfg, rows, stats)
     shard_num = cfg.table.shard_num
     fullest = max(shards_per_server(shard_num, cfg.ps.servers))
     budget, budget_source = memory_budget(cfg)
     return MemoryPlan(rows=rows, rows_source=rows_source, vocab_size=cfg.table.vocab_size,
-                      floats=row_floats(cfg.table), bytes_per_row=bytes_per_row(cfg.table), servers=cfg.ps.servers,
+                      floats=row_floats(cfg.table), bytes_per_row=mean_bytes_per_row(cfg.table, rows, full),
+                      servers=cfg.ps.servers,
                       shard_num=shard_num, shard_source=shard_source,
                       largest_server_rows=math.ceil(rows * fullest / shard_num),
                       base_bytes=server_base_bytes(cfg.table), budget_bytes=budget,
-                      budget_source=budget_source, table_class=cfg.table.table_class.value)
+                      budget_source=budget_source, table_class=cfg.table.table_class.value, full_rows=full,
+                      full_rows_source=full_source, short_floats=short_row_floats(cfg.table))
 
 
 def memory_budget(cfg: CtrConfig) -> tuple[Optional[float], str]:
@@ -250,7 +303,8 @@ def _servers_that_fit(plan: MemoryPlan, limit: int = 100_000) -> Optional[tuple[
 def _largest_dim_that_fits(cfg: CtrConfig, plan: MemoryPlan) -> Optional[int]:
     for dim in range(cfg.table.embedding_dim - 1, 1, -1):
         narrower = dataclasses.replace(cfg.table, embedding_dim=dim)
-        if plan.largest_server_rows * bytes_per_row(narrower) + server_base_bytes(narrower) <= plan.budget_bytes:
+        per_row = mean_bytes_per_row(narrower, plan.rows, plan.full_rows)
+        if plan.largest_server_rows * per_row + server_base_bytes(narrower) <= plan.budget_bytes:
             return dim
     return None
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from components.config import CtrConfig, SparseRule, from_dict
+from components.config import ConfigError, CtrConfig, SparseRule, from_dict
 from components.ps.strategy import server_flags, sparse_table_configs, strategy_settings
 
 
@@ -16,10 +16,26 @@ def test_sparse_table_configs_spell_out_the_rule():
     # Paddle checks fea_dim = dim + 2 and embedx_dim = dim - 1 for SparseAccessor.
     assert configs[prefix + "fea_dim"] == 11 and configs[prefix + "embedx_dim"] == 8
     assert configs[f"table_parameters.{name}.shard_num"] == 24
-    assert not any("ctr_accessor_param" in key for key in configs)  # eviction off: Paddle's defaults
+    # Eviction off: no eviction settings, but the score's coefficients are ours (admission uses the score too).
+    assert {key for key in configs if "ctr_accessor_param" in key} == {
+        prefix + "ctr_accessor_param.nonclk_coeff", prefix + "ctr_accessor_param.click_coeff"}
+    assert configs[prefix + "ctr_accessor_param.nonclk_coeff"] == 1.0 and configs[prefix + "embedx_threshold"] == 0
     table.eviction.enabled, table.eviction.delete_after_unseen_days = True, 3
     (_, configs), = sparse_table_configs(table).items()
     assert configs[prefix + "ctr_accessor_param.delete_after_unseen_days"] == 3
+
+
+def test_the_admission_threshold_is_the_accessors_and_whole():
+    table = from_dict({"table": {"admission": {"embedx_threshold": 3}, "eviction": {"click_coeff": 2.0}},
+                       "run_dir": "."}).table
+    (name, configs), = sparse_table_configs(table).items()
+    prefix = f"table_parameters.{name}.accessor."
+    assert configs[prefix + "embedx_threshold"] == 3 and isinstance(configs[prefix + "embedx_threshold"], int)
+    assert configs[prefix + "ctr_accessor_param.click_coeff"] == 2.0
+    table.admission.embedx_threshold = 2.5  # Paddle's field is a uint32
+    with pytest.raises(ConfigError) as err:
+        sparse_table_configs(table)
+    assert err.value.key == "table.admission.embedx_threshold" and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("mode,k_steps,has_table", [("async", 0, True), ("sync", 0, True), ("geo", 7, False)])
@@ -40,6 +56,7 @@ def test_strategy_builds_in_paddle():
     assert table.accessor.embed_sgd_param.name == "SparseAdaGradSGDRule"
     assert table.accessor.embedx_sgd_param.adagrad.learning_rate == pytest.approx(0.3)
     assert list(table.accessor.embedx_sgd_param.adagrad.weight_bounds) == [-10.0, 10.0]
+    assert table.accessor.embedx_threshold == 0 and table.accessor.ctr_accessor_param.nonclk_coeff == 1.0
 
 
 def test_each_ssd_server_keeps_its_rocksdb_in_its_own_workdir(tmp_path):

@@ -27,6 +27,28 @@ def test_early_stopping_survives_a_resume():
     assert resumed.state() == {"best_id": "a", "best_value": 0.7, "stale": 2}
 
 
+def test_checkpoints_are_judged_and_calibrated_on_predictions_corrected_for_downsampling():
+    """The workers count predictions the scoring program corrected for the negative sample rate; the metrics and the
+    calibration are of those, not of the network's own."""
+    import numpy as np
+
+    from components.config import from_dict
+    from components.metrics import ScoreCounts, binary_metrics, fit_platt
+    from components.ps.scoring import corrected_probability
+    from components.ps.validation import Validator
+
+    rng = np.random.default_rng(0)
+    preds = rng.uniform(0.05, 0.95, 2000)
+    labels = (rng.uniform(size=2000) < corrected_probability(preds, 0.25)).astype(int)
+    cfg = from_dict({"data": {"negative_sample_rate": 0.25}, "run_dir": "."})
+    corrected = corrected_probability(preds, 0.25)
+    verdict = Validator(cfg, EarlyStopping("logloss", 2)).judge("c0", ScoreCounts.of(labels, corrected))
+    assert verdict.metrics["logloss"] == pytest.approx(binary_metrics(labels, corrected)["logloss"], rel=1e-9)
+    expected = fit_platt(labels, corrected)
+    assert verdict.calibration["a"] == pytest.approx(expected["a"], rel=1e-6)
+    assert verdict.calibration["b"] == pytest.approx(expected["b"], abs=1e-6)
+
+
 def test_more_passes_never_deliver_a_worse_model(tmp_path):
     """Small data, plain SGD on the embeddings: the model learns for a pass or two, then overfits. The job stops
     once the validation split stops improving, and delivers the best checkpoint on it, not the last.

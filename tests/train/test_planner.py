@@ -107,6 +107,33 @@ def test_plan_per_server_and_budget_sources():
     assert f"saves its rows in about {plan.save_s:,.0f}s" in lines and plan.summary()["save_s"] == round(plan.save_s, 1)
 
 
+SEEN_AT_LEAST = {"1": 100_000, "2": 40_000, "3": 25_000, "5": 12_000, "10": 5_000, "20": 2_000, "50": 500,
+                 "100": 100}
+
+
+def test_admission_plans_full_rows_only_for_the_ids_that_reach_the_threshold():
+    stats = {"distinct_ids": {"C1": 100_000}, "distinct_ids_seen_at_least": SEEN_AT_LEAST}
+    every_row = _cfg(table={"shard_num": 8})
+    admitted = _cfg(table={"shard_num": 8, "admission": {"embedx_threshold": 4}})
+    full = planner.plan_memory(every_row, 100_000, "table.shard_num", stats)
+    plan = planner.plan_memory(admitted, 100_000, "table.shard_num", stats)
+    assert full.full_rows == 100_000 and full.bytes_per_row == planner.bytes_per_row(every_row.table)
+    # Threshold 4 with the default coefficients (a show scores 1) and 1 pass: ids of >= 4 rows, counted as >= 3.
+    assert plan.full_rows == 25_000
+    short = planner.short_row_floats(admitted.table) * 4 + planner.ROW_OVERHEAD_BYTES
+    assert plan.short_floats == 7 and plan.bytes_per_row == math.ceil(
+        (25_000 * planner.bytes_per_row(admitted.table) + 75_000 * short) / 100_000)
+    assert plan.server_bytes < full.server_bytes
+    assert "25,000 full rows" in plan.lines()[0] and "ids seen in at least 3 train rows" in plan.lines()[0]
+    # Two passes show every id twice: ids of 2 rows reach 4.
+    twice = dataclasses.replace(admitted, ps=dataclasses.replace(admitted.ps, epochs=2))
+    assert planner.plan_memory(twice, 100_000, "table.shard_num", stats).full_rows == 40_000
+    # Without the counts every row is planned full, and the plan says so.
+    unknown = planner.plan_memory(admitted, 100_000, "table.shard_num", {"distinct_ids": {"C1": 100_000}})
+    assert unknown.full_rows == 100_000 and unknown.bytes_per_row == full.bytes_per_row
+    assert "every row planned full" in unknown.lines()[0]
+
+
 def test_a_table_that_cannot_fit_is_refused_with_the_numbers_and_the_fixes():
     cfg = _cfg(table={"vocab_size": 100_000_000, "embedding_dim": 16}, ps={"servers": 2, "memory_budget_gb": 8})
     plan = _plan(cfg)
