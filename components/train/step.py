@@ -17,6 +17,7 @@ from components.checkpoint.store import CheckpointStore
 from components.config import ClusterBackend, CtrConfig, from_dict
 from components.days import day_of
 from components.ps.liveness import driver_from_env, stop_when_gone
+from components.train.backends.base import JobBackend, StepInputs
 from components.train.job import JobResult, prepare_job
 from components.train.planner import GIB, load_balance_lines, max_over_mean, size
 
@@ -26,9 +27,32 @@ def echo_now(line: str) -> None:
     print(line, flush=True)
 
 
+def _local_backend() -> type[JobBackend]:
+    from components.train.backends.local import LocalJob
+
+    return LocalJob
+
+
+def _kubernetes_backend() -> type[JobBackend]:
+    # Imported when used: only this backend needs the kubernetes client.
+    from components.train.backends.kubernetes.lifecycle import KubernetesJob
+
+    return KubernetesJob
+
+
+# Each cluster.backend's class, loaded on first use.
+BACKENDS: dict[ClusterBackend, Callable[[], type[JobBackend]]] = {
+    ClusterBackend.local: _local_backend,
+    ClusterBackend.trainjob: _kubernetes_backend,
+    ClusterBackend.jobset: _kubernetes_backend,
+    ClusterBackend.paddlejob: _kubernetes_backend,
+}
+
+
 def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = echo_now,
                   data_uri: Optional[str] = None) -> JobResult:
-    """Prepare the PS job of ``cfg`` once and run it on ``cluster.backend``: the one dispatch to the backends.
+    """Prepare the PS job of ``cfg`` once and run it on ``cluster.backend`` (:data:`BACKENDS`), the one dispatch
+    to the backends.
 
     ``data_dir`` is the prepared dataset on this machine (local processes read it; its stats.json sizes the
     memory plan); ``data_uri`` is where it is stored remotely (the ``Dataset`` artifact's URI), which pods on
@@ -44,14 +68,8 @@ def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[
     run_id = new_run_id()
     with StoreLease(CheckpointStore(cfg.checkpoint.uri), run_id) as lease:
         job = prepare_job(cfg, stats, run_id)
-        if cfg.cluster.backend is ClusterBackend.local:
-            from components.train.backends.local import LocalJob
-
-            return LocalJob(job, data_dir, log_dir, echo=echo, lease=lease).run()
-        # Imported here: the kubernetes client is needed only by this backend.
-        from components.train.backends.kubernetes import KubernetesJob
-
-        return KubernetesJob(job, data_uri, log_dir, echo=echo).run()
+        inputs = StepInputs(data_dir=Path(data_dir), data_uri=data_uri, log_dir=Path(log_dir), echo=echo, lease=lease)
+        return BACKENDS[cfg.cluster.backend]().for_step(job, inputs).run()
 
 
 def delivered_checkpoint(result: JobResult, checkpoint_uri: str) -> str:

@@ -21,14 +21,15 @@ import sys
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
 from components.checkpoint.lease import LeaseLost, StoreLease
 from components.ps.contract import HEARTBEAT, ClusterLayout, Role, endpoint_accepts, role_env
 from components.ps.liveness import PARENT_PID_ENV, process_state
-from components.train.job import EventLog, JobResult, PreparedJob, PsJobError, StopSignals
+from components.train.backends.base import JobBackend, StepInputs
+from components.train.job import JobResult, PreparedJob, PsJobError, StopSignals
 
 TAIL_LINES = 30
 POLL_S = 0.2
@@ -82,20 +83,28 @@ def local_layout(servers: int, workers: int, host: str, job_id: str) -> ClusterL
     )
 
 
-class LocalJob:
+class LocalJob(JobBackend):
     """A prepared job (:func:`components.train.job.prepare_job`) on ``data_dir`` as processes of this machine;
     checkpoints go to ``checkpoint.uri``, whose ``lease`` (if given) the job fails without."""
 
     def __init__(self, job: PreparedJob, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = print,
                  lease: Optional[StoreLease] = None):
-        self.job, self.cfg, self.echo, self.lease = job, job.cfg, echo, lease
+        super().__init__(job, log_dir, echo)
+        self.lease = lease
         self.job_id = job.run_id
-        self.log_dir = Path(log_dir)
         self.work_root = self.log_dir / "work"
         self.data_dir = str(Path(data_dir).resolve())
+        self.layout: Optional[ClusterLayout] = None
         self.processes: list[Process] = []
-        self.events = EventLog(echo)
         self.server_memory: dict[int, dict] = {}  # server index -> {"serving_rss", "peak_rss"} in bytes
+
+    @classmethod
+    def for_step(cls, job: PreparedJob, inputs: StepInputs) -> "LocalJob":
+        return cls(job, inputs.data_dir, inputs.log_dir, echo=inputs.echo, lease=inputs.lease)
+
+    @property
+    def name(self) -> str:
+        return self.job_id
 
     @property
     def progress(self) -> dict[str, dict]:
@@ -106,13 +115,13 @@ class LocalJob:
         """Committed so far: readable while the job runs, and after it failed."""
         return self.events.checkpoints
 
-    def _start(self, layout: ClusterLayout, role: Role, index: int) -> Process:
+    def _spawn(self, role: Role, index: int) -> Process:
         workdir = self.work_root / f"{role.value}-{index}"
         workdir.mkdir(parents=True, exist_ok=True)
         spec_path = workdir / "job.json"
         staging = str((self.work_root / "staging").resolve())
         spec_path.write_text(self.job.spec(self.data_dir, str(workdir.resolve()), staging).to_json())
-        env = {**os.environ, **role_env(layout, role, index), "PYTHONUNBUFFERED": "1",
+        env = {**os.environ, **role_env(self.layout, role, index), "PYTHONUNBUFFERED": "1",
                "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1"), PARENT_PID_ENV: str(os.getpid())}
         popen = subprocess.Popen(
             [sys.executable, "-m", "components.ps.role", str(spec_path)],
@@ -140,7 +149,22 @@ class LocalJob:
         return PsJobError(process.name, f"PS job {self.job_id}: {process.name} {what}. "
                                         f"Last lines of {process.log_path}:\n{tail}")
 
-    def _stop_all(self) -> None:
+    def prepare(self) -> None:
+        self.work_root.mkdir(parents=True, exist_ok=True)
+        self.layout = local_layout(self.cfg.ps.servers, self.cfg.ps.workers, self.cfg.ps.host, self.job_id)
+
+    def where(self) -> str:
+        return f"logs in {self.log_dir}"
+
+    def stop_guard(self) -> StopSignals:
+        return StopSignals(self._stopped)
+
+    def start(self) -> None:
+        self.processes = [self._spawn(Role.SERVER, i) for i in range(self.cfg.ps.servers)]
+        self._wait_for_rendezvous()
+        self.processes += [self._spawn(Role.WORKER, i) for i in range(self.cfg.ps.workers)]
+
+    def stop(self) -> None:
         alive = [p for p in self.processes if p.popen.poll() is None]
         for p in alive:
             _signal_group(p.popen, signal.SIGTERM)
@@ -155,46 +179,27 @@ class LocalJob:
         for p in self.processes:  # Paddle may leave helpers in the group after its leader exits
             _signal_group(p.popen, signal.SIGKILL)
 
-    def run(self) -> JobResult:
-        cfg = self.cfg
-        self.work_root.mkdir(parents=True, exist_ok=True)
-        layout = local_layout(cfg.ps.servers, cfg.ps.workers, cfg.ps.host, self.job_id)
-        started = time.time()
-        self.echo(f"PS job {self.job_id}: {cfg.ps.servers} server(s) + {cfg.ps.workers} worker(s), "
-                  f"mode {cfg.ps.mode.value}, logs in {self.log_dir}")
-        for line in self.job.lines():
-            self.echo(line)
-        with StopSignals(self._stopped) as signals:
-            try:
-                self.processes = [self._start(layout, Role.SERVER, i) for i in range(cfg.ps.servers)]
-                self._wait_for_rendezvous(layout)
-                self.processes += [self._start(layout, Role.WORKER, i) for i in range(cfg.ps.workers)]
-                self._supervise()
-            finally:
-                signals.hold()
-                self._stop_all()
-        return JobResult(epochs=self.events.epochs, seconds=time.time() - started,
-                         checkpoints=self.events.checkpoints, restored_from=self.job.restore, plan=self.job.plan,
-                         server_memory=[self.server_memory.get(i) for i in range(cfg.ps.servers)],
-                         curve=self.events.curve, day_eval=self.events.day_eval)
+    def result(self, seconds: float) -> JobResult:
+        return replace(super().result(seconds),
+                       server_memory=[self.server_memory.get(i) for i in range(self.cfg.ps.servers)])
 
     def _stopped(self, signum: int) -> JobStopped:
         return JobStopped("launcher", f"PS job {self.job_id} stopped by {signal.Signals(signum).name}: every process "
                                       "of the job is stopped")
 
-    def _wait_for_rendezvous(self, layout: ClusterLayout) -> None:
+    def _wait_for_rendezvous(self) -> None:
         """Start workers once server 0 serves the gloo store: a worker that finds it down sleeps 3 s per retry."""
         deadline = time.time() + self.cfg.ps.startup_timeout_s
-        while not endpoint_accepts(layout.gloo_endpoint):
+        while not endpoint_accepts(self.layout.gloo_endpoint):
             server_0 = self.processes[0]
             if server_0.popen.poll() is not None:
                 raise self._failure(server_0, f"exited with code {server_0.popen.returncode} while starting")
             if time.time() > deadline:
-                raise self._failure(server_0, f"did not serve the rendezvous store {layout.gloo_endpoint} within "
+                raise self._failure(server_0, f"did not serve the rendezvous store {self.layout.gloo_endpoint} within "
                                               f"{self.cfg.ps.startup_timeout_s:.0f}s (ps.startup_timeout_s)")
             time.sleep(POLL_S)
 
-    def _supervise(self) -> None:
+    def follow(self) -> None:
         """Return when every process exited 0; raise on the first failure or a stuck ending.
 
         Only worker 0 stops the servers, and only after the final barrier, so the ending starts when

@@ -82,6 +82,12 @@ DISRUPTION_MESSAGE = "has condition DisruptionTarget matching FailJob rule"
 # Where the train step finds the token of cluster.service_account (the launcher's; kfp.kubernetes mounts the
 # account's token Secret there): the step's pod runs as cluster.pipeline_service_account.
 LAUNCHER_TOKEN_DIR = "/var/run/secrets/ctr-ps-launcher"
+# Every object of a PS job carries the Kubeflow run that created it, so that the run's exit handler finds what a
+# cancelled or failed run left (components.train.backends.kubernetes.cleanup). KFP labels each pod of a run with
+# its run id (KFP_RUN_LABEL); the train step reads it from PIPELINE_RUN_ENV (set from that label, downward API).
+PIPELINE_RUN_LABEL = "ctr-ps.paddle/pipeline-run"
+KFP_RUN_LABEL = "pipeline/runid"
+PIPELINE_RUN_ENV = "PIPELINE_RUN_ID"
 
 
 def gloo_port(cfg: CtrConfig) -> int:
@@ -365,11 +371,20 @@ def _job_objects(cfg: CtrConfig, spec_json: str, *, name: str, namespace: str, a
 
 
 def job_manifests(job: PreparedJob, *, name: str, namespace: str, data_uri: str, attempt: int = 0,
-                  owner: Optional[dict] = None) -> list[dict]:
+                  owner: Optional[dict] = None, pipeline_run: Optional[str] = None) -> list[dict]:
     """The objects to create, in order: the NetworkPolicy (if enabled), then the job: a TrainingRuntime and the
-    TrainJob running it, a JobSet or a PaddleJob. The job object (the one to follow) is the last."""
+    TrainJob running it, a JobSet or a PaddleJob. The job object (the one to follow) is the last. Each is
+    labelled with ``pipeline_run`` (:data:`PIPELINE_RUN_LABEL`), the Kubeflow run creating it, if known."""
     spec_json = job.spec(data_uri, WORKDIR, STAGING).to_json()
-    return _job_objects(job.cfg, spec_json, name=name, namespace=namespace, attempt=attempt, owner=owner)
+    objects = _job_objects(job.cfg, spec_json, name=name, namespace=namespace, attempt=attempt, owner=owner)
+    if pipeline_run:
+        for obj in objects:
+            obj["metadata"]["labels"][PIPELINE_RUN_LABEL] = pipeline_run
+    return objects
+
+
+def pipeline_run_selector(pipeline_run: str) -> str:
+    return f"{PIPELINE_RUN_LABEL}={pipeline_run}"
 
 
 def pod_data_uri(dataset_uri: str) -> str:
@@ -434,7 +449,8 @@ def launcher_rbac(cfg: CtrConfig) -> list[dict]:
     group, resources = JOB_RESOURCES[cfg.cluster.backend]
     rules = [
         {"apiGroups": [group], "resources": resources, "verbs": ["create", "get", "list", "watch", "delete"]},
-        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"], "verbs": ["create", "get", "delete"]},
+        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
+         "verbs": ["create", "get", "list", "delete"]},  # list: the exit handler finds a run's by label
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     ]

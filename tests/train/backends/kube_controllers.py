@@ -4,13 +4,15 @@ sources (no Kubernetes API server can run here):
 * Kubeflow Trainer: its TrainingRuntime admission webhook (``pkg/webhooks/trainingruntime_webhook.go``) and how
   it builds the JobSet of a TrainJob (``pkg/runtime/framework/plugins/jobset/builder.go`` and ``plainml``);
 * the Kubernetes Job controller's ``podFailurePolicy`` (``pkg/controller/job/pod_failure_policy.go``);
-* JobSet's ``failurePolicy`` (``pkg/controllers/failure_policy.go``, with ``onJobFailureMessagePatterns``).
+* JobSet's ``failurePolicy`` (``pkg/controllers/failure_policy.go``, with ``onJobFailureMessagePatterns``);
+* how JobSet (under a TrainJob too) and paddle-operator name and label the pods of a job (:func:`job_pod`).
 """
 
 from __future__ import annotations
 
 import copy
 import re
+import uuid
 from typing import Optional
 
 from components.train.backends.manifests import TRAINER_ANCESTOR_LABEL
@@ -132,3 +134,47 @@ def jobset_after_failure(status: dict, failure_policy: dict, action: str, failed
                                                      f"(first failed job: {failed_job})"}]}
     assert action in ("RestartJobSet", "RestartJobSetAndIgnoreMaxRestarts"), action
     return {**status, "restarts": restarts + 1, "restartsCountTowardsMax": counted + (action == "RestartJobSet")}
+
+
+def replicated_jobs(jobset: dict) -> dict[str, dict]:
+    return {rj["name"]: rj for rj in jobset["spec"]["replicatedJobs"]}
+
+
+def running_jobset(body: dict, runtime: Optional[dict]) -> Optional[dict]:
+    """The JobSet that runs a job object: the JobSet itself, the one Trainer builds for a TrainJob from its
+    ``runtime``; None for a PaddleJob."""
+    if body["kind"] == "TrainJob":
+        return trainjob_jobset(runtime, body)
+    return body if body["kind"] == "JobSet" else None
+
+
+def pod_templates(body: dict, runtime: Optional[dict]) -> dict[str, dict]:
+    """A job object's pod templates by role: ``ps``, ``worker``."""
+    jobset = running_jobset(body, runtime)
+    if jobset is None:
+        return {key: body["spec"][key]["template"] for key in ("ps", "worker")}
+    rjobs = replicated_jobs(jobset)
+    return {"ps": rjobs["ps"]["template"]["spec"]["template"],
+            "worker": rjobs["node" if body["kind"] == "TrainJob" else "worker"]["template"]["spec"]["template"]}
+
+
+def job_pod(body: dict, role: str, index: int, runtime: Optional[dict]) -> tuple[str, dict, str]:
+    """``(name, labels, container)`` of the pod of ``role`` (ps | worker) number ``index`` of a job object, as
+    the controllers name and label it."""
+    name = body["metadata"]["name"]
+    template = pod_templates(body, runtime)[role]
+    labels = dict(template["metadata"]["labels"])
+    suffix = uuid.uuid4().hex[:5]
+    if body["kind"] == "JobSet":
+        pod_name = f"{name}-{role}-{index}-0-{suffix}"
+        labels.update({"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": role,
+                       "jobset.sigs.k8s.io/job-index": str(index)})
+    elif body["kind"] == "TrainJob":  # one Indexed Job per replicated job
+        rjob = "node" if role == "worker" else role
+        pod_name = f"{name}-{rjob}-0-{index}-{suffix}"
+        labels.update({"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob,
+                       "jobset.sigs.k8s.io/job-index": "0", "batch.kubernetes.io/job-completion-index": str(index)})
+    else:
+        pod_name = f"{name}-{role}-{index}"
+        labels["paddle-res-name"] = pod_name
+    return pod_name, labels, template["spec"]["containers"][0]["name"]

@@ -8,6 +8,8 @@ import datetime as dt
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -20,14 +22,16 @@ from kubernetes.client import (V1Container, V1ContainerState, V1ContainerStateRu
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
-from components.config import validate
+from components.config import ClusterBackend, validate
 from components.ps.contract import CONFIG_ERROR_EXIT, RESTART_ENV
 from components.train import step
-from components.train.backends import kubernetes as kubernetes_job
 from components.train.backends import manifests
-from components.train.backends.kubernetes import JobCancelled, KubeApis, KubernetesJob
+from components.train.backends.kubernetes.api import KubeApis
+from components.train.backends.kubernetes.lifecycle import JobCancelled, KubernetesJob
 from components.train.job import PsJobError, prepare_job
-from tests.train.backends.kube_controllers import jobset_action, jobset_after_failure, job_failure, trainjob_jobset
+from tests.conftest import ROOT
+from tests.train.backends.kube_controllers import (job_failure, job_pod, jobset_action, jobset_after_failure,
+                                                   pod_templates, replicated_jobs, running_jobset)
 
 NAMESPACE = "team-a"
 DATA_URI = "s3://ctr/kfp/prepare/dataset"
@@ -175,10 +179,6 @@ class FakeLogStream:
         pass
 
 
-def _replicated_jobs(jobset: dict) -> dict[str, dict]:
-    return {rj["name"]: rj for rj in jobset["spec"]["replicatedJobs"]}
-
-
 def _matches(labels: dict, selector: str) -> bool:
     return all(labels.get(key) == value for key, value in (term.split("=", 1) for term in selector.split(",")))
 
@@ -208,40 +208,18 @@ class FakeCluster:
             return self._clock
 
     def jobset(self, body: dict) -> Optional[dict]:
-        """The JobSet that runs a job object: the JobSet itself, the one Trainer builds for a TrainJob; None for
-        a PaddleJob."""
-        if body["kind"] == "TrainJob":
-            return trainjob_jobset(self.objects[("trainingruntimes", body["spec"]["runtimeRef"]["name"])], body)
-        return body if body["kind"] == "JobSet" else None
+        return running_jobset(body, self._runtime(body))
 
     def pod_templates(self, body: dict) -> dict[str, dict]:
-        """A job object's pod templates by role: ``ps``, ``worker``."""
-        jobset = self.jobset(body)
-        if jobset is None:
-            return {key: body["spec"][key]["template"] for key in ("ps", "worker")}
-        rjobs = _replicated_jobs(jobset)
-        return {"ps": rjobs["ps"]["template"]["spec"]["template"],
-                "worker": rjobs["node" if body["kind"] == "TrainJob" else "worker"]["template"]["spec"]["template"]}
+        return pod_templates(body, self._runtime(body))
+
+    def _runtime(self, body: dict) -> Optional[dict]:
+        ref = body["spec"].get("runtimeRef")
+        return self.objects[("trainingruntimes", ref["name"])] if ref else None
 
     def add_pod(self, body: dict, role: str, index: int) -> FakePod:
         """A pod of ``role`` (ps | worker) as the controllers name and label it."""
-        name = body["metadata"]["name"]
-        template = self.pod_templates(body)[role]
-        labels = dict(template["metadata"]["labels"])
-        suffix = uuid.uuid4().hex[:5]
-        if body["kind"] == "JobSet":
-            pod_name = f"{name}-{role}-{index}-0-{suffix}"
-            labels.update({"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": role,
-                           "jobset.sigs.k8s.io/job-index": str(index)})
-        elif body["kind"] == "TrainJob":  # one Indexed Job per replicated job
-            rjob = "node" if role == "worker" else role
-            pod_name = f"{name}-{rjob}-0-{index}-{suffix}"
-            labels.update({"jobset.sigs.k8s.io/jobset-name": name, "jobset.sigs.k8s.io/replicatedjob-name": rjob,
-                           "jobset.sigs.k8s.io/job-index": "0", "batch.kubernetes.io/job-completion-index": str(index)})
-        else:
-            pod_name = f"{name}-{role}-{index}"
-            labels["paddle-res-name"] = pod_name
-        pod = FakePod(self, pod_name, labels, template["spec"]["containers"][0]["name"])
+        pod = FakePod(self, *job_pod(body, role, index, self._runtime(body)))
         self.pods.append(pod)
         return pod
 
@@ -251,7 +229,7 @@ class FakeCluster:
         pod.end(exit_code, "Error")
         jobset = self.jobset(body)
         rjob_name = pod.labels["jobset.sigs.k8s.io/replicatedjob-name"]
-        reason, message = job_failure(_replicated_jobs(jobset)[rjob_name]["template"]["spec"], NAMESPACE, pod.name,
+        reason, message = job_failure(replicated_jobs(jobset)[rjob_name]["template"]["spec"], NAMESPACE, pod.name,
                                       pod.container, exit_code, ("DisruptionTarget",) if pod.disruption else ())
         action, _ = jobset_action(jobset["spec"]["failurePolicy"], rjob_name, reason, message)
         name = body["metadata"]["name"]
@@ -694,6 +672,15 @@ def test_kubernetes_backends_need_a_remote_dataset_uri(config, tmp_path, data_ur
         step.launch_ps_job(_cfg(config), Path(tmp_path), tmp_path / "logs", echo=print, data_uri=data_uri)
 
 
+def test_every_cluster_backend_has_a_class_and_the_local_one_needs_no_kubernetes_client():
+    assert set(step.BACKENDS) == set(ClusterBackend)
+    assert step.BACKENDS[ClusterBackend.jobset]() is KubernetesJob
+    probe = ("import sys; from components.config import ClusterBackend; from components.train.step import BACKENDS; "
+             "print(BACKENDS[ClusterBackend.local]().__name__, 'kubernetes' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["LocalJob", "False"]
+
+
 def _wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
     deadline = dt.datetime.now() + dt.timedelta(seconds=timeout_s)
     while not condition():
@@ -711,7 +698,7 @@ def test_clients_act_as_the_launcher_token_else_the_pods_account_else_the_kubeco
 
     monkeypatch.setattr(config, "load_incluster_config", no_service_account)
     monkeypatch.setattr(config, "load_kube_config", lambda client_configuration=None: loaded.append("kubeconfig"))
-    apis = kubernetes_job.KubeApis.from_environment(token_dir=str(tmp_path / "not-mounted"))
+    apis = KubeApis.from_environment(token_dir=str(tmp_path / "not-mounted"))
     assert loaded == ["kubeconfig"]
     assert (type(apis.custom), type(apis.core), type(apis.networking)) == (
         client.CustomObjectsApi, client.CoreV1Api, client.NetworkingV1Api)
@@ -721,7 +708,7 @@ def test_clients_act_as_the_launcher_token_else_the_pods_account_else_the_kubeco
     (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----")
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
     monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    apis = kubernetes_job.KubeApis.from_environment(token_dir=str(tmp_path))
+    apis = KubeApis.from_environment(token_dir=str(tmp_path))
     assert loaded == ["kubeconfig"]  # not asked again
     for api in (apis.custom, apis.core, apis.networking):
         configuration = api.api_client.configuration

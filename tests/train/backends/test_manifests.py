@@ -9,7 +9,6 @@ import re
 
 import jsonschema
 import pytest
-import yaml
 from kubernetes.client import ApiClient
 
 from components.checkpoint.restore import RestoreTarget
@@ -18,7 +17,8 @@ from components.config import ConfigError, from_dict, to_dict, validate
 from components.ps.contract import CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, Role, role_env
 from components.train.backends import manifests
 from components.train.job import PreparedJob, planned_config
-from tests.conftest import ROOT, SCHEMAS, needs_schemas
+from tests.conftest import ROOT, needs_schemas
+from tests.train.backends.crds import crd_schema
 from tests.train.backends.kube_controllers import (job_failure, jobset_action, training_runtime_errors,
                                                    trainjob_jobset)
 
@@ -48,11 +48,6 @@ def _prepared(cfg, restore=None):
 def _objects(cfg, restore=None, attempt=0):
     return manifests.job_manifests(_prepared(cfg, restore), name="ctr-1a2b3c", namespace="team-a",
                                    data_uri="s3://ctr/kfp/prepare/dataset", attempt=attempt, owner=OWNER)
-
-
-def _crd_schema(filename):
-    crd = yaml.safe_load((SCHEMAS / filename).read_text())
-    return crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
 
 
 def _round_trip(obj: dict, model: str) -> dict:
@@ -122,23 +117,18 @@ def test_objects_fit_the_kubernetes_models(prod, backend):
         assert _round_trip(obj, f"V1{obj['kind']}") == obj
 
 
-CRDS = {"JobSet": "jobset.x-k8s.io_jobsets.yaml", "PaddleJob": "batch.paddlepaddle.org_paddlejobs.yaml",
-        "TrainingRuntime": "trainer.kubeflow.org_trainingruntimes.yaml",
-        "TrainJob": "trainer.kubeflow.org_trainjobs.yaml"}
-
-
 @needs_schemas
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_objects_fit_the_crd_schemas(prod, backend):
     _, *jobs = _objects(prod(f"cluster.backend={backend}"))
     for job in jobs + ([_running(jobs)] if backend == "trainjob" else []):  # and the JobSet Trainer makes
-        jsonschema.validate(job, _crd_schema(CRDS[job["kind"]]))
+        jsonschema.validate(job, crd_schema(job["kind"]))
     job = jobs[0]
     with pytest.raises(jsonschema.ValidationError):  # the schema is strict enough to catch a wrong type
         broken = copy.deepcopy(job)
         replicated = (broken["spec"]["template"]["spec"] if job["kind"] == "TrainingRuntime" else broken["spec"])
         (replicated["replicatedJobs"][0] if "replicatedJobs" in replicated else replicated["ps"])["replicas"] = "two"
-        jsonschema.validate(broken, _crd_schema(CRDS[job["kind"]]))
+        jsonschema.validate(broken, crd_schema(job["kind"]))
 
 
 def test_training_runtime_passes_trainers_webhook_and_trainer_patches_only_the_node_job(prod):

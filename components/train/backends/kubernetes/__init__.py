@@ -1,0 +1,28 @@
+"""Runs a PS job on Kubernetes (``cluster.backend`` trainjob | jobset | paddlejob) from inside the train step's pod.
+
+The step creates the job's objects (:mod:`components.train.backends.manifests`: a NetworkPolicy, then a
+TrainingRuntime and its TrainJob, a JobSet or a PaddleJob), streams worker 0's log into its own output and
+``logs/worker-0.log`` (progress, epochs and checkpoints are the events the local backend echoes), waits for the
+job's outcome and always deletes what it created: after success, after failure, and when the run is cancelled
+(Kubeflow sends the step's pod SIGTERM) or interrupted. The objects also carry an ownerReference to the step's
+pod, so they are garbage-collected even if the step is killed outright, and the label of the Kubeflow run that
+created them, so that the run's exit handler deletes whatever a cancelled or failed run left (:mod:`.cleanup`).
+
+Restarts: a JobSet (under a TrainJob too) restarts the whole job itself (``failurePolicy``): up to
+``cluster.max_restarts`` times, without counting a restart after the cluster disrupted a pod (preemption,
+eviction), and not at all after a role's configuration error. A PaddleJob has no such policy, so the launcher
+applies the same rules: a failed one is deleted and created again under a new name. Either way the roles resume
+from the latest committed checkpoint (``PS_RESTART_ATTEMPT``).
+
+A TrainJob or JobSet waiting in a Kueue queue (suspended) is not failing to start: ``cluster.start_timeout_s``
+counts from its admission.
+
+The step's pod runs as a plain account; the launcher acts as ``cluster.service_account`` through that account's
+token, mounted at :data:`~components.train.backends.manifests.LAUNCHER_TOKEN_DIR` into the train step only.
+
+The package, by concern: :mod:`.api` (the API clients and the objects the launcher creates), :mod:`.status` (what
+each kind's status means), :mod:`.worker_log` (worker 0's log, followed), :mod:`.diagnosis` (why a job failed or
+does not start, from its pods), :mod:`.lifecycle` (:class:`~.lifecycle.KubernetesJob`, the backend) and
+:mod:`.cleanup` (what a pipeline run's exit handler deletes). The manifests themselves are pure functions apart
+from all of this (:mod:`components.train.backends.manifests`).
+"""

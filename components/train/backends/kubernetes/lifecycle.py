@@ -1,0 +1,218 @@
+"""One PS job on Kubernetes from the train step's pod: its objects created, worker 0's log followed, its outcome
+awaited (a PaddleJob recreated after a failure), and what it created always deleted (see the package doc)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
+
+from components.checkpoint.restore import restart_target
+from components.config import is_remote_uri
+from components.train.backends import manifests
+from components.train.backends.base import JobBackend, StepInputs
+from components.train.backends.kubernetes.api import KubeApis, KubeObject, api_reason, launcher_namespace, transient
+from components.train.backends.kubernetes.diagnosis import PodDiagnosis, config_error, disrupted
+from components.train.backends.kubernetes.status import STATUS_RULES, Outcome
+from components.train.backends.kubernetes.worker_log import WORKER_0, Worker0Log
+from components.train.job import PreparedJob, PsJobError
+
+POLL_S = 5.0
+# Once the job ended, how long worker 0's log may take to be read to its end (its events make the result).
+LOG_DRAIN_S = 60.0
+# Consecutive failed status polls (API server restarting, network blips) tolerated before the step fails.
+STATUS_ERRORS_TOLERATED = 5
+
+
+class JobCancelled(RuntimeError):
+    """The step was cancelled (SIGTERM) while its PS job ran; the job's objects were deleted."""
+
+
+class CancelOnSigterm:
+    """Kubeflow cancels a run by sending its pods SIGTERM: while entered, the first one raises
+    :class:`JobCancelled` (the launcher then deletes the job), unless the deletion has begun (:meth:`hold`).
+    Only the main thread may set handlers; the previous one is restored on exit."""
+
+    def __init__(self, job_name: str):
+        self.job_name = job_name
+        self._previous: Any = None
+        self._held = False
+        self._cancelled = False
+
+    def __enter__(self) -> "CancelOnSigterm":
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGTERM)
+            self._previous = previous if previous is not None else signal.SIG_DFL  # None: set outside Python
+            signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def hold(self) -> None:
+        self._held = True
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        first = not self._cancelled
+        self._cancelled = True
+        if first and not self._held:  # else the job's objects are being deleted already
+            raise JobCancelled(f"PS job {self.job_name} cancelled (SIGTERM): its Kubernetes objects are deleted")
+
+    def __exit__(self, *exc_info) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
+
+
+class KubernetesJob(JobBackend):
+    """One PS job on Kubernetes, from creating its objects to deleting them (see the package doc)."""
+
+    def __init__(self, job: PreparedJob, data_uri: Optional[str], log_dir: Path,
+                 echo: Callable[[str], None] = print, apis: Optional[KubeApis] = None, poll_s: float = POLL_S):
+        backend = job.cfg.cluster.backend
+        if backend not in STATUS_RULES:
+            raise ValueError(f"cluster.backend {backend.value!r} does not run on Kubernetes")
+        if not is_remote_uri(data_uri):
+            raise ValueError(f"cluster.backend={backend.value} needs the prepared dataset at a remote "
+                             f"fsspec URL the pods can read (s3://...), got {data_uri!r}")
+        super().__init__(job, log_dir, echo)
+        self.data_uri, self.poll_s = manifests.pod_data_uri(str(data_uri)), poll_s
+        self.rules = STATUS_RULES[backend]
+        self.apis = apis or KubeApis.from_environment()
+        self.namespace = launcher_namespace(self.cfg.cluster)
+        self.owner = _launcher_pod()
+        self.pipeline_run = os.environ.get(manifests.PIPELINE_RUN_ENV) or None  # empty: the pod has no run label
+        self.base_name = f"ctr-ps-{uuid.uuid4().hex[:8]}"  # short: <name>-worker-<i>-0 is a 63-char hostname
+        self.diagnosis = PodDiagnosis(self.apis, self.namespace, self.cfg, echo)
+        self.created: list[KubeObject] = []
+        self.follower: Optional[Worker0Log] = None
+        self.running: Optional[KubeObject] = None  # the job object of the current attempt
+
+    @classmethod
+    def for_step(cls, job: PreparedJob, inputs: StepInputs) -> "KubernetesJob":
+        return cls(job, inputs.data_uri, inputs.log_dir, echo=inputs.echo)
+
+    @property
+    def name(self) -> str:
+        return self.base_name
+
+    def job_name(self, attempt: int) -> str:
+        """A relaunched job gets a new name: the old pods may still be terminating under theirs."""
+        return self.base_name if attempt == 0 else f"{self.base_name}-r{attempt}"
+
+    def prepare(self) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.follower = Worker0Log(self.apis, self.namespace, self.events, self.echo,
+                                   self.log_dir / f"{WORKER_0}.log", self.poll_s)
+
+    def where(self) -> str:
+        return f"{self.cfg.cluster.backend.value} in namespace {self.namespace}, data {self.data_uri}"
+
+    def stop_guard(self) -> CancelOnSigterm:
+        return CancelOnSigterm(self.base_name)
+
+    def start(self) -> None:
+        self.follower.start()
+        self._launch(0)
+
+    def follow(self) -> None:
+        """Wait for the job's outcome; a kind that restarts nothing itself is created again after a failure
+        (what JobSet's failurePolicy does): up to ``max_restarts`` times, after a disruption without counting,
+        after a configuration error not at all. Then read worker 0's log to its end."""
+        attempts = self.cfg.cluster.max_restarts + 1 if self.rules.relaunch else 1
+        counted, launch = 0, 0
+        while True:
+            job = self.running
+            outcome = self._wait(job)
+            if outcome.succeeded:
+                self.echo(f"{job} succeeded ({outcome.detail})")
+                break
+            failed = self.diagnosis.failed_pods(job)
+            failure = self.diagnosis.failure(job, outcome, failed)
+            was_disrupted = failed is not None and any(map(disrupted, failed))
+            counted += not was_disrupted
+            if (not self.rules.relaunch or counted == attempts
+                    or (failed is not None and any(map(config_error, failed)))):
+                raise failure
+            launch += 1
+            resume = restart_target(self.job.store, self.job.restore, launch, self.cfg.table.shard_num,
+                                    self.job.run_id)
+            why = ("was disrupted by the cluster (not counted)" if was_disrupted
+                   else f"failed (attempt {counted} of {attempts})")
+            self.echo(f"{failure}\n{job} {why}; creating it again, starting from {resume.id if resume else 'scratch'}")
+            self._delete_created()
+            self._launch(launch)
+        if not self.follower.finish(LOG_DRAIN_S):
+            self.echo(f"warning: worker 0's log was not read to its end within {LOG_DRAIN_S:.0f}s; "
+                      "the result may miss its last epochs or checkpoints")
+
+    def stop(self) -> None:
+        if self.follower is not None:
+            self.follower.abort()
+        self._delete_created()
+
+    def _launch(self, attempt: int) -> None:
+        """Create the job's objects in order; the last one is the job object, whose worker 0 is followed."""
+        bodies = manifests.job_manifests(self.job, name=self.job_name(attempt), namespace=self.namespace,
+                                         data_uri=self.data_uri, attempt=attempt, owner=self.owner,
+                                         pipeline_run=self.pipeline_run)
+        for body in bodies:
+            obj = KubeObject.of(body)
+            self.created.append(obj)  # before the call: a cancel landing during it must still delete it
+            try:
+                obj.create(self.apis, body)
+            except ApiException as err:
+                self.created.remove(obj)  # refused, so not ours (a 409 would name someone else's object)
+                raise RuntimeError(f"cannot create {obj} in namespace {self.namespace}: {api_reason(err, obj)}") from err
+            self.echo(f"created {obj}")
+        self.running = self.created[-1]
+        self.follower.selector = manifests.worker0_selector(self.cfg, self.running.name)
+
+    def _wait(self, job: KubeObject) -> Outcome:
+        errors, shown = 0, ""
+        since, started = time.time(), False
+        while True:
+            try:
+                status = job.status(self.apis)
+                errors = 0
+            except (ApiException, HTTPError) as err:
+                if isinstance(err, ApiException) and err.status == 404:
+                    raise PsJobError(job.name, f"{job} disappeared from namespace {self.namespace} while it ran "
+                                               "(deleted by someone else?)") from err
+                errors += 1
+                if not transient(err) or errors > STATUS_ERRORS_TOLERATED:
+                    raise RuntimeError(f"cannot read the status of {job}: {api_reason(err, job)}") from err
+                status = None
+            if status is not None:
+                outcome = self.rules.outcome(status)
+                if outcome is not None:
+                    return outcome
+                if self.rules.queued(status):
+                    since = time.time()  # waiting for quota is not failing to start
+                state = self.rules.state(status)
+                if state and state != shown:
+                    self.echo(f"{job}: {state}")
+                    shown = state
+            if not started:
+                started = self.diagnosis.started(job, since)
+            time.sleep(self.poll_s)
+
+    def _delete_created(self) -> None:
+        """Delete what this launcher created, job first; a failure is reported, not raised (the objects'
+        ownerReference still removes them with the step's pod)."""
+        while self.created:
+            obj = self.created.pop()
+            try:
+                obj.delete(self.apis)
+                self.echo(f"deleted {obj}")
+            except (ApiException, HTTPError) as err:
+                self.echo(f"warning: cannot delete {obj} in namespace {self.namespace}: {api_reason(err, obj)}")
+
+
+def _launcher_pod() -> Optional[dict]:
+    """The step's own pod as an ownerReference (POD_NAME / POD_UID from the downward API), if known."""
+    name, uid = os.environ.get("POD_NAME"), os.environ.get("POD_UID")
+    return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid} if name and uid else None

@@ -1,0 +1,341 @@
+"""The Kubernetes launcher, the kubeflow SDK and the run's cleanup against an HTTP Kubernetes API on loopback
+(:mod:`tests.train.backends.kube_emulator`), through the real ``kubernetes`` client: objects created (and
+validated against the CRDs of ../shared/schemas when it is there), followed by polling and watches, conditions
+deciding the outcome, deletion, owner references and the run label. Each test plays the controllers over HTTP
+too: it watches the job kind, creates the pods the controller would and patches the job's status.
+
+The in-memory fakes of :mod:`tests.train.backends.test_kubernetes` cover what needs scripted timing (cut log
+streams, restarts mid-run, SIGTERM)."""
+
+import datetime as dt
+import json
+import time
+import uuid
+from typing import Callable, Optional
+
+import pytest
+
+pytest.importorskip("kmock", reason="kmock (the HTTP Kubernetes API emulator, test extra) is not installed")
+
+from components.config import validate  # noqa: E402
+from components.ps.contract import CONFIG_ERROR_EXIT  # noqa: E402
+from components.train.backends import manifests  # noqa: E402
+from components.train.backends.kubernetes.api import KubeObject  # noqa: E402
+from components.train.backends.kubernetes.cleanup import delete_pipeline_run_objects  # noqa: E402
+from components.train.backends.kubernetes.lifecycle import KubernetesJob  # noqa: E402
+from components.train.job import PsJobError, prepare_job  # noqa: E402
+from tests.conftest import needs_schemas  # noqa: E402
+from tests.train.backends.crds import CRD_FILES, crd_schemas  # noqa: E402
+from tests.train.backends.kube_controllers import job_pod  # noqa: E402
+from tests.train.backends.kube_emulator import EmulatedCluster  # noqa: E402
+
+NAMESPACE = "team-a"
+DATA_URI = "s3://ctr/kfp/prepare/dataset"
+POLL_S = 0.05
+LAUNCHER_POD = {"name": "ctr-run-train-x7k2p", "uid": "1b2c3d4e-0000-1111-2222-333344445555"}
+PIPELINE_RUN = "8f14e45f-ceea-467f-a0e6-1b2c3d4e5f60"
+BACKENDS = ["trainjob", "jobset", "paddlejob"]
+# Each backend's job resource (group/version/plural) and what a controller writes in its status when it ends.
+JOB_RESOURCE = {"trainjob": f"{manifests.TRAINER_API}/trainjobs", "jobset": f"{manifests.JOBSET_API}/jobsets",
+                "paddlejob": f"{manifests.PADDLEJOB_API}/paddlejobs"}
+
+
+def _conditions(kind: str, reason: str, message: str) -> dict:
+    """A status holding one True condition, complete as a metav1.Condition is (the SDK parses it strictly)."""
+    return {"conditions": [{"type": kind, "status": "True", "reason": reason, "message": message,
+                            "lastTransitionTime": "2026-11-29T17:02:11Z"}]}
+
+
+SUCCEEDED = {"trainjob": _conditions("Complete", "JobSetCompleted", "jobset completed"),
+             "jobset": _conditions("Completed", "AllJobsCompleted", "jobset completed"),
+             "paddlejob": {"phase": "Completed"}}
+RESOURCES = {"TrainingRuntime": f"{manifests.TRAINER_API}/trainingruntimes",
+             "NetworkPolicy": "networking.k8s.io/v1/networkpolicies", **{
+                 kind: JOB_RESOURCE[backend] for backend, kind in
+                 (("trainjob", "TrainJob"), ("jobset", "JobSet"), ("paddlejob", "PaddleJob"))}}
+
+
+def _event(tag: str, **payload) -> str:
+    return f"{tag} {json.dumps(payload)}"
+
+
+EPOCH = _event("@epoch", epoch=1, examples=1000, seconds=1.5, auc=0.71)
+CHECKPOINT = _event("@checkpoint", id="ckpt-1", epoch=1, uri="s3://ctr/ckpt")
+
+
+@pytest.fixture
+def cluster():
+    with EmulatedCluster(crd_schemas()) as emulated:
+        yield emulated
+
+
+@pytest.fixture
+def launcher_pod(monkeypatch):
+    """The step's pod as the downward API describes it, in a Kubeflow run."""
+    monkeypatch.setenv("POD_NAME", LAUNCHER_POD["name"])
+    monkeypatch.setenv("POD_UID", LAUNCHER_POD["uid"])
+    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
+    monkeypatch.setenv(manifests.PIPELINE_RUN_ENV, PIPELINE_RUN)
+
+
+def _cfg(config, backend: str, *overrides):
+    # A controller that breaks shows as pods that never start, not as a test that hangs.
+    cfg = config("+cluster=prod", "cluster.submit=false", f"checkpoint.uri=memory://ckpt-{uuid.uuid4().hex}",
+                 "ps.servers=1", "ps.workers=2", f"cluster.backend={backend}", "cluster.start_timeout_s=30",
+                 *overrides)
+    validate(cfg)
+    return cfg
+
+
+def _launcher(cfg, tmp_path, cluster: EmulatedCluster, echoed: list) -> KubernetesJob:
+    return KubernetesJob(prepare_job(cfg, None), DATA_URI, tmp_path / "logs", echo=echoed.append, apis=cluster.apis(),
+                         poll_s=POLL_S)
+
+
+class PlayedController:
+    """What a backend's controller does with a new job object, done over HTTP: pods created (as the
+    controllers name and label them) with their log and final state, the job's status patched."""
+
+    def __init__(self, cluster: EmulatedCluster, backend: str):
+        self.cluster, self.backend, self.apis = cluster, backend, cluster.apis()
+        self.group, self.version, self.plural = JOB_RESOURCE[backend].split("/")
+
+    def runtime(self, body: dict) -> Optional[dict]:
+        ref = body["spec"].get("runtimeRef")
+        return self.apis.custom.get_namespaced_custom_object(manifests.TRAINER_GROUP, "v1alpha1", NAMESPACE,
+                                                             "trainingruntimes", ref["name"]) if ref else None
+
+    def pod(self, body: dict, role: str, index: int, lines: tuple = (), exit_code: int = 0) -> str:
+        """A pod of the job that ran to its end, ``exit_code``, having logged ``lines``; returns its name."""
+        name, labels, container = job_pod(body, role, index, self.runtime(body))
+        self.apis.core.create_namespaced_pod(NAMESPACE, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": labels},
+            "spec": {"containers": [{"name": container, "image": "ctr-ps:test"}]}})
+        self.cluster.write_log(NAMESPACE, name, *lines)
+        ended = {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                 "finishedAt": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%fZ")}
+        self.apis.core.patch_namespaced_pod_status(name, NAMESPACE, {"status": {
+            "phase": "Succeeded" if exit_code == 0 else "Failed",
+            "containerStatuses": [{"name": container, "image": "ctr-ps:test", "imageID": "", "ready": False,
+                                   "restartCount": 0, "state": {"terminated": ended}}]}})
+        return name
+
+    def end(self, body: dict, status: dict) -> None:
+        self.apis.custom.patch_namespaced_custom_object_status(self.group, self.version, NAMESPACE, self.plural,
+                                                               body["metadata"]["name"], {"status": status})
+
+    def control(self, on_created: Callable[["PlayedController", dict], None]) -> None:
+        """``on_created(self, body)`` for each job object the watch sees created."""
+        self.cluster.watch(JOB_RESOURCE[self.backend], NAMESPACE,
+                           lambda kind, body: on_created(self, body) if kind == "ADDED" else None)
+
+
+def _succeeds(controller: PlayedController, body: dict) -> None:
+    controller.pod(body, "ps", 0)
+    controller.pod(body, "worker", 0, ("I1129 fleet init done", EPOCH, CHECKPOINT, _event("@done")))
+    controller.pod(body, "worker", 1, (EPOCH,))  # only worker 0's log is followed
+    controller.end(body, SUCCEEDED[controller.backend])
+
+
+def _created(cluster: EmulatedCluster) -> list[dict]:
+    """The bodies the launcher created, in order."""
+    return [request.data for request in sorted(
+        (r for resource in RESOURCES.values() for r in cluster.requests("POST", resource)), key=lambda r: r.id)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_job_is_created_followed_to_its_success_and_deleted(config, tmp_path, launcher_pod, cluster, backend):
+    PlayedController(cluster, backend).control(_succeeds)
+    echoed = []
+    job = _launcher(_cfg(config, backend), tmp_path, cluster, echoed)
+    result = job.run()
+
+    assert [e["epoch"] for e in result.epochs] == [1] and [c["id"] for c in result.checkpoints] == ["ckpt-1"]
+    assert "[worker-0] I1129 fleet init done" in echoed
+    log = (tmp_path / "logs" / "worker-0.log").read_text().splitlines()
+    assert log[1:] == ["I1129 fleet init done", EPOCH, CHECKPOINT, _event("@done")]
+    kinds = {"trainjob": ["TrainingRuntime", "TrainJob"], "jobset": ["JobSet"], "paddlejob": ["PaddleJob"]}[backend]
+    created = _created(cluster)  # each fit its CRD's schema, or the emulator would have refused it (422)
+    assert [body["kind"] for body in created] == ["NetworkPolicy"] + kinds
+    for kind in set(RESOURCES) & {"NetworkPolicy", *kinds}:
+        assert cluster.objects(RESOURCES[kind]) == []
+        (deleted,) = cluster.requests("DELETE", RESOURCES[kind])
+        assert deleted.params["propagationPolicy"] == "Background"
+    assert f"deleted {kinds[-1]} {job.job_name(0)}" in echoed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_created_objects_are_owned_by_the_step_pod_and_labelled_with_the_run(config, tmp_path, launcher_pod, cluster,
+                                                                             backend):
+    PlayedController(cluster, backend).control(_succeeds)
+    _launcher(_cfg(config, backend), tmp_path, cluster, []).run()
+    for body in _created(cluster):
+        (owner,) = body["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", LAUNCHER_POD["name"], LAUNCHER_POD["uid"])
+        assert owner["blockOwnerDeletion"] is False and body["metadata"]["namespace"] == NAMESPACE
+        assert body["metadata"]["labels"][manifests.PIPELINE_RUN_LABEL] == PIPELINE_RUN
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "jobset"])
+def test_a_failed_condition_fails_the_job_naming_its_reason_and_the_pod(config, tmp_path, launcher_pod, cluster,
+                                                                        backend):
+    def fails(controller, body):
+        controller.pod(body, "ps", 0)
+        controller.pod(body, "worker", 1, ("reading shards", "MemoryError: out of memory"), exit_code=1)
+        controller.pod(body, "worker", 0, (EPOCH,), exit_code=143)  # stopped after worker 1 failed
+        controller.end(body, _conditions("Failed", "FailedJobs", "jobset failed: reached max restarts"))
+
+    PlayedController(cluster, backend).control(fails)
+    with pytest.raises(PsJobError) as failed:
+        _launcher(_cfg(config, backend), tmp_path, cluster, []).run()
+    message = str(failed.value)
+    assert failed.value.role == "worker-1" and "also failed: worker-0" in message
+    assert "FailedJobs: jobset failed: reached max restarts" in message and "exited with code" in message
+    assert "    MemoryError: out of memory" in message
+    assert all(cluster.objects(resource) == [] for resource in RESOURCES.values())
+
+
+def test_a_failed_paddlejob_is_deleted_and_created_again_under_a_new_name(config, tmp_path, launcher_pod, cluster):
+    def first_fails(controller, body):
+        if body["metadata"]["name"].endswith("-r1"):
+            return _succeeds(controller, body)
+        controller.pod(body, "worker", 1, ("RuntimeError: brpc timeout",), exit_code=1)
+        controller.end(body, {"phase": "Failed"})
+
+    PlayedController(cluster, "paddlejob").control(first_fails)
+    job = _launcher(_cfg(config, "paddlejob", "cluster.max_restarts=1"), tmp_path, cluster, [])
+    result = job.run()
+    assert [c["id"] for c in result.checkpoints] == ["ckpt-1"]
+    names = [body["metadata"]["name"] for body in _created(cluster) if body["kind"] == "PaddleJob"]
+    assert names == [job.job_name(0), job.job_name(1)]
+    assert [r.name for r in cluster.requests("DELETE", JOB_RESOURCE["paddlejob"])] == names
+    assert cluster.objects(JOB_RESOURCE["paddlejob"]) == []
+
+
+def test_a_configuration_error_is_not_restarted(config, tmp_path, launcher_pod, cluster):
+    def config_error(controller, body):
+        controller.pod(body, "worker", 0, ("configuration error: ps.workers",), exit_code=CONFIG_ERROR_EXIT)
+        controller.end(body, {"phase": "Failed"})
+
+    PlayedController(cluster, "paddlejob").control(config_error)
+    with pytest.raises(PsJobError, match="a configuration error: restarting cannot mend it"):
+        _launcher(_cfg(config, "paddlejob", "cluster.max_restarts=2"), tmp_path, cluster, []).run()
+    assert len(cluster.requests("POST", JOB_RESOURCE["paddlejob"])) == 1
+
+
+def test_a_watch_sees_the_trainjob_created_ended_and_deleted(config, tmp_path, launcher_pod, cluster):
+    events = []
+    PlayedController(cluster, "trainjob").control(_succeeds)
+    cluster.watch(JOB_RESOURCE["trainjob"], NAMESPACE, lambda kind, body: events.append((kind, body.get("status"))))
+    _launcher(_cfg(config, "trainjob"), tmp_path, cluster, []).run()
+    _wait_for(lambda: events and events[-1][0] == "DELETED")
+    assert events == [("ADDED", None), ("MODIFIED", SUCCEEDED["trainjob"]), ("DELETED", SUCCEEDED["trainjob"])]
+
+
+def _wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+@needs_schemas
+def test_the_emulator_refuses_what_a_crd_refuses(config, cluster):
+    from kubernetes.client.exceptions import ApiException
+
+    assert set(cluster.emulator.schemas) == set(CRD_FILES)
+    jobset = manifests.job_manifests(prepare_job(_cfg(config, "jobset"), None), name="ctr-ps-broken",
+                                     namespace=NAMESPACE, data_uri=DATA_URI)[-1]
+    jobset["spec"]["replicatedJobs"][0]["replicas"] = "two"
+    with pytest.raises(ApiException) as refused:
+        KubeObject.of(jobset).create(cluster.apis(), jobset)
+    assert refused.value.status == 422 and "'two' is not of type 'integer'" in refused.value.body
+
+
+def _run_objects(cfg, pipeline_run: str) -> list[dict]:
+    return manifests.job_manifests(prepare_job(cfg, None), name=f"ctr-ps-{uuid.uuid4().hex[:8]}",
+                                   namespace=NAMESPACE, data_uri=DATA_URI, pipeline_run=pipeline_run)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_exit_handler_deletes_what_its_run_left_and_nothing_else(config, monkeypatch, cluster, backend):
+    cfg, apis = _cfg(config, backend), cluster.apis()
+    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
+    left, other = _run_objects(cfg, PIPELINE_RUN), _run_objects(cfg, "another-run")
+    for body in left + other:
+        KubeObject.of(body).create(apis, body)
+
+    deleted = delete_pipeline_run_objects(cfg.cluster, PIPELINE_RUN, apis=apis, echo=lambda line: None)
+    assert deleted == [str(KubeObject.of(body)) for body in reversed(left)]  # the job first
+    remaining = [body["metadata"]["name"] for resource in RESOURCES.values() for body in cluster.objects(resource)]
+    assert sorted(remaining) == sorted(body["metadata"]["name"] for body in other)
+    assert delete_pipeline_run_objects(cfg.cluster, PIPELINE_RUN, apis=apis, echo=lambda line: None) == []
+
+
+def test_the_exit_handler_reads_the_run_from_the_pod_and_needs_one(config, monkeypatch, cluster):
+    cfg, apis = _cfg(config, "paddlejob"), cluster.apis()
+    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
+    with pytest.raises(ValueError, match=manifests.PIPELINE_RUN_ENV):
+        delete_pipeline_run_objects(cfg.cluster, apis=apis)
+    monkeypatch.setenv(manifests.PIPELINE_RUN_ENV, PIPELINE_RUN)
+    del cluster.emulator.resources[JOB_RESOURCE["paddlejob"]]  # a cluster without paddle-operator: nothing to find
+    assert delete_pipeline_run_objects(cfg.cluster, apis=apis, echo=lambda line: None) == []
+
+
+@pytest.fixture
+def trainer_client(cluster):
+    """The kubeflow SDK's TrainerClient, its Kubernetes backend pointed at the emulator, whose Trainer control
+    plane publishes its version as Trainer does."""
+    trainer = pytest.importorskip("kubeflow.trainer", reason="the kubeflow SDK (test extra) is not installed")
+    cluster.apis().core.create_namespaced_config_map("kubeflow-system", {
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kubeflow-trainer-public"},
+        "data": {"kubeflow_trainer_version": "v2.4.0"}})
+    return trainer, trainer.TrainerClient(backend_config=trainer.KubernetesBackendConfig(
+        namespace=NAMESPACE, client_configuration=cluster.configuration()))
+
+
+def _our_runtime(config, cluster, *, framework_label: bool = True) -> dict:
+    """This project's TrainingRuntime for a trainjob config, created in the emulator."""
+    runtime = _run_objects(_cfg(config, "trainjob"), PIPELINE_RUN)[1]
+    if not framework_label:
+        del runtime["metadata"]["labels"][manifests.TRAINER_FRAMEWORK_LABEL]
+        runtime["metadata"]["name"] += "-unlabelled"
+    KubeObject.of(runtime).create(cluster.apis(), runtime)
+    return runtime
+
+
+def test_the_sdk_lists_our_runtime_and_runs_a_trainjob_on_it(config, cluster, trainer_client):
+    trainer, sdk = trainer_client
+    runtime = _our_runtime(config, cluster)
+    _our_runtime(config, cluster, framework_label=False)  # the SDK skips a runtime without the label
+
+    (listed,) = sdk.list_runtimes()
+    assert (listed.name, listed.trainer.framework, listed.trainer.num_nodes) == (
+        runtime["metadata"]["name"], manifests.TRAINER_FRAMEWORK, 2)
+
+    name = sdk.train(runtime=listed, trainer=trainer.CustomTrainerContainer(
+        image="ctr-ps:test", num_nodes=2, env={"PS_EXTRA": "1"}))
+    (held,) = cluster.objects(JOB_RESOURCE["trainjob"])  # it fit the TrainJob CRD, or the emulator refused it
+    assert held["metadata"]["name"] == name and held["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
+    assert held["spec"]["trainer"]["numNodes"] == 2 and held["spec"]["trainer"]["image"] == "ctr-ps:test"
+
+    controller = PlayedController(cluster, "trainjob")
+    for index in range(2):
+        controller.pod(held, "worker", index, (f"worker {index}", EPOCH))
+    controller.end(held, SUCCEEDED["trainjob"])
+    job = sdk.wait_for_job_status(name, timeout=30, polling_interval=1)
+    assert job.status == "Complete" and sdk.get_job(name).status == "Complete"
+    assert sorted(step.name for step in job.steps) == ["node-0", "node-1"]
+    assert list(sdk.get_job_logs(name)) == ["worker 0", EPOCH]  # worker 0's log, as the step's own output has it
+
+
+def test_the_sdk_reads_a_failed_trainjob(config, cluster, trainer_client):
+    trainer, sdk = trainer_client
+    _our_runtime(config, cluster)
+    (runtime,) = sdk.list_runtimes()
+    name = sdk.train(runtime=runtime, trainer=trainer.CustomTrainerContainer(image="ctr-ps:test"))
+    (held,) = cluster.objects(JOB_RESOURCE["trainjob"])
+    PlayedController(cluster, "trainjob").end(held, _conditions("Failed", "JobSetFailed", "reached max restarts"))
+    assert sdk.get_job(name).status == "Failed"
+    with pytest.raises(RuntimeError, match=f"TrainJob {name} is Failed"):
+        sdk.wait_for_job_status(name, timeout=30, polling_interval=1)
