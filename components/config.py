@@ -10,6 +10,7 @@ sees exactly the same types as the driver.
 from __future__ import annotations
 
 import enum
+import math
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -507,6 +508,8 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     if not 0 <= cfg.data.max_malformed_fraction <= 1:
         raise ConfigError("data.max_malformed_fraction", cfg.data.max_malformed_fraction, "a fraction in [0, 1]")
     _validate_days(cfg)
+    _validate_row_filters(cfg.data)
+    _validate_weight_column(cfg.data)
     if cfg.data.source is DataSource.synthetic:
         _positive("data.rows", cfg.data.rows)
     elif check_storage:
@@ -557,7 +560,33 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
         raise ConfigError("eval.threshold", cfg.eval.threshold, "null (the training CTR) or a probability in (0, 1)")
     if not 0 <= cfg.eval.min_auc <= 1:
         raise ConfigError("eval.min_auc", cfg.eval.min_auc, "an AUC in [0, 1] (0: always export)")
+    check_eval_slots(cfg.eval, slots_before_prep(cfg.data))
     _validate_cluster(cfg)
+
+
+# The sparse slots of synthetic data and of the two Criteo formats (components.data_prep.formats.CRITEO_SLOTS,
+# which this bottom layer cannot import; a test holds the two equal).
+CRITEO_SLOT_NAMES = tuple(f"C{index}" for index in range(1, 27))
+
+
+def slots_before_prep(data: DataConfig) -> Optional[list[str]]:
+    """The sparse slots the data will have, as far as the config tells: None for feasign input without
+    ``data.slots``, whose slots data prep finds in the input."""
+    if data.source is DataSource.files and data.slots:
+        return list(data.slots)
+    if data.source is DataSource.synthetic or data.format is not FileFormat.feasign:
+        return list(CRITEO_SLOT_NAMES)
+    return None
+
+
+def check_eval_slots(cfg: EvalConfig, slots: Optional[list[str]]) -> None:
+    """``eval.group_by`` and ``eval.slices`` name one of ``slots``, the data's sparse slots (None: not known yet,
+    checked once a dataset's schema is)."""
+    if cfg.slice_top < 1:
+        raise ConfigError("eval.slice_top", cfg.slice_top, "an integer >= 1 (the slices listed)")
+    for key, slot in (("eval.group_by", cfg.group_by), ("eval.slices", cfg.slices)):
+        if slot is not None and slots is not None and slot not in slots:
+            raise ConfigError(key, slot, f"a sparse slot of the data: {', '.join(slots)}")
 
 
 MIN_PROGRESS_PERIOD_S = 0.1
@@ -617,6 +646,79 @@ def _validate_timing(ps: PsConfig) -> None:
         raise ConfigError("ps.stall_timeout_s", ps.stall_timeout_s,
                           f"seconds >= 3 x ps.progress_period_s ({3 * ps.progress_period_s:g})",
                           "a role reports every ps.progress_period_s; a shorter timeout would fail healthy jobs")
+
+
+def _validate_row_filters(data: DataConfig) -> None:
+    """Negative downsampling keeps a fraction of the train negatives; the count filter needs a count."""
+    if not 0 < data.negative_sample_rate <= 1:
+        raise ConfigError("data.negative_sample_rate", data.negative_sample_rate,
+                          "a rate in (0, 1] (1: keep every negative)")
+    if data.min_id_count < 1:
+        raise ConfigError("data.min_id_count", data.min_id_count, "an integer >= 1 (1: no count filter)")
+
+
+# Criteo TSV's fields (label, I1-I13, C1-C26): a raw weight column comes after them.
+RAW_FIELDS = 40
+
+
+def _validate_weight_column(data: DataConfig) -> None:
+    """Where the weights are, as data.format can hold them (components/data_prep/formats.py tells the formats);
+    whether the input holds them is :func:`_check_sampled_weights`'s."""
+    column = data.weight_column
+    if column is None:
+        return
+    if data.source is DataSource.synthetic:
+        raise ConfigError("data.weight_column", column, "null with data.source=synthetic",
+                          "synthetic rows carry no weights")
+    if data.format is FileFormat.raw:
+        if not (column.isascii() and column.isdigit() and int(column) >= RAW_FIELDS):
+            raise ConfigError("data.weight_column", column, f"a 0-based column index >= {RAW_FIELDS} with "
+                              f"data.format=raw (after Criteo's {RAW_FIELDS} fields), e.g. {RAW_FIELDS}")
+        return
+    # A slot line's other names; a feasign token is "<feasign>:<slot id>", so a weight named by digits is one.
+    taken = {"click", "dense_feature", *(slot[1:] for slot in CRITEO_SLOT_NAMES)} \
+        if data.format is FileFormat.slot else set()
+    plain = column and ":" not in column and not any(ch.isspace() for ch in column)
+    if not plain or column in taken or (data.format is FileFormat.feasign and column.isdigit()):
+        raise ConfigError("data.weight_column", column, f"the name of the weight tokens with data.format="
+                          f"{data.format.value} ('weight' for weight:2.5): no ':' or spaces, no other token's name"
+                          + (", not digits (a slot id)" if data.format is FileFormat.feasign else ""))
+
+
+def _check_sampled_weights(data: DataConfig, path: str, head: bytes, of_day: str) -> None:
+    """Every whole line of ``head`` (the first bytes of the first input file) that holds Criteo's fields (raw) or
+    any token has a weight where data.weight_column says, a finite number >= 0: a wrong column fails here, before
+    data prep reads the input."""
+    column = data.weight_column
+    lines = head.split(b"\n")
+    for number, raw in enumerate(lines[:-1] if len(head) == SNIFF_BYTES else lines, 1):  # the last may be cut
+        line = raw.decode("utf-8", "replace").rstrip("\r")
+        if data.format is FileFormat.raw:
+            fields = line.split("\t")
+            if len(fields) < RAW_FIELDS:  # a malformed line: data prep counts it
+                continue
+            found = fields[int(column):int(column) + 1]
+        else:
+            if not line.split():
+                continue
+            found = [token.partition(":")[2] for token in line.split() if token.startswith(f"{column}:")]
+        problem = _weight_problem(found)
+        if problem:
+            raise ConfigError("data.weight_column", column, "where every row's weight is, a finite number >= 0",
+                              f"{of_day}{path}:{number} has {problem}")
+
+
+def _weight_problem(found: list[str]) -> str:
+    """What is wrong with a sampled row's weight (``found``: the texts where weights are), "" if nothing."""
+    if len(found) > 1:
+        return f"{len(found)} weights"
+    if not found or not found[0]:
+        return "no weight"
+    try:
+        weight = float(found[0])
+    except ValueError:
+        weight = math.nan
+    return "" if math.isfinite(weight) and weight >= 0 else f"weight {found[0]!r}, not a finite number >= 0"
 
 
 def _refuse_restore(cfg: CtrConfig, condition: str, why: str) -> None:
@@ -763,3 +865,5 @@ def _check_data_uri(data: DataConfig, uri: Optional[str], day: Optional[str] = N
             raise ConfigError(key, uri, f"text files in data.format={data.format.value}",
                               f"{of_day}{first} is binary (a NUL byte in its first {SNIFF_BYTES} bytes); point data.uri "
                               "at the TSV or text files (compressed ones may end in .gz, .bz2, ...)")
+        if data.weight_column is not None:
+            _check_sampled_weights(data, first, sniffed, of_day)

@@ -30,7 +30,7 @@ from components.evaluate.component import evaluate_model
 from components.export.component import export_model
 from components.resolve.component import resolve_config
 from components.resolve.step import RUN_PARAMETERS, config_struct, day_gated, run_parameters
-from components.train.backends.manifests import LAUNCHER_TOKEN_DIR, launcher_token_secret
+from components.train.backends.manifests import KFP_RUN_LABEL, LAUNCHER_TOKEN_DIR, PIPELINE_RUN_ENV, launcher_token_secret
 from components.train.component import train
 
 PIPELINE_NAME = "ctr-ps-training"
@@ -54,8 +54,10 @@ RETRY_BACKOFF = "60s"  # then doubling
 # Each task's pod resources on Kubeflow: the ClusterConfig.steps field.
 STEP_RESOURCES = {"resolve-config": "resolve", "plan-data": "resolve", "convert-data": "prepare",
                   "merge-data": "prepare", "train": "train", "evaluate-model": "evaluate", "export-model": "export"}
-# The train step's launcher makes its own pod the owner of the PS job it creates (downward API).
-LAUNCHER_POD_FIELDS = {"POD_NAME": "metadata.name", "POD_UID": "metadata.uid", "POD_NAMESPACE": "metadata.namespace"}
+# The train step's launcher makes its own pod the owner of the PS job it creates, and labels that job with the
+# pipeline run it belongs to (downward API: KFP labels every pod of a run with its id).
+LAUNCHER_POD_FIELDS = {"POD_NAME": "metadata.name", "POD_UID": "metadata.uid", "POD_NAMESPACE": "metadata.namespace",
+                       PIPELINE_RUN_ENV: f"metadata.labels['{KFP_RUN_LABEL}']"}
 
 # Pipeline outputs: what a local run copies into its run directory. The serving model is not one: the AUC gate
 # may skip its export (pipelines.local finds it when it was made).

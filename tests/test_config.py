@@ -108,6 +108,11 @@ def test_closed_vocabularies_fail_at_composition(config, override, allowed):
     ([*PROD, "cluster.servers.memory=lots"], "cluster.servers.memory", "lots"),
     ([*PROD, "cluster.workers.memory=8 GB"], "cluster.workers.memory", "8 GB"),
     ([*PROD, "cluster.workers.cpu=two"], "cluster.workers.cpu", "two"),
+    # Issue 21: downsampling, the count filter and the weights, before data prep starts.
+    (["data.negative_sample_rate=0"], "data.negative_sample_rate", 0.0),
+    (["data.negative_sample_rate=1.5"], "data.negative_sample_rate", 1.5),
+    (["data.min_id_count=0"], "data.min_id_count", 0),
+    (["data.weight_column=weight"], "data.weight_column", "weight"),  # synthetic rows carry none
 ])
 def test_validation_names_key_value_and_allowed(config, overrides, key, value):
     cfg = config(*overrides)
@@ -142,6 +147,40 @@ def test_ssd_table_refuses_resume_and_says_why(config):
 def test_real_data_uri_and_glob_pass(config):
     for uri in (CRITEO / "raw_criteo_sample.tsv", CRITEO / "*.tsv"):
         validate(config("data=criteo", f"data.uri={uri}"))
+
+
+_RAW_ROW = "\t".join(["1"] + ["5"] * 13 + ["ab"] * 26)
+
+
+@pytest.mark.parametrize("fmt,column,text", [
+    ("raw", "40", f"{_RAW_ROW}\t2.5\n" * 3),
+    ("raw", "41", f"{_RAW_ROW}\tignored\t0\n1\t2\n"),  # a line without Criteo's fields is data prep's to count
+    ("slot", "weight", "click:1 weight:2 1:5\n\nclick:0 1:6 weight:0.5\n"),
+    ("feasign", "w", "1:1 w:1e-3 5:2\n"),
+])
+def test_a_weight_column_the_first_lines_hold_passes(config, tmp_path, fmt, column, text):
+    (tmp_path / "in.txt").write_text(text)
+    validate(config("data=criteo", f"data.uri={tmp_path / 'in.txt'}", f"data.format={fmt}",
+                    f"data.weight_column={column}"))
+
+
+@pytest.mark.parametrize("fmt,column,text,shown", [
+    ("raw", "39", f"{_RAW_ROW}\t1\n", "allowed: a 0-based column index >= 40 with data.format=raw"),
+    ("raw", "40", f"{_RAW_ROW}\t1\n{_RAW_ROW}\n", "in.txt:2 has no weight"),
+    ("raw", "40", f"{_RAW_ROW}\tabc\n", "in.txt:1 has weight 'abc', not a finite number >= 0"),
+    ("raw", "40", f"{_RAW_ROW}\t-1\n", "in.txt:1 has weight '-1', not a finite number >= 0"),
+    ("slot", "weight", "click:1 weight:2 1:5\nclick:0 1:6\n", "in.txt:2 has no weight"),
+    ("slot", "click", "click:1 1:5\n", "no other token's name"),
+    ("feasign", "7", "1:1 5:2\n", "not digits (a slot id)"),
+    ("feasign", "w", "1:1 w:1 w:2 5:2\n", "in.txt:1 has 2 weights"),
+])
+def test_a_weight_column_the_input_does_not_hold_fails_before_data_prep(config, tmp_path, fmt, column, text, shown):
+    (tmp_path / "in.txt").write_text(text)
+    with pytest.raises(ConfigError) as err:
+        validate(config("data=criteo", f"data.uri={tmp_path / 'in.txt'}", f"data.format={fmt}",
+                        f"data.weight_column={column}"))
+    assert err.value.key == "data.weight_column" and err.value.value == column
+    assert shown in str(err.value) and "\n" not in str(err.value)
 
 
 def test_struct_round_trip_restores_ints(config, tmp_path):

@@ -5,7 +5,9 @@ The checkpoint was scored on the test split while the job trained, through the s
 few bytes per distinct prediction: no process here holds the table) and applies the calibration the checkpoint
 carries (fitted on the validation split while it was trained: :mod:`components.ps.validation`), as the served
 model does: the metrics are those of the delivered model, with the uncalibrated ones beside them. A hashed logistic regression trained on the same shards
-(:mod:`components.evaluate.baseline`) is scored too: the model's lift over it.
+(:mod:`components.evaluate.baseline`) is scored too: the model's lift over it. With ``eval.group_by`` or
+``eval.slices``, the workers also saved every test row's prediction (``scores/test-rows/``): aligned with the test
+split read here, they give the GAUC and the slices (:mod:`components.evaluate.groups`).
 """
 
 from __future__ import annotations
@@ -18,11 +20,11 @@ from typing import Any, Optional
 import numpy as np
 
 from components.checkpoint import format as ckpt_io
-from components.config import EvalConfig
+from components.config import EvalConfig, check_eval_slots
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components import metrics as metric_fns
-from components.evaluate import report
-from components.evaluate.baseline import HashedLogisticRegression
+from components.evaluate import groups, report
+from components.evaluate.baseline import HashedLogisticRegression, Split
 from components.evaluate.days import DAYS_CSV, DAYS_PNG, day_rows, write_days_csv, write_days_png
 from components.ps.scoring import read_test_split
 
@@ -58,24 +60,32 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
         raise ckpt_io.CheckpointError(f"checkpoint {checkpoint_dir} was trained on ids of "
                                       f"{meta['hash_function']!r}, the data in {data_dir} has ids of "
                                       f"{stats['hash_function']!r}")
+    schema = Schema.from_dict(meta["schema"])
+    check_eval_slots(cfg, schema.sparse_slots)  # feasign input names its slots only in data prep
+    grouped = cfg.group_by is not None or cfg.slices is not None
+    test_split = read_test_split(data_dir, schema) if cfg.baseline or grouped else None
     raw_counts = ckpt_io.load_scores(checkpoint_dir, ckpt_io.TEST)
     calibration = meta.get("calibration")
     # Scored by the program that applies the calibration as the served model does: the same float32 arithmetic.
     counts = ckpt_io.load_scores(checkpoint_dir, ckpt_io.TEST_CALIBRATED) if calibration else raw_counts
     measured = {**metric_fns.binary_metrics_counts(counts),
                 "ece": metric_fns.expected_calibration_error_counts(counts, cfg.calibration_bins)}
+    slices = None
+    if grouped:
+        by_group, slices = _grouped_metrics(checkpoint_dir, data_dir, stats, schema, cfg, test_split,
+                                            calibrated=bool(calibration))
+        measured.update(by_group)
     result = dict(measured)
     uncalibrated = metric_fns.binary_metrics_counts(raw_counts)
     if calibration:
         result.update(uncalibrated_logloss=uncalibrated["logloss"], uncalibrated_calibration=uncalibrated["calibration"],
                       uncalibrated_ece=metric_fns.expected_calibration_error_counts(raw_counts, cfg.calibration_bins))
     if cfg.baseline:
-        schema = Schema.from_dict(meta["schema"])
-        labels, dense, sparse = read_test_split(data_dir, schema)
-        baseline_preds, baseline_rows = _baseline(data_dir, stats, schema, cfg, dense, sparse)
+        labels, dense, sparse = test_split
+        baseline_preds, baseline_fit = _baseline(data_dir, stats, schema, cfg, dense, sparse)
         baseline = metric_fns.binary_metrics(labels, baseline_preds)
         result.update(baseline_auc=baseline["auc"], baseline_logloss=baseline["logloss"],
-                      lift_auc=result["auc"] - baseline["auc"], baseline_rows=baseline_rows,
+                      lift_auc=result["auc"] - baseline["auc"], **baseline_fit,
                       baseline_features=cfg.baseline_features)
     validation = meta.get("validation") or {}
     result.update({f"validation_{key}": validation[key] for key in ("auc", "logloss") if key in validation})
@@ -86,6 +96,9 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
         result["auc_ratio_to_bayes"] = result["auc"] / reference["auc"]
     fpr, tpr, thresholds = metric_fns.roc_curve_counts(counts, max_points=cfg.roc_points)
     bins = metric_fns.calibration_bins_counts(counts, bins=cfg.calibration_bins)
+    result["calibration_bins"] = bins
+    if slices is not None:
+        result.update(slices=slices, slices_by=cfg.slices)
     threshold, threshold_source = confusion_threshold(cfg, stats)
     confusion = report.confusion_summary(metric_fns.confusion_matrix_counts(counts, threshold), threshold,
                                          threshold_source)
@@ -98,7 +111,8 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
                "sparse_rule": meta["table"]["rule"], "table_rows": meta["rows"]}
     comparisons = [("Baseline: hashed logistic regression on the same shards",
                     {k: result[k] for k in ("baseline_auc", "baseline_logloss", "lift_auc", "baseline_rows",
-                                            "baseline_features") if k in result}),
+                                            "baseline_features", "baseline_l2", "baseline_l2_chosen_by")
+                     if k in result}),
                    ("Calibration (fitted on the validation split)",
                     {**{k: result[k] for k in ("ece", "uncalibrated_ece", "uncalibrated_calibration",
                                                "uncalibrated_logloss") if k in result},
@@ -111,7 +125,8 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
         comparisons.append((f"Drift from day {drift.get('previous_day')!r} (warnings)",
                             {str(i): warning for i, warning in enumerate(drift["warnings"], 1)}))
     kwargs = dict(title="CTR model evaluation", reference=reference, calibration=bins, training=training,
-                  config_summary=summary, tables=comparisons, confusion=confusion)
+                  config_summary=summary, tables=comparisons, confusion=confusion,
+                  slices=(cfg.slices, slices) if slices is not None else None)
     figures = [("ROC curve", out / "roc.png"), ("Reliability", out / "calibration.png")]
     if days:
         write_days_csv(out / DAYS_CSV, days)
@@ -132,19 +147,61 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
     return result
 
 
+def _grouped_metrics(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, stats: dict, schema: Schema,
+                     cfg: EvalConfig, test_split: tuple, calibrated: bool) -> tuple[dict, Optional[list[dict]]]:
+    """``(GAUC over eval.group_by, the slices of eval.slices)``, each when asked for, of the delivered predictions
+    (through the calibration when the checkpoint carries one): the workers' per-row predictions, weighted as their
+    counts were, aligned with the rows of the test split."""
+    labels, _, sparse = test_split
+    rows = ckpt_io.load_row_predictions(checkpoint_dir, stats["shards"]["test"], stats["shard_rows"]["test"])
+    if len(rows.raw) != len(labels):
+        raise ckpt_io.CheckpointError(f"the test shards of {data_dir} hold {len(labels)} rows, {len(rows.raw)} by "
+                                      "their row counts in its stats.json: the dataset is damaged")
+    if calibrated and rows.calibrated is None:
+        raise ckpt_io.CheckpointError(f"checkpoint {checkpoint_dir} carries a calibration but its per-row test "
+                                      "predictions were not scored through it")
+    preds = rows.calibrated if calibrated else rows.raw
+
+    def group_of_row(slot: str) -> np.ndarray:
+        return groups.first_ids(sparse[schema.sparse_slots.index(slot)], slot)
+
+    by_group = {}
+    if cfg.group_by is not None:
+        by_group = {**groups.grouped_auc(group_of_row(cfg.group_by), labels, preds, rows.weights),
+                    "gauc_by": cfg.group_by}
+    slices = None
+    if cfg.slices is not None:
+        slices = groups.slice_metrics(group_of_row(cfg.slices), labels, preds, cfg.slice_top, rows.weights,
+                                      uncalibrated=rows.raw if calibrated else None)
+    return by_group, slices
+
+
 def _baseline(data_dir: str | os.PathLike, stats: dict, schema: Schema, cfg: EvalConfig, dense: np.ndarray,
-              sparse: list) -> tuple[np.ndarray, int]:
-    """``(the baseline's test predictions, the train rows it was fitted on)``: the first ``eval.baseline_rows`` rows
-    of the train split, its ids hashed into ``eval.baseline_features`` weights."""
-    max_rows = cfg.baseline_rows
+              sparse: list) -> tuple[np.ndarray, dict[str, Any]]:
+    """``(the baseline's test predictions, what it was fitted with)``: the first ``eval.baseline_rows`` rows of the
+    train split, its ids hashed into ``eval.baseline_features`` weights, its L2 chosen on the first
+    ``eval.baseline_rows`` rows of the validation split (a fixed default without one), its predictions corrected for
+    the train split's negative downsampling."""
+    train = _first_rows(data_dir, stats, schema, "train", cfg.baseline_rows)
+    valid = _first_rows(data_dir, stats, schema, "valid", cfg.baseline_rows)
+    model = HashedLogisticRegression(cfg.baseline_features).fit(
+        *train, valid=valid, negative_sample_rate=stats.get("negative_sample_rate", 1.0))
+    chosen_by = (f"validation logloss of {len(valid.labels):,} rows" if model.validation_logloss
+                 else "default: the dataset has no validation split")
+    return model.predict(dense, sparse), {"baseline_rows": len(train.labels), "baseline_l2": model.l2,
+                                          "baseline_l2_chosen_by": chosen_by}
+
+
+def _first_rows(data_dir: str | os.PathLike, stats: dict, schema: Schema, split: str, max_rows: int) -> Split:
+    """The first ``max_rows`` rows of ``split`` (none if the dataset has no such split), reading whole shard files
+    only until it has them."""
     paths, rows = [], 0
-    for rel, count in zip(stats["shards"]["train"], stats["shard_rows"]["train"]):
+    for rel, count in zip(stats["shards"].get(split, []), stats["shard_rows"].get(split, [])):
         if rows >= max_rows:
             break
         paths.append(Path(data_dir) / rel)
         rows += count
-    labels, train_dense, train_sparse = read_shards(paths, schema)
+    labels, split_dense, split_sparse, weights = read_shards(paths, schema, with_weights=True)
     cut = [RaggedIds(slot.values[:slot.offsets[max_rows]] if len(slot.offsets) > max_rows else slot.values,
-                     slot.offsets[:max_rows + 1]) for slot in train_sparse]
-    model = HashedLogisticRegression(cfg.baseline_features).fit(labels[:max_rows], train_dense[:max_rows], cut)
-    return model.predict(dense, sparse), min(max_rows, len(labels))
+                     slot.offsets[:max_rows + 1]) for slot in split_sparse]
+    return Split(labels[:max_rows], split_dense[:max_rows], cut, weights[:max_rows] if schema.weighted else None)

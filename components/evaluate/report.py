@@ -23,18 +23,23 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from components.evaluate.groups import OTHER_SLICE
 from components.metrics import CONFUSION_CLASSES
 
 # Display labels for the keys binary_metrics returns, in table order; any other
 # scalar key in the metrics dict is still shown, under its own name.
 _METRIC_LABELS = {
     "auc": "ROC AUC",
+    "gauc": "GAUC (AUC per group, weighted by the group's impressions)",
     "logloss": "Logloss",
+    "ne": "NE (logloss / entropy of the observed CTR)",
     "calibration": "Calibration (mean prediction / observed CTR)",
     "mean_pred": "Mean prediction",
     "observed_ctr": "Observed CTR",
     "count": "Examples",
     "positives": "Positives",
+    "weight": "Weight (of the examples)",
+    "positive_weight": "Weight of the positives",
 }
 
 
@@ -133,16 +138,18 @@ def write_report(
     figures: Sequence[tuple[str, str | os.PathLike[str]]] = (),
     tables: Sequence[tuple[str, Mapping[str, Any]]] = (),
     confusion: Mapping[str, Any] | None = None,
+    slices: tuple[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> None:
     """Write the report as Markdown; ``figures`` (title, PNG path) are linked by name, relative to the report.
 
     ``metrics`` is what ``binary_metrics`` returns; ``reference`` the data
     generator's Bayes-optimal ``{"auc", "logloss"}``; ``calibration`` the rows of
     ``calibration_bins``; ``training`` and ``config_summary`` any flat key/values; ``tables`` more (heading,
-    key/values); ``confusion`` a :func:`confusion_summary`. Sections whose input is None or empty are left out.
+    key/values); ``confusion`` a :func:`confusion_summary`; ``slices`` ``(slot, the rows of
+    components.evaluate.groups.slice_metrics)``. Sections whose input is None or empty are left out.
     """
     summary, metrics_table, other_tables = _report_content(
-        metrics, reference, calibration, training, config_summary, tables, confusion
+        metrics, reference, calibration, training, config_summary, tables, confusion, slices
     )
     lines = [f"# {title}", ""]
     if summary:
@@ -167,10 +174,11 @@ def write_report_html(
     figures: Sequence[tuple[str, str | os.PathLike[str]]] = (),
     tables: Sequence[tuple[str, Mapping[str, Any]]] = (),
     confusion: Mapping[str, Any] | None = None,
+    slices: tuple[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> None:
     """Write the same report as one self-contained HTML page, the figures inlined as base64."""
     summary, metrics_table, other_tables = _report_content(
-        metrics, reference, calibration, training, config_summary, tables, confusion
+        metrics, reference, calibration, training, config_summary, tables, confusion, slices
     )
     body = [f"<h1>{html.escape(title)}</h1>"]
     if summary:
@@ -267,6 +275,7 @@ def _report_content(
     config_summary: Mapping[str, Any] | None,
     tables: Sequence[tuple[str, Mapping[str, Any]]] = (),
     confusion: Mapping[str, Any] | None = None,
+    slices: tuple[str, Sequence[Mapping[str, Any]]] | None = None,
 ) -> tuple[str, _Table, list[_Table]]:
     """The one-line summary, the metrics table and the other tables, shared by both renderings."""
     metric_rows = [
@@ -282,13 +291,17 @@ def _report_content(
     if confusion:
         other_tables.append(_confusion_table(confusion))
     if calibration:
+        weighted = "weight" in calibration[0]
         other_tables.append(
             _Table(
                 "Calibration by prediction quantile",
-                ("Bin", "Examples", "Prediction range", "Mean prediction", "Observed rate", "Ratio"),
+                ("Bin", "Examples", *(("Weight",) if weighted else ()), "Prediction range", "Mean prediction",
+                 "Observed rate", "Ratio"),
                 [_calibration_row(row) for row in calibration],
             )
         )
+    if slices and slices[1]:
+        other_tables.append(_slices_table(*slices))
     other_tables += [_key_value_table(heading, values) for heading, values in tables if values]
     if training:
         other_tables.append(_key_value_table("Training", training))
@@ -356,11 +369,24 @@ def _calibration_row(row: Mapping[str, Any]) -> tuple[str, ...]:
     return (
         str(row["bin"]),
         _format_score(row["count"]),
+        *((_format_value(row["weight"]),) if "weight" in row else ()),
         f"{_format_score(row['pred_min'])} - {_format_score(row['pred_max'])}",
         _format_score(row["mean_pred"]),
         _format_score(observed),
         ratio,
     )
+
+
+def _slices_table(slot: str, rows: Sequence[Mapping[str, Any]]) -> _Table:
+    """A row per slice: its rows (and weight), CTR, AUC, mean prediction and calibration ("n/a" where undefined)."""
+    columns = [("rows", "Examples"), ("weight", "Weight"), ("ctr", "CTR"), ("auc", "ROC AUC"),
+               ("mean_pred", "Mean prediction"), ("calibration", "Calibration"),
+               ("uncalibrated_calibration", "Calibration before the post-hoc calibration")]
+    present = [(key, label) for key, label in columns if key in rows[0]]
+    top = sum(1 for row in rows if row["value"] != OTHER_SLICE)
+    return _Table(f"Slices by {slot} (its {top} most frequent ids, then every other)",
+                  ("Value", *(label for _, label in present)),
+                  [(str(row["value"]), *(_format_score(row[key]) for key, _ in present)) for row in rows])
 
 
 def _key_value_table(heading: str, values: Mapping[str, Any]) -> _Table:
@@ -369,7 +395,10 @@ def _key_value_table(heading: str, values: Mapping[str, Any]) -> _Table:
 
 
 def _format_score(value: Any) -> str:
-    """AUC, logloss, rates and ratios to a fixed 4 decimals so they line up and compare at a glance."""
+    """AUC, logloss, rates and ratios to a fixed 4 decimals so they line up and compare at a glance (None: a metric
+    that is undefined there, such as the AUC of one class)."""
+    if value is None:
+        return "n/a"
     if isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_)):
         return _format_value(value)
     return f"{float(value):.4f}"

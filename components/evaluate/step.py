@@ -2,9 +2,9 @@
 
 Artifacts of the component:
 
-* ``metrics`` (``Metrics``): the scalar metrics in its metadata (what the KFP UI shows); its path is the
-  evaluation directory: ``metrics.json``, ``roc.png``, ``roc.npz``, ``confusion.json``, ``report.md``,
-  ``report.html``.
+* ``metrics`` (``Metrics``): the scalar metrics in its metadata (what the KFP UI shows: AUC, NE, GAUC, ...); its
+  path is the evaluation directory: ``metrics.json`` (also the calibration bins and, with ``eval.slices``, the
+  slices), ``roc.png``, ``roc.npz``, ``confusion.json``, ``report.md``, ``report.html``.
 * ``roc`` (``ClassificationMetrics``): the ROC curve and the confusion matrix at ``eval.threshold`` (by default
   the training CTR), drawn side by side by the KFP UI.
 * ``report`` (``HTML``): the self-contained report page (ROC plot inlined).
