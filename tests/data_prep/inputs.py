@@ -8,9 +8,11 @@ import random
 from pathlib import Path
 
 
-def raw_line(rng: random.Random) -> str:
+def raw_line(rng: random.Random, ids_per_slot_step: int = 40) -> str:
+    """One raw row; slot ``s`` draws its ids from ``ids_per_slot_step * (s + 1) + 1`` values."""
     dense = [str(rng.randint(0, 300)) if rng.random() > 0.2 else "" for _ in range(13)]
-    sparse = [f"{rng.randint(0, 40 * (slot + 1)):08x}" if rng.random() > 0.1 else "" for slot in range(26)]
+    sparse = [f"{rng.randint(0, ids_per_slot_step * (slot + 1)):08x}" if rng.random() > 0.1 else ""
+              for slot in range(26)]
     return "\t".join([str(int(rng.random() < 0.25)), *dense, *sparse])
 
 

@@ -18,6 +18,7 @@ from components.data_prep.hashing import (HASH_FUNCTION, check_hash_function, fe
                                           hash64, hash_arrow_values, slot_prefix)
 from components.data_prep.prepare import DataPrepError, prepare_files
 from components.data_prep.sources import Unit, group_units, list_inputs, plan_units, read_blocks
+from tests.data_prep.inputs import raw_line
 
 
 def test_golden_ids_never_change():
@@ -38,22 +39,16 @@ def test_ids_from_an_unknown_hash_function_are_refused():
         check_hash_function("murmur3", "serving.json")
 
 
-def _raw_line(rng: random.Random, index: int) -> str:
-    dense = [str(rng.randint(0, 300)) if rng.random() > 0.2 else "" for _ in range(13)]
-    sparse = [f"{rng.randint(0, 50 * (slot + 1)):08x}" if rng.random() > 0.1 else "" for slot in range(26)]
-    return "\t".join([str(int(rng.random() < 0.25)), *dense, *sparse])
-
-
 def _write_inputs(root: Path, lines: int = 3000) -> Path:
     """Two plain files (one with malformed and blank lines, one without a final newline) and a gzip file."""
     rng = random.Random(7)
     root.mkdir(parents=True)
-    rows = [_raw_line(rng, i) for i in range(lines)]
+    rows = [raw_line(rng, 50) for _ in range(lines)]
     rows[10], rows[1500], rows[2990] = "1\t2\t3", "", "x" + rows[2990]  # wrong width, blank, bad label
     (root / "part-a.tsv").write_text("\n".join(rows) + "\n")
-    (root / "part-b.tsv").write_text("\n".join(_raw_line(rng, i) for i in range(lines // 2)))
+    (root / "part-b.tsv").write_text("\n".join(raw_line(rng, 50) for _ in range(lines // 2)))
     with gzip.open(root / "part-c.tsv.gz", "wt") as f:
-        f.write("\n".join(_raw_line(rng, i) for i in range(lines // 3)) + "\n")
+        f.write("\n".join(raw_line(rng, 50) for _ in range(lines // 3)) + "\n")
     return root
 
 
@@ -180,7 +175,7 @@ def test_counts_parsed_as_integers_give_the_text_the_per_value_path_gives():
     from components.data_prep.formats import BlockParser, normalize_count, schema_for
 
     rng = random.Random(3)
-    good = "".join(_raw_line(rng, i) + "\n" for i in range(200)) + "1\t70000\t-2" + "\t" * 11 + "\tab" * 26 + "\n"
+    good = "".join(raw_line(rng, 50) + "\n" for _ in range(200)) + "1\t70000\t-2" + "\t" * 11 + "\tab" * 26 + "\n"
     parser = BlockParser("raw", schema_for("raw", None), 1 << 20)
     typed = parser.parse(good.encode())
     mixed = parser.parse((good + "0\tabc" + "\t1" * 12 + "\tcd" * 26 + "\n").encode())
