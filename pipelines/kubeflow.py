@@ -10,7 +10,8 @@ The run directory gets::
 
     pipeline.yaml       the compiled pipeline (IR YAML + Kubernetes platform spec): submitted, or to upload
     config.yaml         the config compiled into it (storage credentials appear only as secret names)
-    k8s/rbac.yaml       the launcher account the train step acts as, and what it may do (``kubectl apply -f``, once)
+    k8s/rbac.yaml       the launcher account the train step and the exit handler act as, and what it may do
+                        (``kubectl apply -f``, once)
     k8s/ps-job.yaml     the objects the train step will create, for review (``kubectl apply --dry-run=server -f``)
     k8s/image-policy.yaml  with cluster.image_signing_key: admit only images signed with that key
     kubeflow_run.json   after a submission: the run id, its URL, the experiment and the run parameters
@@ -137,7 +138,8 @@ def review_data_uri(cfg: CtrConfig) -> str:
 def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
     """Compile the pipeline and write the run directory's files; returns the pipeline YAML's path."""
     from components.train.backends.image_policy import job_image_policy, to_yaml
-    from components.train.backends.manifests import REVIEW_NAME, launcher_rbac, review_manifests
+    from components.train.backends.manifests import REVIEW_NAME, review_manifests
+    from components.train.backends.rbac import launcher_rbac
 
     image_policy = job_image_policy(cfg)  # reads the signing key: a bad one fails before anything is compiled
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -147,7 +149,7 @@ def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
     (run_dir / RBAC_FILE).write_text(yaml.dump_all(launcher_rbac(cfg), Dumper=_PlainDumper, sort_keys=False))
     header = (f"# The objects the train step creates (cluster.backend={cfg.cluster.backend.value}), for review: e.g.\n"
               f"#   kubectl apply --dry-run=server -f {PS_JOB_FILE}\n"
-              f"# A run differs in what only it decides: the name ({REVIEW_NAME} here, ctr-ps-<random> in a run), the\n"
+              f"# A run differs in what only it decides: the name ({REVIEW_NAME} here, <run>-<random> in a run), the\n"
               "# dataset URI (the run's Dataset artifact), a checkpoint.resume target and the ownerReferences (the\n"
               "# train step's pod).\n")
     objects = review_manifests(compiled_config(cfg), review_data_uri(cfg))  # the config the train step gets

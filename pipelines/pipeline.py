@@ -8,8 +8,12 @@ step, ``resolve-config``, applies them and outputs the effective config that eve
 
 A daily pipeline on Kubeflow (``data.uri`` holding ``{day}``: one day per run) puts every step after
 ``resolve-config`` inside a condition on its ``train`` output, so a run whose day the checkpoint store has trained
-already does nothing more (and the UI shows those steps skipped); KFP allows no pipeline outputs from inside a
-condition, so that pipeline has none.
+already does nothing more (and the UI shows those steps skipped).
+
+On Kubeflow every step runs inside an exit handler whose exit task deletes whatever PS job objects the run left
+(:data:`EXIT_TASK`), however the run ended. KFP allows no pipeline outputs from inside a condition or an exit
+handler, so a Kubeflow pipeline has none: its tasks' artifacts are in the UI, and the driver reads the run's
+metrics from the checkpoint store (:mod:`pipelines.kubeflow`).
 
 ``kfp.local`` executes this pipeline for a local run (:mod:`pipelines.local`); :func:`compile_pipeline`
 turns it into the IR YAML that Kubeflow Pipelines runs (:mod:`pipelines.kubeflow`).
@@ -24,13 +28,16 @@ from typing import NamedTuple
 from kfp import compiler, dsl
 from kfp.dsl import HTML, Artifact, Metrics, Model
 
+from components.cleanup.component import clean_up_run
 from components.config import ClusterConfig, CtrConfig, DataSource, PipelineRunner
 from components.data_prep.component import convert_data, merge_data, plan_data
 from components.evaluate.component import evaluate_model
 from components.export.component import export_model
 from components.resolve.component import resolve_config
 from components.resolve.step import RUN_PARAMETERS, config_struct, day_gated, run_parameters
-from components.train.backends.manifests import KFP_RUN_LABEL, LAUNCHER_TOKEN_DIR, PIPELINE_RUN_ENV, launcher_token_secret
+from components.train.backends.manifests import (KFP_RUN_LABEL, KFP_WORKFLOW_LABEL, LAUNCHER_TOKEN_DIR,
+                                                 PIPELINE_RUN_ENV, PIPELINE_RUN_NAME_ENV)
+from components.train.backends.rbac import launcher_token_secret
 from components.train.component import train
 
 PIPELINE_NAME = "ctr-ps-training"
@@ -43,21 +50,33 @@ DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOO
                 "merge-data": ("resolve-config", "plan-data", PREP_LOOP), "train": ("resolve-config", "merge-data"),
                 "evaluate-model": ("resolve-config", "merge-data", "train"),
                 EXPORT_GATE: ("resolve-config", "train", "evaluate-model")}
-# A daily pipeline on Kubeflow (components.resolve.step.day_gated): its root DAG holds resolve-config and DAY_GATE, the
-# condition on resolve-config's `train` output around every other task (as DEPENDENCIES, numbered after it).
-DAY_GATE, DAY_GATE_NAME = "condition-1", "the run's day is not trained yet"
+# On Kubeflow the root DAG holds EXIT_HANDLER, the group of every task above, and EXIT_TASK, which runs once that
+# group ended however it ended (succeeded, failed, cancelled) and deletes the PS job objects the run left
+# (components.train.backends.kubernetes.cleanup): a launcher killed outright, or cancelled before it could delete
+# its job, leaves no pods behind. kfp.local has no use for it (its backend starts no Kubernetes objects).
+EXIT_HANDLER, EXIT_HANDLER_NAME = "exit-handler-1", "the run's steps"
+EXIT_TASK = "clean-up-run"
+# A daily pipeline on Kubeflow (components.resolve.step.day_gated): the exit handler holds resolve-config and DAY_GATE,
+# the condition on resolve-config's `train` output around every other task (as DEPENDENCIES, numbered after them:
+# KFP numbers the groups in the order they open, the exit handler first).
+DAY_GATE, DAY_GATE_NAME = "condition-2", "the run's day is not trained yet"
 # The steps that may simply run again after a failure (a lost node, a storage blip): they replace their outputs
-# whole. Not resolve-config and plan-data (their failures are the config's or the input's) nor train (the PS job
-# restarts itself).
-RETRIED_TASKS = ("convert-data", "merge-data", "evaluate-model", "export-model")
+# whole, or, the clean-up, find nothing left to delete. Not resolve-config and plan-data (their failures are the
+# config's or the input's) nor train (the PS job restarts itself).
+RETRIED_TASKS = ("convert-data", "merge-data", "evaluate-model", "export-model", EXIT_TASK)
 RETRY_BACKOFF = "60s"  # then doubling
 # Each task's pod resources on Kubeflow: the ClusterConfig.steps field.
 STEP_RESOURCES = {"resolve-config": "resolve", "plan-data": "resolve", "convert-data": "prepare",
-                  "merge-data": "prepare", "train": "train", "evaluate-model": "evaluate", "export-model": "export"}
+                  "merge-data": "prepare", "train": "train", "evaluate-model": "evaluate", "export-model": "export",
+                  EXIT_TASK: "resolve"}
 # The train step's launcher makes its own pod the owner of the PS job it creates, and labels that job with the
-# pipeline run it belongs to (downward API: KFP labels every pod of a run with its id).
+# pipeline run it belongs to (downward API: KFP labels every pod of a run with its id), and names it after the run's
+# workflow; the exit task finds the run's objects by that label. Both act as the launcher account (LAUNCHER_TASKS:
+# add_launcher_access).
 LAUNCHER_POD_FIELDS = {"POD_NAME": "metadata.name", "POD_UID": "metadata.uid", "POD_NAMESPACE": "metadata.namespace",
-                       PIPELINE_RUN_ENV: f"metadata.labels['{KFP_RUN_LABEL}']"}
+                       PIPELINE_RUN_ENV: f"metadata.labels['{KFP_RUN_LABEL}']",
+                       PIPELINE_RUN_NAME_ENV: f"metadata.labels['{KFP_WORKFLOW_LABEL}']"}
+LAUNCHER_TASKS = ("train", EXIT_TASK)
 
 # Pipeline outputs: what a local run copies into its run directory. The serving model is not one: the AUC gate
 # may skip its export (pipelines.local finds it when it was made).
@@ -76,7 +95,8 @@ def display_names(cfg: CtrConfig) -> dict[str, str]:
     return {"resolve-config": "Resolve the run's config", "plan-data": f"Plan the prep of {data}",
             "convert-data": f"Convert a group of {data}", "merge-data": "Merge the prepared groups",
             "train": f"Train: {cfg.ps.servers} PS servers + {cfg.ps.workers} workers ({cfg.cluster.backend.value})",
-            "evaluate-model": "Evaluate on the test split", "export-model": "Export the serving model"}
+            "evaluate-model": "Evaluate on the test split", "export-model": "Export the serving model",
+            EXIT_TASK: f"Clean up the run's PS job objects ({cfg.cluster.backend.value})"}
 
 
 def ctr_pipeline(cfg: CtrConfig):
@@ -91,7 +111,7 @@ def ctr_pipeline(cfg: CtrConfig):
     decorator = dsl.pipeline(name=PIPELINE_NAME, description="Parameter-server training of a CTR model on PaddlePaddle",
                              pipeline_root=cfg.cluster.pipeline_root, pipeline_config=hygiene)
 
-    def steps(arguments: dict) -> dict:
+    def pipeline_steps(arguments: dict) -> dict:
         """Every task (by :data:`TASKS` name) of a run given these arguments (the run parameters, among others)."""
         parameters = {name: arguments[name] for name in RUN_PARAMETERS}
         # Only where the steps are gated on Kubeflow: kfp.local 2.17 fails on the placeholder.
@@ -122,7 +142,20 @@ def ctr_pipeline(cfg: CtrConfig):
             gate = f"test AUC >= eval.min_auc {cfg.eval.min_auc:g}"
             with dsl.If(scored.outputs["Output"] >= cfg.eval.min_auc, name=gate):  # evaluate-model: the test AUC
                 served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"])
-        tasks = dict(zip(TASKS, (resolved, planned, converted, prep, fit, scored, served)))
+        return dict(zip(TASKS, (resolved, planned, converted, prep, fit, scored, served)))
+
+    def steps(arguments: dict) -> dict:
+        """:func:`pipeline_steps` with their settings; on Kubeflow inside the exit handler, whose exit task
+        (:data:`EXIT_TASK`) the tasks then include."""
+        if on_kubeflow:
+            # It takes the compiled-in cluster settings (no run parameter changes them), so that it runs even when
+            # resolve-config fails; its input never changes, and a cached clean-up would delete nothing.
+            cleanup = clean_up_run(cluster=config["cluster"]).set_caching_options(False)
+            with dsl.ExitHandler(cleanup, name=EXIT_HANDLER_NAME):
+                tasks = pipeline_steps(arguments)
+            tasks[EXIT_TASK] = cleanup
+        else:
+            tasks = pipeline_steps(arguments)
         for task in tasks.values():
             task.set_env_variable("PYTHONUNBUFFERED", "1")  # progress lines reach the logs as they happen
             task.set_container_image(image)
@@ -130,18 +163,19 @@ def ctr_pipeline(cfg: CtrConfig):
             add_kubeflow_settings(cfg, tasks)
         return tasks
 
-    # Two pipelines that differ only in their outputs, which a gated pipeline cannot have; `locals()` holds the run
-    # parameters the pipeline was called with.
-    if gated:
+    # Two pipelines that differ only in their outputs, which KFP allows from neither a condition (the day gate) nor an
+    # exit handler, so only kfp.local's pipeline has them; `locals()` holds the run parameters it was called with.
+    if on_kubeflow:
         @decorator
-        def daily_pipeline(data_uri: str = defaults["data_uri"], epochs: int = defaults["epochs"],
-                           learning_rate: float = defaults["learning_rate"],
-                           table_learning_rate: float = defaults["table_learning_rate"],
-                           batch_size: int = defaults["batch_size"], checkpoint_uri: str = defaults["checkpoint_uri"],
-                           resume: str = defaults["resume"], day: str = defaults["day"]):
+        def kubeflow_pipeline(data_uri: str = defaults["data_uri"], epochs: int = defaults["epochs"],
+                              learning_rate: float = defaults["learning_rate"],
+                              table_learning_rate: float = defaults["table_learning_rate"],
+                              batch_size: int = defaults["batch_size"],
+                              checkpoint_uri: str = defaults["checkpoint_uri"], resume: str = defaults["resume"],
+                              day: str = defaults["day"]):
             steps(locals())
 
-        return daily_pipeline
+        return kubeflow_pipeline
 
     @decorator
     def pipeline(data_uri: str = defaults["data_uri"], epochs: int = defaults["epochs"],
@@ -185,23 +219,31 @@ def add_kubeflow_settings(cfg: CtrConfig, tasks: dict) -> None:
 
 
 def add_kubernetes_settings(cluster: ClusterConfig, tasks: dict) -> None:
-    """Pod settings of the Kubeflow run: storage credentials as secret references only, non-root, image pull
-    secrets; the train step's own pod identity and, mounted into it alone, the token of the account that may
-    create PS jobs (the run's pods run as ``cluster.pipeline_service_account``)."""
+    """Pod settings of the Kubeflow run: storage credentials as secret references only (not to the exit task, which
+    reads no storage), non-root, image pull secrets; and the launcher's access for :data:`LAUNCHER_TASKS`
+    (:func:`add_launcher_access`)."""
     from kfp import kubernetes
 
-    for task in tasks.values():
-        for secret in cluster.storage_secrets:
+    for name, task in tasks.items():
+        for secret in cluster.storage_secrets if name != EXIT_TASK else ():
             kubernetes.use_secret_as_env(task, secret_name=secret.name,
                                          secret_key_to_env={key: env for env, key in secret.keys.items()})
         kubernetes.set_security_context(task, run_as_user=cluster.run_as_user, run_as_non_root=True)
         if cluster.image_pull_secrets:
             kubernetes.set_image_pull_secrets(task, list(cluster.image_pull_secrets))
-    launcher = tasks["train"]
+    for name in LAUNCHER_TASKS:
+        add_launcher_access(cluster, tasks[name])
+
+
+def add_launcher_access(cluster: ClusterConfig, task) -> None:
+    """What a task that acts on PS jobs needs: its own pod's identity and run (:data:`LAUNCHER_POD_FIELDS`) and,
+    mounted into it alone, the token of the account that may create and delete PS jobs (the run's pods run as
+    ``cluster.pipeline_service_account``, which may not)."""
+    from kfp import kubernetes
+
     for env, field_path in LAUNCHER_POD_FIELDS.items():
-        kubernetes.use_field_path_as_env(launcher, env_name=env, field_path=field_path)
-    kubernetes.use_secret_as_volume(launcher, secret_name=launcher_token_secret(cluster),
-                                    mount_path=LAUNCHER_TOKEN_DIR)
+        kubernetes.use_field_path_as_env(task, env_name=env, field_path=field_path)
+    kubernetes.use_secret_as_volume(task, secret_name=launcher_token_secret(cluster), mount_path=LAUNCHER_TOKEN_DIR)
 
 
 def compile_pipeline(cfg: CtrConfig, path: str | os.PathLike) -> str:

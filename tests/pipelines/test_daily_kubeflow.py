@@ -26,7 +26,8 @@ from components.config import ConfigError, from_dict
 from components.resolve.step import RUN_PARAMETERS, config_struct, effective_config, run_parameters
 from pipelines.ctr import run
 from pipelines.kubeflow import RunError, SubmitError
-from pipelines.pipeline import DAY_GATE, DAY_GATE_NAME, DEPENDENCIES, TASKS, compile_pipeline, compiled_config
+from pipelines.pipeline import (DAY_GATE, DAY_GATE_NAME, DEPENDENCIES, EXIT_HANDLER, EXIT_TASK, TASKS, compile_pipeline,
+                               compiled_config)
 from tests.conftest import compose_config
 from tests.pipelines.test_kubeflow import (GOLDEN_OVERRIDES, PROD, FakeKfpApi, _normalised,  # noqa: F401
                                            fake_credentials)
@@ -55,8 +56,9 @@ def test_compiled_daily_pipeline_gates_its_steps_on_the_day_and_matches_golden(t
     spec = json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
     parameters = spec.root.input_definitions.parameters
     assert set(parameters) == set(RUN_PARAMETERS) and parameters["day"].default_value.string_value == ""
-    # The root DAG: resolve-config, then the day gate on its `train` output around every other task.
-    root = spec.root.dag.tasks
+    # Inside the exit handler: resolve-config, then the day gate on its `train` output around every other task.
+    assert set(spec.root.dag.tasks) == {EXIT_HANDLER, EXIT_TASK}
+    root = spec.components[spec.root.dag.tasks[EXIT_HANDLER].component_ref.name].dag.tasks
     assert set(root) == {"resolve-config", DAY_GATE}
     gate = root[DAY_GATE]
     assert gate.task_info.name == DAY_GATE_NAME and list(gate.dependent_tasks) == ["resolve-config"]

@@ -38,8 +38,8 @@ from pipelines.ctr import run
 from pipelines.errors import ExitStatus
 from pipelines.kubeflow import RunError, SubmitError
 from components.train.backends import manifests
-from pipelines.pipeline import (LAUNCHER_POD_FIELDS, RETRIED_TASKS, TASKS, compile_pipeline, compiled_config,
-                                display_names)
+from pipelines.pipeline import (EXIT_HANDLER, EXIT_HANDLER_NAME, EXIT_TASK, LAUNCHER_POD_FIELDS, LAUNCHER_TASKS,
+                                RETRIED_TASKS, TASKS, compile_pipeline, compiled_config, display_names)
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET, compose_config, needs_schemas
 from tests.pipelines.spec import pipeline_tasks
 from tests.train.backends.kube_controllers import training_runtime_errors, trainjob_jobset
@@ -85,20 +85,31 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
         run_parameters(cfg) == {"data_uri": "", "epochs": 2, "learning_rate": 0.001, "table_learning_rate": 0.05,
                                 "batch_size": 256, "checkpoint_uri": "s3://ctr-bucket/golden/checkpoints",
                                 "resume": "none", "day": ""}
-    constant = spec.root.dag.tasks["resolve-config"].inputs.parameters["config"].runtime_value.constant
+    tasks = pipeline_tasks(spec)
+    constant = tasks["resolve-config"][0].inputs.parameters["config"].runtime_value.constant
     assert json_format.MessageToDict(constant) == config_struct(compiled_config(cfg))
+    # Every step inside the exit handler; its exit task runs once they all ended, however they ended.
+    assert set(spec.root.dag.tasks) == {EXIT_HANDLER, EXIT_TASK}
+    assert set(tasks) == {*TASKS, EXIT_TASK} and tasks["resolve-config"][1].task_info.name == EXIT_HANDLER_NAME
+    exit_task = spec.root.dag.tasks[EXIT_TASK]
+    assert list(exit_task.dependent_tasks) == [EXIT_HANDLER]
+    assert exit_task.trigger_policy.strategy == exit_task.trigger_policy.TriggerStrategy.ALL_UPSTREAM_TASKS_COMPLETED
+    assert not exit_task.caching_options.enable_cache  # a cached clean-up would delete nothing
+    cluster = exit_task.inputs.parameters["cluster"].runtime_value.constant
+    assert json_format.MessageToDict(cluster) == config_struct(compiled_config(cfg))["cluster"]
+    # KFP allows no pipeline outputs from inside an exit handler: the driver reads the run's metrics from the store.
+    assert not spec.root.output_definitions.artifacts
     assert spec.default_pipeline_root == "s3://ctr-bucket/kfp"
     executors = documents[0]["deploymentSpec"]["executors"]
     images = {executor["container"]["image"] for executor in executors.values()}
     assert images == {f"registry.example.com/paddle-ps-pipelines:0.1.0@{DIGEST}"}
     # Quota-enforced namespaces: every task requests and is limited in CPU and memory (cluster.steps).
-    for name in TASKS:
+    for name in (*TASKS, EXIT_TASK):
         resources = executors[f"exec-{name}"]["container"]["resources"]
         assert {"resourceCpuRequest", "resourceCpuLimit", "resourceMemoryRequest", "resourceMemoryLimit"} <= \
             set(resources), name
     assert executors["exec-convert-data"]["container"]["resources"]["resourceMemoryLimit"] == \
         cfg.cluster.steps.prepare.memory
-    tasks = pipeline_tasks(spec)
     names = display_names(cfg)
     for name, (task, group) in tasks.items():
         assert task.task_info.name == names[name]
@@ -110,18 +121,20 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
 
     platform = json_format.ParseDict(documents[1], pipeline_spec_pb2.PlatformSpec())
     platform_executors = json_format.MessageToDict(platform.platforms["kubernetes"].deployment_spec)["executors"]
-    assert set(platform_executors) == {f"exec-{task}" for task in TASKS}
+    assert set(platform_executors) == {f"exec-{task}" for task in (*TASKS, EXIT_TASK)}
+    launchers = {f"exec-{task}" for task in LAUNCHER_TASKS}
     for name, raw in platform_executors.items():
         k8s = json_format.ParseDict(raw, kubernetes_executor_config_pb2.KubernetesExecutorConfig())
-        assert [(s.secret_name, {m.env_var: m.secret_key for m in s.key_to_env}) for s in k8s.secret_as_env] == \
-            [("ctr-storage", {"AWS_ACCESS_KEY_ID": "access_key_id", "AWS_SECRET_ACCESS_KEY": "secret_access_key"})]
+        assert [(s.secret_name, {m.env_var: m.secret_key for m in s.key_to_env}) for s in k8s.secret_as_env] == ([
+            ("ctr-storage", {"AWS_ACCESS_KEY_ID": "access_key_id", "AWS_SECRET_ACCESS_KEY": "secret_access_key"})]
+            if name != f"exec-{EXIT_TASK}" else []), name  # the clean-up reads no storage
         assert k8s.security_context.run_as_non_root and k8s.security_context.run_as_user == 1000
         assert [secret.secret_name for secret in k8s.image_pull_secret] == ["regcred"]
         pod_fields = {f.name: f.field_path for f in k8s.field_path_as_env}
-        assert pod_fields == (LAUNCHER_POD_FIELDS if name == "exec-train" else {}), name
-        # Only the train step carries the token of the account that may create PS jobs.
+        assert pod_fields == (LAUNCHER_POD_FIELDS if name in launchers else {}), name
+        # Only the train step and the clean-up carry the token of the account that may create and delete PS jobs.
         volumes = [(v.secret_name, v.mount_path) for v in k8s.secret_as_volume]
-        assert volumes == ([("ctr-ps-launcher-token", manifests.LAUNCHER_TOKEN_DIR)] if name == "exec-train" else [])
+        assert volumes == ([("ctr-ps-launcher-token", manifests.LAUNCHER_TOKEN_DIR)] if name in launchers else [])
 
     # The PS job objects written for review: its pods opt out of sidecars and pull with the secrets.
     runtime, trainjob = [obj for obj in yaml.safe_load_all(ps_job_text) if obj["kind"] != "NetworkPolicy"]

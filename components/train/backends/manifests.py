@@ -37,9 +37,12 @@ pods only; the pods opt out of Istio sidecar injection (a sidecar keeps a Job's 
 
 from __future__ import annotations
 
+import hashlib
+import re
+import shlex
 from typing import Optional
 
-from components.config import ClusterBackend, ClusterConfig, CtrConfig, PodConfig, to_dict
+from components.config import ClusterBackend, CtrConfig, PodConfig, to_dict
 from components.ps.contract import (CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, ClusterLayout, JobSpec, Role,
                                     host_layout, ready_probe_command, role_env)
 from components.train.job import PreparedJob, planned_config
@@ -53,6 +56,7 @@ PADDLEJOB_PORT = 36000
 GLOO_PORT_OFFSET = 18
 JOB_LABEL = "ctr-ps.paddle/job"
 ROLE_LABEL = "ctr-ps.paddle/role"
+GLOO_ENDPOINT_ENV = "PADDLE_GLOO_HTTP_ENDPOINT"  # role_env's address of the rendezvous store on server 0
 SCRATCH = "/scratch"  # an emptyDir: workdir, staged table shards, the pod's copy of its data shards
 WORKDIR, STAGING = f"{SCRATCH}/work", f"{SCRATCH}/staging"
 REPLICATED_JOB = {Role.SERVER: "ps", Role.WORKER: "worker"}
@@ -64,9 +68,14 @@ TRAINER_FRAMEWORK_LABEL, TRAINER_FRAMEWORK = "trainer.kubeflow.org/framework", "
 # Trainer 2.4 refuses replicated-job names over 20 characters (kubeflow/trainer#4394); a pod's host name,
 # <trainjob>-<replicated job>-<job index>-<pod index>, must fit a DNS label (kubeflow/trainer#2734).
 MAX_REPLICATED_JOB_NAME, MAX_HOST_NAME = 20, 63
+RUN_NAME_HASH = 8  # hex digits of the hash that ends a job name cut short (job_name)
 TRAINER_ANCESTOR = "trainer"
 TRAINER_NODE = "node"
 TRAINER_REPLICATED_JOB = {Role.SERVER: "ps", Role.WORKER: TRAINER_NODE}
+# A TrainJob's pods name their hosts after the JobSet Trainer made for it (the TrainJob's name), read from the pod's
+# JobSet label into JOB_NAME_ENV: so one runtime serves TrainJobs of any name (the ClusterTrainingRuntime, a TrainJob
+# the kubeflow SDK names), not only the one the launcher names after its runtime.
+JOBSET_NAME_FIELD, JOB_NAME_ENV = "metadata.labels['jobset.sigs.k8s.io/jobset-name']", "PS_JOB_NAME"
 # The pod annotations JobSet (under a TrainJob too) and an Indexed Job set, read through the downward API.
 JOBSET_INDEX_FIELD = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
 JOBSET_RESTART_FIELD = "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"
@@ -88,6 +97,9 @@ LAUNCHER_TOKEN_DIR = "/var/run/secrets/ctr-ps-launcher"
 PIPELINE_RUN_LABEL = "ctr-ps.paddle/pipeline-run"
 KFP_RUN_LABEL = "pipeline/runid"
 PIPELINE_RUN_ENV = "PIPELINE_RUN_ID"
+# The launcher names its job after the run's Argo workflow (KFP's engine labels each pod of a run with it: a name a
+# person can tell, `ctr-ps-training-x7k2p`); an empty value (another engine) names it ctr-ps-<random> (job_name).
+KFP_WORKFLOW_LABEL, PIPELINE_RUN_NAME_ENV = "workflows.argoproj.io/workflow", "PIPELINE_RUN_NAME"
 
 
 def gloo_port(cfg: CtrConfig) -> int:
@@ -115,6 +127,28 @@ def pod_host(cfg: CtrConfig, name: str, role: Role, index: str | int) -> str:
     return f"{name}-{job}-{index}-0.{name}"  # <jobset>-<rjob>-<job index>-<pod index>.<subdomain>
 
 
+def job_name(cfg: CtrConfig, run_name: Optional[str], token: str) -> str:
+    """The name of a job the launcher creates: ``<run name>-<token>`` (``ctr-ps-<token>`` without a run name),
+    as a DNS label. A run name too long for the job's longest pod host name (a relaunch's, the last index) to fit
+    :data:`MAX_HOST_NAME` is cut and ends in a hash of the whole, so two long names with one beginning differ."""
+    longest = max(len(pod_host(cfg, "", role, max(count - 1, 0)).split(".")[0])
+                  for role, count in ((Role.SERVER, cfg.ps.servers), (Role.WORKER, cfg.ps.workers)))
+    budget = MAX_HOST_NAME - longest - len(f"-r{cfg.cluster.max_restarts}") - len(f"-{token}")
+    stem = "-".join(re.findall(r"[a-z0-9]+", (run_name or "").lower()))
+    if not stem[:1].isalpha():  # a DNS-1035 label starts with a letter
+        stem = "-".join(filter(None, ("ctr-ps", stem)))
+    if len(stem) > budget:
+        digest = hashlib.sha256((run_name or "").encode()).hexdigest()[:RUN_NAME_HASH]
+        stem = f"{stem[:budget - RUN_NAME_HASH - 1].rstrip('-')}-{digest}"
+    return f"{stem}-{token}"
+
+
+def host_base(cfg: CtrConfig, name: str) -> str:
+    """What a pod's host names start with: the job's name, or for a TrainJob its JobSet's name as the pod reads it
+    (:data:`JOB_NAME_ENV`, expanded by the kubelet)."""
+    return f"$({JOB_NAME_ENV})" if cfg.cluster.backend is ClusterBackend.trainjob else name
+
+
 def kubernetes_layout(cfg: CtrConfig, name: str) -> ClusterLayout:
     return host_layout(lambda role, i: pod_host(cfg, name, role, i), cfg.ps.servers, cfg.ps.workers,
                        cfg.cluster.paddle_port, gloo_port(cfg), job_id=name)
@@ -125,7 +159,8 @@ def role_env_template(cfg: CtrConfig, layout: ClusterLayout, role: Role) -> list
     taken from the pod (JobSet's job-index annotation, an Indexed Job's completion index; for a PaddleJob, the
     operator's own variables).
 
-    Kubernetes expands ``$(VAR)`` from variables defined earlier in the list, so the index comes first.
+    Kubernetes expands ``$(VAR)`` from variables defined earlier in the list, so the index (and a TrainJob's
+    JobSet name, :func:`host_base`) comes first.
     """
     count = layout.servers if role is Role.SERVER else layout.workers
     envs = [role_env(layout, role, i) for i in range(count)]
@@ -140,6 +175,8 @@ def role_env_template(cfg: CtrConfig, layout: ClusterLayout, role: Role) -> list
         templated = {INDEX_ENV: None, "PADDLE_TRAINER_ID": index_ref,
                      "POD_IP": pod_host(cfg, layout.job_id, role, index_ref)}
         head = [{"name": INDEX_ENV, "valueFrom": {"fieldRef": {"fieldPath": index_field}}}]
+        if cfg.cluster.backend is ClusterBackend.trainjob:
+            head.insert(0, {"name": JOB_NAME_ENV, "valueFrom": {"fieldRef": {"fieldPath": JOBSET_NAME_FIELD}}})
     unexpected = per_index - set(templated)
     if unexpected:  # role_env grew an index-dependent variable this template cannot express
         raise ValueError(f"role_env varies with the index in {sorted(unexpected)}; template them in manifests.py")
@@ -186,7 +223,7 @@ def pod_labels(cfg: CtrConfig, name: str, role: Role) -> dict[str, str]:
 
 def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt: int) -> dict:
     pods = cfg.cluster.servers if role is Role.SERVER else cfg.cluster.workers
-    layout = kubernetes_layout(cfg, name)
+    layout = kubernetes_layout(cfg, host_base(cfg, name))
     port = cfg.cluster.paddle_port
     if cfg.cluster.backend is ClusterBackend.paddlejob:  # the launcher recreates a failed one and counts the attempts
         restart = {"name": RESTART_ENV, "value": str(attempt)}
@@ -215,8 +252,10 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
     if role is Role.SERVER:
         # JobSet creates the workers once every server is Ready. Server 0 opens its PS port only after every
         # process joined the gloo rendezvous it hosts, so Ready means what the local launcher waits for: the
-        # rendezvous store listens (workers then wait for each PS port themselves).
-        container["readinessProbe"] = {"exec": {"command": ready_probe_command([layout.gloo_endpoint])},
+        # rendezvous store listens (workers then wait for each PS port themselves). The kubelet expands no $(VAR)
+        # in a probe: the store's address comes from the env it expanded (PADDLE_GLOO_HTTP_ENDPOINT), by the shell.
+        probe = shlex.join(ready_probe_command([]))
+        container["readinessProbe"] = {"exec": {"command": ["sh", "-c", f'exec {probe} "${GLOO_ENDPOINT_ENV}"']},
                                        "periodSeconds": 3, "timeoutSeconds": 3}
     spec = {
         "restartPolicy": "Never",  # a PS job cannot take one process back mid-run: the whole job restarts
@@ -277,8 +316,11 @@ def _replicated_job(cfg: CtrConfig, name: str, role: Role, spec_json: str, repli
 
 
 def _jobset_spec(cfg: CtrConfig, name: str, replicated_jobs: list[dict]) -> dict:
+    network = {"enableDNSHostnames": True, "publishNotReadyAddresses": True}
+    if cfg.cluster.backend is not ClusterBackend.trainjob:  # a TrainJob's JobSet defaults it to its own name
+        network["subdomain"] = name
     return {
-        "network": {"enableDNSHostnames": True, "subdomain": name, "publishNotReadyAddresses": True},
+        "network": network,
         "startupPolicy": {"startupPolicyOrder": "InOrder"},  # servers (listed first) before workers
         "successPolicy": {"operator": "All", "targetReplicatedJobs": [replicated_job(cfg, Role.WORKER)]},
         "failurePolicy": jobset_failure_policy(cfg),
@@ -396,27 +438,34 @@ def pod_data_uri(dataset_uri: str) -> str:
 REVIEW_NAME = "ctr-ps-review"
 
 
-def review_manifests(cfg: CtrConfig, data_uri: str) -> list[dict]:
+def review_manifests(cfg: CtrConfig, data_uri: str, name: str = REVIEW_NAME) -> list[dict]:
     """The objects the train step creates for ``cfg`` in ``cluster.namespace``, written before any run for a
     platform team to review (``kubectl apply --dry-run=server -f``). What only the run decides differs: the name
-    (``ctr-ps-<random>``), ``data_uri`` (the run's Dataset artifact), the restore target of ``checkpoint.resume``
+    (:func:`job_name`), ``data_uri`` (the run's Dataset artifact), the restore target of ``checkpoint.resume``
     (read from the store when the step starts; none here) and the owner (the step's pod)."""
     spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=pod_data_uri(data_uri), workdir=WORKDIR,
                    staging_dir=STAGING)
-    return _job_objects(cfg, spec.to_json(), name=REVIEW_NAME, namespace=cfg.cluster.namespace, attempt=0, owner=None)
+    return _job_objects(cfg, spec.to_json(), name=name, namespace=cfg.cluster.namespace, attempt=0, owner=None)
 
 
 def job_pods_selector(name: str) -> str:
     return f"{JOB_LABEL}={name}"
 
 
-def worker0_selector(cfg: CtrConfig, name: str) -> str:
+def role_pod_selector(cfg: CtrConfig, name: str, role: Role, index: Optional[int] = None) -> str:
+    """The pods of ``role`` number ``index`` (every index: None) of the job object ``name``, by the labels its
+    controller sets (not the job label: a runtime's pods carry the runtime's name, whatever TrainJob runs them)."""
+    rjob = replicated_job(cfg, role)
     if cfg.cluster.backend is ClusterBackend.paddlejob:
-        return f"paddle-res-name={name}-worker-0"  # the operator's per-pod label
-    jobset_pods = f"jobset.sigs.k8s.io/jobset-name={name},jobset.sigs.k8s.io/replicatedjob-name="
-    if cfg.cluster.backend is ClusterBackend.trainjob:  # Trainer's JobSet has the TrainJob's name
-        return f"{jobset_pods}{TRAINER_NODE},{COMPLETION_INDEX_LABEL}=0"
-    return f"{jobset_pods}worker,jobset.sigs.k8s.io/job-index=0"
+        if index is None:
+            raise ValueError("paddle-operator labels each pod of a role apart: name its index")
+        return f"paddle-res-name={name}-{rjob}-{index}"  # the operator's per-pod label
+    selector = f"jobset.sigs.k8s.io/jobset-name={name},jobset.sigs.k8s.io/replicatedjob-name={rjob}"
+    if index is None:
+        return selector
+    # Trainer's JobSet has the TrainJob's name and one Indexed Job per role: the pod's completion index is the role's.
+    key = COMPLETION_INDEX_LABEL if cfg.cluster.backend is ClusterBackend.trainjob else "jobset.sigs.k8s.io/job-index"
+    return f"{selector},{key}={index}"
 
 
 def pod_index(cfg: CtrConfig, pod_name: str, labels: dict[str, str]) -> Optional[str]:
@@ -426,44 +475,3 @@ def pod_index(cfg: CtrConfig, pod_name: str, labels: dict[str, str]) -> Optional
     if cfg.cluster.backend is ClusterBackend.jobset:
         return labels.get("jobset.sigs.k8s.io/job-index")
     return labels.get("paddle-res-name", pod_name).rpartition("-")[2] or None  # <job>-<ps|worker>-<i>
-
-
-# The API resources of each backend's job objects: what the launcher creates, follows and deletes.
-JOB_RESOURCES = {
-    ClusterBackend.trainjob: (TRAINER_GROUP, ["trainingruntimes", "trainjobs"]),
-    ClusterBackend.jobset: ("jobset.x-k8s.io", ["jobsets"]),
-    ClusterBackend.paddlejob: ("batch.paddlepaddle.org", ["paddlejobs"]),
-}
-
-
-def launcher_token_secret(cluster: ClusterConfig) -> str:
-    """The Secret holding ``cluster.service_account``'s token (k8s/rbac.yaml creates it; the train step mounts it)."""
-    return f"{cluster.service_account}-token"
-
-
-def launcher_rbac(cfg: CtrConfig) -> list[dict]:
-    """What the train step needs to run PS jobs of ``cluster.backend`` in its namespace (apply once): the launcher
-    account, its Role and binding, and the account's token Secret, which only the train step mounts."""
-    namespace, account = cfg.cluster.namespace, cfg.cluster.service_account
-    role_name = "ctr-ps-launcher"
-    group, resources = JOB_RESOURCES[cfg.cluster.backend]
-    rules = [
-        {"apiGroups": [group], "resources": resources, "verbs": ["create", "get", "list", "watch", "delete"]},
-        {"apiGroups": ["networking.k8s.io"], "resources": ["networkpolicies"],
-         "verbs": ["create", "get", "list", "delete"]},  # list: the exit handler finds a run's by label
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
-    ]
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace},
-         "automountServiceAccountToken": False},
-        {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
-         "metadata": {"name": launcher_token_secret(cfg.cluster), "namespace": namespace,
-                      "annotations": {"kubernetes.io/service-account.name": account}}},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-         "metadata": {"name": role_name, "namespace": namespace}, "rules": rules},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-         "metadata": {"name": role_name, "namespace": namespace},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
-         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
-    ]

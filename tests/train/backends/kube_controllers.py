@@ -178,3 +178,45 @@ def job_pod(body: dict, role: str, index: int, runtime: Optional[dict]) -> tuple
         pod_name = f"{name}-{role}-{index}"
         labels["paddle-res-name"] = pod_name
     return pod_name, labels, template["spec"]["containers"][0]["name"]
+
+
+def kubelet_env(container_env, fields, appended=(), env_from=None):
+    """The environment a container sees: ``envFrom`` first, then ``env`` in order (later entries of the same
+    name win), ``fieldRef`` values from ``fields``, ``$(VAR)`` expanded from variables defined before."""
+    env = dict(env_from or {})
+    for entry in list(container_env) + list(appended):
+        if "value" in entry:
+            value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), entry["value"])
+        elif "fieldRef" in entry["valueFrom"]:
+            value = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
+        else:
+            value = "<secret {name}/{key}>".format(**entry["valueFrom"]["secretKeyRef"])
+        env[entry["name"]] = value
+    return env
+
+
+_REQUIREMENT = re.compile(r"\s*(?P<key>[\w./-]+)\s*(?:(?P<op>==|=|!=)\s*(?P<value>[\w.-]*)"
+                          r"|\s+(?P<set_op>in|notin)\s*\((?P<values>[^)]*)\))?\s*(?:,|$)")
+
+
+def selects(selector: Optional[str], labels: dict) -> bool:
+    """Whether a label selector (equality and set-based requirements, existence) selects ``labels``."""
+    if not selector:
+        return True
+    position = 0
+    while position < len(selector):
+        match = _REQUIREMENT.match(selector, position)
+        if not match or match.end() == position:
+            raise ValueError(f"unparsable label selector {selector!r}")
+        position = match.end()
+        key, present = match["key"], match["key"] in labels
+        if match["op"]:
+            if (labels.get(key) == match["value"]) != (match["op"] != "!="):
+                return False
+        elif match["set_op"]:
+            values = {v.strip() for v in match["values"].split(",")}
+            if (present and labels[key] in values) != (match["set_op"] == "in"):
+                return False
+        elif not present:
+            return False
+    return True

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import itertools
-import re
 import threading
 import uuid
 from typing import Any, Callable, Optional
@@ -31,6 +30,7 @@ from kubernetes import client, watch
 
 from components.train.backends import manifests
 from components.train.backends.kubernetes.api import KubeApis
+from tests.train.backends.kube_controllers import selects
 
 # The resources of a cluster with Trainer, JobSet and paddle-operator installed: (group/version/plural, kind).
 RESOURCES = {
@@ -40,33 +40,6 @@ RESOURCES = {
     f"{manifests.JOBSET_API}/jobsets": "JobSet", f"{manifests.PADDLEJOB_API}/paddlejobs": "PaddleJob",
 }
 CLUSTER_SCOPED = {"ClusterTrainingRuntime"}
-_REQUIREMENT = re.compile(r"\s*(?P<key>[\w./-]+)\s*(?:(?P<op>==|=|!=)\s*(?P<value>[\w.-]*)"
-                          r"|\s+(?P<set_op>in|notin)\s*\((?P<values>[^)]*)\))?\s*(?:,|$)")
-
-
-def selects(selector: Optional[str], labels: dict) -> bool:
-    """Whether a label selector (equality and set-based requirements, existence) selects ``labels``."""
-    if not selector:
-        return True
-    position = 0
-    while position < len(selector):
-        match = _REQUIREMENT.match(selector, position)
-        if not match or match.end() == position:
-            raise ValueError(f"unparsable label selector {selector!r}")
-        position = match.end()
-        key, present = match["key"], match["key"] in labels
-        if match["op"]:
-            if (labels.get(key) == match["value"]) != (match["op"] != "!="):
-                return False
-        elif match["set_op"]:
-            values = {v.strip() for v in match["values"].split(",")}
-            if (present and labels[key] in values) != (match["set_op"] == "in"):
-                return False
-        elif not present:
-            return False
-    return True
-
-
 def _labels(obj: Any) -> dict:
     return ((obj or {}).get("metadata") or {}).get("labels") or {}
 

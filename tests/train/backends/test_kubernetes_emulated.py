@@ -1,4 +1,4 @@
-"""The Kubernetes launcher, the kubeflow SDK and the run's cleanup against an HTTP Kubernetes API on loopback
+"""The Kubernetes launcher and the run's cleanup against an HTTP Kubernetes API on loopback
 (:mod:`tests.train.backends.kube_emulator`), through the real ``kubernetes`` client: objects created (and
 validated against the CRDs of ../shared/schemas when it is there), followed by polling and watches, conditions
 deciding the outcome, deletion, owner references and the run label. Each test plays the controllers over HTTP
@@ -70,6 +70,23 @@ def cluster():
 
 
 @pytest.fixture
+def kubeconfig(cluster, tmp_path, monkeypatch):
+    """A kubeconfig naming the emulator and the test's namespace, as a developer's machine has one; outside a pod."""
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "emulated",
+        "clusters": [{"name": "emulated", "cluster": {"server": cluster.url}}],
+        "users": [{"name": "developer", "user": {}}],
+        "contexts": [{"name": "emulated", "context": {"cluster": "emulated", "user": "developer",
+                                                      "namespace": NAMESPACE}}]}))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    # The client reads $KUBECONFIG once, when imported.
+    monkeypatch.setattr("kubernetes.config.kube_config.KUBE_CONFIG_DEFAULT_LOCATION", str(path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    return path
+
+
+@pytest.fixture
 def launcher_pod(monkeypatch):
     """The step's pod as the downward API describes it, in a Kubeflow run."""
     monkeypatch.setenv("POD_NAME", LAUNCHER_POD["name"])
@@ -102,8 +119,13 @@ class PlayedController:
 
     def runtime(self, body: dict) -> Optional[dict]:
         ref = body["spec"].get("runtimeRef")
+        if not ref:
+            return None
+        if ref.get("kind") == "ClusterTrainingRuntime":
+            return self.apis.custom.get_cluster_custom_object(manifests.TRAINER_GROUP, "v1alpha1",
+                                                              "clustertrainingruntimes", ref["name"])
         return self.apis.custom.get_namespaced_custom_object(manifests.TRAINER_GROUP, "v1alpha1", NAMESPACE,
-                                                             "trainingruntimes", ref["name"]) if ref else None
+                                                             "trainingruntimes", ref["name"])
 
     def pod(self, body: dict, role: str, index: int, lines: tuple = (), exit_code: int = 0) -> str:
         """A pod of the job that ran to its end, ``exit_code``, having logged ``lines``; returns its name."""
@@ -130,8 +152,10 @@ class PlayedController:
                            lambda kind, body: on_created(self, body) if kind == "ADDED" else None)
 
 
-def _succeeds(controller: PlayedController, body: dict) -> None:
-    controller.pod(body, "ps", 0)
+def _succeeds(controller: PlayedController, body: dict, server_logs: tuple = ((),)) -> None:
+    """The job's pods ran and it succeeded; ``server_logs``: the lines of each server's log."""
+    for index, lines in enumerate(server_logs):
+        controller.pod(body, "ps", index, lines)
     controller.pod(body, "worker", 0, ("I1129 fleet init done", EPOCH, CHECKPOINT, _event("@done")))
     controller.pod(body, "worker", 1, (EPOCH,))  # only worker 0's log is followed
     controller.end(body, SUCCEEDED[controller.backend])
@@ -162,6 +186,35 @@ def test_a_job_is_created_followed_to_its_success_and_deleted(config, tmp_path, 
         (deleted,) = cluster.requests("DELETE", RESOURCES[kind])
         assert deleted.params["propagationPolicy"] == "Background"
     assert f"deleted {kinds[-1]} {job.job_name(0)}" in echoed
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_the_servers_logs_reach_the_steps_output_and_its_logs(config, tmp_path, launcher_pod, cluster, backend):
+    servers = (("I1129 server 0: table loaded", "I1129 server 0: 10 pulls/s"), ("I1129 server 1: table loaded",))
+    PlayedController(cluster, backend).control(lambda controller, body: _succeeds(controller, body, servers))
+    echoed = []
+    _launcher(_cfg(config, backend, "ps.servers=2"), tmp_path, cluster, echoed).run()
+    for index, lines in enumerate(servers):  # each server's lines in order; the two streams may interleave
+        assert [line for line in echoed if line.startswith(f"[server-{index}]")] == [
+            f"[server-{index}] {line}" for line in lines]
+    logs = tmp_path / "logs"
+    assert (logs / "server-0.log").read_text().splitlines()[1:] == ["I1129 server 0: table loaded",
+                                                                     "I1129 server 0: 10 pulls/s"]
+    assert (logs / "server-1.log").read_text().splitlines()[1:] == ["I1129 server 1: table loaded"]
+
+
+def test_a_long_run_name_names_the_job_within_the_host_name_limit(config, tmp_path, launcher_pod, cluster,
+                                                                   monkeypatch):
+    run_name = "ctr-ps-training-daily-criteo-terabyte-sweep-lr-0-05-x7k2pq9z"  # 60 characters
+    monkeypatch.setenv(manifests.PIPELINE_RUN_NAME_ENV, run_name)
+    PlayedController(cluster, "trainjob").control(_succeeds)
+    job = _launcher(_cfg(config, "trainjob"), tmp_path, cluster, [])
+    job.run()
+    (trainjob,) = [body for body in _created(cluster) if body["kind"] == "TrainJob"]
+    name = trainjob["metadata"]["name"]
+    assert name == job.job_name(0) and name.startswith(run_name[:16]) and len(name) < len(run_name)
+    longest = f"{name}-{manifests.TRAINER_NODE}-0-{job.cfg.ps.workers - 1}"
+    assert len(longest) <= manifests.MAX_HOST_NAME
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -272,6 +325,25 @@ def test_the_exit_handler_deletes_what_its_run_left_and_nothing_else(config, mon
     assert delete_pipeline_run_objects(cfg.cluster, PIPELINE_RUN, apis=apis, echo=lambda line: None) == []
 
 
+def test_the_exit_component_deletes_its_runs_objects_as_the_pod_sees_the_cluster(config, monkeypatch, cluster,
+                                                                                 kubeconfig):
+    """The exit handler's component as KFP runs it: its function, given the compiled-in cluster settings, in a pod
+    whose env names its namespace and run (the downward API), acting as the kubeconfig's user here."""
+    from components.cleanup.component import clean_up_run
+    from components.resolve.step import config_struct
+
+    cfg = _cfg(config, "jobset")
+    left, other = _run_objects(cfg, PIPELINE_RUN), _run_objects(cfg, "another-run")
+    for body in left + other:
+        KubeObject.of(body).create(cluster.apis(), body)
+    monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
+    monkeypatch.setenv(manifests.PIPELINE_RUN_ENV, PIPELINE_RUN)
+    deleted = clean_up_run.python_func(cluster=config_struct(cfg)["cluster"])
+    assert deleted == [str(KubeObject.of(body)) for body in reversed(left)]
+    remaining = [body["metadata"]["name"] for resource in RESOURCES.values() for body in cluster.objects(resource)]
+    assert sorted(remaining) == sorted(body["metadata"]["name"] for body in other)
+
+
 def test_the_exit_handler_reads_the_run_from_the_pod_and_needs_one(config, monkeypatch, cluster):
     cfg, apis = _cfg(config, "paddlejob"), cluster.apis()
     monkeypatch.setenv("POD_NAMESPACE", NAMESPACE)
@@ -280,62 +352,3 @@ def test_the_exit_handler_reads_the_run_from_the_pod_and_needs_one(config, monke
     monkeypatch.setenv(manifests.PIPELINE_RUN_ENV, PIPELINE_RUN)
     del cluster.emulator.resources[JOB_RESOURCE["paddlejob"]]  # a cluster without paddle-operator: nothing to find
     assert delete_pipeline_run_objects(cfg.cluster, apis=apis, echo=lambda line: None) == []
-
-
-@pytest.fixture
-def trainer_client(cluster):
-    """The kubeflow SDK's TrainerClient, its Kubernetes backend pointed at the emulator, whose Trainer control
-    plane publishes its version as Trainer does."""
-    trainer = pytest.importorskip("kubeflow.trainer", reason="the kubeflow SDK (test extra) is not installed")
-    cluster.apis().core.create_namespaced_config_map("kubeflow-system", {
-        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "kubeflow-trainer-public"},
-        "data": {"kubeflow_trainer_version": "v2.4.0"}})
-    return trainer, trainer.TrainerClient(backend_config=trainer.KubernetesBackendConfig(
-        namespace=NAMESPACE, client_configuration=cluster.configuration()))
-
-
-def _our_runtime(config, cluster, *, framework_label: bool = True) -> dict:
-    """This project's TrainingRuntime for a trainjob config, created in the emulator."""
-    runtime = _run_objects(_cfg(config, "trainjob"), PIPELINE_RUN)[1]
-    if not framework_label:
-        del runtime["metadata"]["labels"][manifests.TRAINER_FRAMEWORK_LABEL]
-        runtime["metadata"]["name"] += "-unlabelled"
-    KubeObject.of(runtime).create(cluster.apis(), runtime)
-    return runtime
-
-
-def test_the_sdk_lists_our_runtime_and_runs_a_trainjob_on_it(config, cluster, trainer_client):
-    trainer, sdk = trainer_client
-    runtime = _our_runtime(config, cluster)
-    _our_runtime(config, cluster, framework_label=False)  # the SDK skips a runtime without the label
-
-    (listed,) = sdk.list_runtimes()
-    assert (listed.name, listed.trainer.framework, listed.trainer.num_nodes) == (
-        runtime["metadata"]["name"], manifests.TRAINER_FRAMEWORK, 2)
-
-    name = sdk.train(runtime=listed, trainer=trainer.CustomTrainerContainer(
-        image="ctr-ps:test", num_nodes=2, env={"PS_EXTRA": "1"}))
-    (held,) = cluster.objects(JOB_RESOURCE["trainjob"])  # it fit the TrainJob CRD, or the emulator refused it
-    assert held["metadata"]["name"] == name and held["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"]
-    assert held["spec"]["trainer"]["numNodes"] == 2 and held["spec"]["trainer"]["image"] == "ctr-ps:test"
-
-    controller = PlayedController(cluster, "trainjob")
-    for index in range(2):
-        controller.pod(held, "worker", index, (f"worker {index}", EPOCH))
-    controller.end(held, SUCCEEDED["trainjob"])
-    job = sdk.wait_for_job_status(name, timeout=30, polling_interval=1)
-    assert job.status == "Complete" and sdk.get_job(name).status == "Complete"
-    assert sorted(step.name for step in job.steps) == ["node-0", "node-1"]
-    assert list(sdk.get_job_logs(name)) == ["worker 0", EPOCH]  # worker 0's log, as the step's own output has it
-
-
-def test_the_sdk_reads_a_failed_trainjob(config, cluster, trainer_client):
-    trainer, sdk = trainer_client
-    _our_runtime(config, cluster)
-    (runtime,) = sdk.list_runtimes()
-    name = sdk.train(runtime=runtime, trainer=trainer.CustomTrainerContainer(image="ctr-ps:test"))
-    (held,) = cluster.objects(JOB_RESOURCE["trainjob"])
-    PlayedController(cluster, "trainjob").end(held, _conditions("Failed", "JobSetFailed", "reached max restarts"))
-    assert sdk.get_job(name).status == "Failed"
-    with pytest.raises(RuntimeError, match=f"TrainJob {name} is Failed"):
-        sdk.wait_for_job_status(name, timeout=30, polling_interval=1)

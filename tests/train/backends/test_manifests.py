@@ -4,8 +4,10 @@ JobSet make of the objects (:mod:`tests.train.backends.kube_controllers`), and a
 gives the same roles."""
 
 import copy
+import hashlib
 import json
 import re
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -15,12 +17,13 @@ from components.checkpoint.restore import RestoreTarget
 from components.checkpoint.store import CheckpointStore
 from components.config import ConfigError, from_dict, to_dict, validate
 from components.ps.contract import CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, Role, role_env
-from components.train.backends import manifests
+from components.train.backends import manifests, rbac
+from components.train.backends.kubernetes.cleanup import RUN_OBJECT_KINDS
 from components.train.job import PreparedJob, planned_config
 from tests.conftest import ROOT, needs_schemas
 from tests.train.backends.crds import crd_schema
-from tests.train.backends.kube_controllers import (job_failure, jobset_action, training_runtime_errors,
-                                                   trainjob_jobset)
+from tests.train.backends.kube_controllers import (job_failure, job_pod, jobset_action, kubelet_env, selects,
+                                                   training_runtime_errors, trainjob_jobset)
 
 DIGEST = "sha256:" + "ab" * 32
 OWNER = {"apiVersion": "v1", "kind": "Pod", "name": "ctr-run-train-abc", "uid": "1b2c3d4e-0000-1111-2222-333344445555"}
@@ -77,25 +80,10 @@ def _pod_templates(obj):
     return {key: obj["spec"][key]["template"] for key in ("ps", "worker")}
 
 
-def _index_fields(backend: str, index: int) -> dict:
-    """The downward-API fields a pod of index ``index`` reads."""
+def _index_fields(backend: str, index: int, jobset: str = "ctr-1a2b3c") -> dict:
+    """The downward-API fields a pod of index ``index`` of the JobSet ``jobset`` reads."""
     field = manifests.COMPLETION_INDEX_FIELD if backend == "trainjob" else manifests.JOBSET_INDEX_FIELD
-    return {field: str(index), manifests.JOBSET_RESTART_FIELD: "0"}
-
-
-def _kubelet_env(container_env, fields, appended=(), env_from=None):
-    """The environment a container sees: ``envFrom`` first, then ``env`` in order (later entries of the same
-    name win), ``fieldRef`` values from ``fields``, ``$(VAR)`` expanded from variables defined before."""
-    env = dict(env_from or {})
-    for entry in list(container_env) + list(appended):
-        if "value" in entry:
-            value = re.sub(r"\$\((\w+)\)", lambda m: env.get(m.group(1), m.group(0)), entry["value"])
-        elif "fieldRef" in entry["valueFrom"]:
-            value = fields[entry["valueFrom"]["fieldRef"]["fieldPath"]]
-        else:
-            value = "<secret {name}/{key}>".format(**entry["valueFrom"]["secretKeyRef"])
-        env[entry["name"]] = value
-    return env
+    return {field: str(index), manifests.JOBSET_RESTART_FIELD: "0", manifests.JOBSET_NAME_FIELD: jobset}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -113,7 +101,7 @@ def test_objects_fit_the_kubernetes_models(prod, backend):
         trainer = jobs[-1]["spec"]["trainer"]
         assert _round_trip(trainer["resourcesPerNode"], "V1ResourceRequirements") == trainer["resourcesPerNode"]
         assert [_round_trip(e, "V1EnvVar") for e in trainer["env"]] == trainer["env"]
-    for obj in manifests.launcher_rbac(cfg):
+    for obj in rbac.launcher_rbac(cfg):
         assert _round_trip(obj, f"V1{obj['kind']}") == obj
 
 
@@ -180,10 +168,12 @@ def test_jobset_pod_env_equals_the_local_backends_env(prod, backend, servers, wo
     for role, count in ((Role.SERVER, servers), (Role.WORKER, workers)):
         container = templates[REPLICATED_ROLE[role]]["spec"]["containers"][0]
         for index in range(count):
-            env = _kubelet_env(container["env"], _index_fields(backend, index))
+            env = kubelet_env(container["env"], _index_fields(backend, index))
             expected = role_env(layout, role, index)
             assert {k: env[k] for k in expected} == expected
-            assert set(env) - set(expected) == EXTRA_ENV
+            # and a TrainJob's pod the name of its JobSet, which its hosts are named after
+            named = {manifests.JOB_NAME_ENV} if backend == "trainjob" else set()
+            assert set(env) - set(expected) == EXTRA_ENV | named
     # The endpoints are the pods' stable DNS names: <jobset>-<replicated job>-<job index>-<pod index>.<subdomain>;
     # Trainer's replicated jobs are one Job each, whose pod index is the role index.
     if backend == "trainjob":
@@ -192,7 +182,10 @@ def test_jobset_pod_env_equals_the_local_backends_env(prod, backend, servers, wo
     else:
         assert layout.server_endpoints == tuple(f"ctr-1a2b3c-ps-{i}-0.ctr-1a2b3c:36000" for i in range(servers))
     assert layout.gloo_endpoint == f"{layout.server_endpoints[0].rsplit(':', 1)[0]}:36018"
-    assert running["spec"]["network"]["subdomain"] == running["metadata"]["name"] == "ctr-1a2b3c"
+    # A TrainJob's runtime names no subdomain: JobSet's default is the JobSet's name, whatever TrainJob made it.
+    network = running["spec"]["network"]
+    assert network.get("subdomain", running["metadata"]["name"]) == running["metadata"]["name"] == "ctr-1a2b3c"
+    assert ("subdomain" in network) == (backend == "jobset")
 
 
 REPLICATED_ROLE = {Role.SERVER: "ps", Role.WORKER: "worker"}  # _pod_templates' keys
@@ -212,7 +205,7 @@ def test_paddlejob_pod_env_with_the_operators_variables_equals_the_local_backend
             appended = [{"name": "POD_IP", "value": f"ctr-1a2b3c-{key}-{index}"},
                         {"name": "PADDLE_TRAINER_ID", "value": str(index)},
                         {"name": "TRAINING_ROLE", "value": "PSERVER" if role is Role.SERVER else "TRAINER"}]
-            env = _kubelet_env(container["env"], {}, appended, operator_map)
+            env = kubelet_env(container["env"], {}, appended, operator_map)
             # The operator exposes no index before the env is built: only PS_ROLE_INDEX (informational) is missing.
             expected = {k: v for k, v in role_env(layout, role, index).items() if k != INDEX_ENV}
             assert {k: env[k] for k in expected} == expected
@@ -260,8 +253,11 @@ def test_pods_are_unprivileged_and_sized_by_role(prod, backend):
     assert worker["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert server["nodeSelector"] == {"pool": "cpu-highmem"} and "nodeSelector" not in worker
     # Ready once the rendezvous store on server 0 listens: its PS port opens only after the workers joined.
+    # The probe reads the store's address from the env the kubelet expanded ($(VAR) is not expanded in a probe).
     probe = server["containers"][0]["readinessProbe"]["exec"]["command"]
-    assert probe[-1] == manifests.kubernetes_layout(cfg, "ctr-1a2b3c").gloo_endpoint
+    assert probe[:2] == ["sh", "-c"] and probe[2].endswith(f'"${manifests.GLOO_ENDPOINT_ENV}"')
+    env = kubelet_env(server["containers"][0]["env"], _index_fields(backend, 1))
+    assert env[manifests.GLOO_ENDPOINT_ENV] == manifests.kubernetes_layout(cfg, "ctr-1a2b3c").gloo_endpoint
 
 
 @pytest.mark.parametrize("backend", JOBSET_BACKENDS)
@@ -359,14 +355,23 @@ def test_paddlejob_restart_attempt_is_a_value_the_launcher_sets(prod):
     assert env[RESTART_ENV] == {"name": RESTART_ENV, "value": "2"}
 
 
-def test_worker0_selector_matches_the_labels_the_controllers_set(prod):
-    jobset = manifests.worker0_selector(prod(), "ctr-1a2b3c")
-    assert "jobset.sigs.k8s.io/replicatedjob-name=worker" in jobset and "job-index=0" in jobset
-    trainjob = manifests.worker0_selector(prod("cluster.backend=trainjob"), "ctr-1a2b3c")
-    assert trainjob == ("jobset.sigs.k8s.io/jobset-name=ctr-1a2b3c,jobset.sigs.k8s.io/replicatedjob-name=node,"
-                        "batch.kubernetes.io/job-completion-index=0")
-    paddle = manifests.worker0_selector(prod("cluster.backend=paddlejob"), "ctr-1a2b3c")
-    assert paddle == "paddle-res-name=ctr-1a2b3c-worker-0"
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("role,index", [(Role.WORKER, 0), (Role.SERVER, 1)])
+def test_role_pod_selectors_select_the_pod_the_controllers_label(prod, backend, role, index):
+    cfg = prod(f"cluster.backend={backend}", "ps.servers=2", "ps.workers=2")
+    _, *jobs = _objects(cfg)
+    runtime = jobs[0] if backend == "trainjob" else None
+    pods = {(r, i): job_pod(jobs[-1], r, i, runtime)[1] for r in ("ps", "worker") for i in range(2)}
+    wanted = ("ps" if role is Role.SERVER else "worker", index)
+    selected = [key for key, labels in pods.items()
+                if selects(manifests.role_pod_selector(cfg, "ctr-1a2b3c", role, index), labels)]
+    assert selected == [wanted]
+    if backend == "paddlejob":  # the operator labels each pod apart: no selector of a whole role
+        with pytest.raises(ValueError, match="name its index"):
+            manifests.role_pod_selector(cfg, "ctr-1a2b3c", role)
+    else:
+        every = manifests.role_pod_selector(cfg, "ctr-1a2b3c", role)
+        assert sorted(key for key, labels in pods.items() if selects(every, labels)) == [(wanted[0], 0), (wanted[0], 1)]
 
 
 def test_the_readiness_probe_passes_exactly_when_the_store_listens(prod):
@@ -380,16 +385,18 @@ def test_the_readiness_probe_passes_exactly_when_the_store_listens(prod):
     with socket.socket() as store:
         store.bind(("127.0.0.1", 0))
         store.listen()
-        endpoint = f"127.0.0.1:{store.getsockname()[1]}"
-        probe = [sys.executable, *command[1:-1], endpoint]
-        assert subprocess.run(probe, cwd=ROOT).returncode == 0
-    assert subprocess.run(probe, cwd=ROOT).returncode != 0
+        # The command as the kubelet runs it, in a container whose env holds the store's address and whose python
+        # is this one.
+        env = {"PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+               manifests.GLOO_ENDPOINT_ENV: f"127.0.0.1:{store.getsockname()[1]}"}
+        assert subprocess.run(command, cwd=ROOT, env=env).returncode == 0
+    assert subprocess.run(command, cwd=ROOT, env=env).returncode != 0
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rbac_grants_the_launcher_the_kinds_of_its_backend_only(prod, backend):
     cfg = prod(f"cluster.backend={backend}")
-    account, token, role, binding = manifests.launcher_rbac(cfg)
+    account, token, role, binding = rbac.launcher_rbac(cfg)
     assert (account["kind"], account["metadata"]["name"]) == ("ServiceAccount", "ctr-ps-launcher")
     assert token["type"] == "kubernetes.io/service-account-token"
     assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "ctr-ps-launcher"}
@@ -401,6 +408,13 @@ def test_rbac_grants_the_launcher_the_kinds_of_its_backend_only(prod, backend):
     jobs = {"jobsets", "paddlejobs", "trainjobs", "trainingruntimes"}
     assert {resource for _, resource in granted} & jobs == plural & jobs  # and no other backend's
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "ctr-ps-launcher", "namespace": "kubeflow"}]
+    # The exit handler lists and deletes every kind the run's clean-up looks for.
+    may = {(group, resource): set(rule["verbs"]) for rule in role["rules"] for group in rule["apiGroups"]
+           for resource in rule["resources"]}
+    plurals = {"NetworkPolicy": "networkpolicies"}
+    for api_version, kind in RUN_OBJECT_KINDS[cfg.cluster.backend]:
+        resource = (api_version.split("/")[0], plurals.get(kind, f"{kind.lower()}s"))
+        assert {"list", "delete"} <= may[resource], resource
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -417,3 +431,39 @@ def test_review_manifests_are_the_objects_of_a_run_without_its_own_names(prod, b
     assert json.loads(env[SPEC_ENV])["data_dir"] == "s3://ctr/kfp/<run>/dataset"
     if backend == "trainjob":
         assert training_runtime_errors(review[1]) == []
+
+
+RUN_NAME_60 = "ctr-ps-training-daily-criteo-terabyte-sweep-lr-0-05-x7k2pq9z"
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_long_run_name_is_cut_with_a_hash_so_every_host_name_fits(prod, backend):
+    assert len(RUN_NAME_60) == 60
+    cfg = prod(f"cluster.backend={backend}", "ps.servers=12", "ps.workers=128", "cluster.max_restarts=10")
+    name = manifests.job_name(cfg, RUN_NAME_60, "3f9a1c2b")
+    digest = hashlib.sha256(RUN_NAME_60.encode()).hexdigest()[:manifests.RUN_NAME_HASH]
+    assert name.startswith("ctr-ps-training-") and name.endswith(f"-{digest}-3f9a1c2b")
+    # Another run whose name begins alike gets another name; a short one keeps its name whole.
+    assert manifests.job_name(cfg, RUN_NAME_60[:-1] + "y", "3f9a1c2b") != name
+    assert manifests.job_name(cfg, "ctr-ps-training-x7k2p", "3f9a1c2b") == "ctr-ps-training-x7k2p-3f9a1c2b"
+    assert manifests.job_name(cfg, None, "3f9a1c2b") == manifests.job_name(cfg, "", "3f9a1c2b") == "ctr-ps-3f9a1c2b"
+    assert manifests.job_name(cfg, "2026 Run #7", "3f9a1c2b") == "ctr-ps-2026-run-7-3f9a1c2b"  # a DNS label
+    # The longest host name of the objects made with it (a relaunch's, the last index) fits; so do the
+    # replicated-job names Trainer 2.4 limits.
+    relaunched = f"{name}-r{cfg.cluster.max_restarts}"
+    _, *jobs = manifests.job_manifests(_prepared(cfg), name=relaunched, namespace="team-a",
+                                       data_uri="s3://ctr/kfp/prepare/dataset")
+    running = _running(jobs)
+    kubelet = {manifests.JOBSET_NAME_FIELD: relaunched, manifests.JOBSET_RESTART_FIELD: "0",
+               manifests.COMPLETION_INDEX_FIELD: "127", manifests.JOBSET_INDEX_FIELD: "127"}
+    hosts = []
+    for template in _pod_templates(running).values():
+        env = kubelet_env(template["spec"]["containers"][0]["env"], kubelet)
+        hosts += [endpoint.rsplit(":", 1)[0].split(".")[0] for key in ("PADDLE_PSERVERS_IP_PORT_LIST",
+                                                                       "PADDLE_TRAINER_ENDPOINTS")
+                  for endpoint in env[key].split(",")]
+    assert max(map(len, hosts)) <= manifests.MAX_HOST_NAME and len(hosts) == 2 * (12 + 128)
+    (last,) = {f"{relaunched}-worker-127-0", f"{relaunched}-node-0-127", f"{relaunched}-worker-127"} & set(hosts)
+    assert len(last) == max(map(len, hosts))  # the last worker's, as job_name reckons
+    if running.get("kind") == "JobSet":
+        assert all(len(rjob["name"]) <= manifests.MAX_REPLICATED_JOB_NAME for rjob in running["spec"]["replicatedJobs"])

@@ -1,8 +1,9 @@
 """Runs a PS job on Kubernetes (``cluster.backend`` trainjob | jobset | paddlejob) from inside the train step's pod.
 
 The step creates the job's objects (:mod:`components.train.backends.manifests`: a NetworkPolicy, then a
-TrainingRuntime and its TrainJob, a JobSet or a PaddleJob), streams worker 0's log into its own output and
-``logs/worker-0.log`` (progress, epochs and checkpoints are the events the local backend echoes), waits for the
+TrainingRuntime and its TrainJob, a JobSet or a PaddleJob), streams worker 0's and the servers' logs into its own
+output and ``logs/<role>-<i>.log`` (worker 0's progress, epochs and checkpoints are the events the local backend
+echoes), waits for the
 job's outcome and always deletes what it created: after success, after failure, and when the run is cancelled
 (Kubeflow sends the step's pod SIGTERM) or interrupted. The objects also carry an ownerReference to the step's
 pod, so they are garbage-collected even if the step is killed outright, and the label of the Kubeflow run that
@@ -18,11 +19,13 @@ A TrainJob or JobSet waiting in a Kueue queue (suspended) is not failing to star
 counts from its admission.
 
 The step's pod runs as a plain account; the launcher acts as ``cluster.service_account`` through that account's
-token, mounted at :data:`~components.train.backends.manifests.LAUNCHER_TOKEN_DIR` into the train step only.
+token, mounted at :data:`~components.train.backends.manifests.LAUNCHER_TOKEN_DIR` into the train step and the exit
+handler only (:mod:`components.train.backends.rbac`).
 
 The package, by concern: :mod:`.api` (the API clients and the objects the launcher creates), :mod:`.status` (what
-each kind's status means), :mod:`.worker_log` (worker 0's log, followed), :mod:`.diagnosis` (why a job failed or
-does not start, from its pods), :mod:`.lifecycle` (:class:`~.lifecycle.KubernetesJob`, the backend) and
-:mod:`.cleanup` (what a pipeline run's exit handler deletes). The manifests themselves are pure functions apart
+each kind's status means), :mod:`.pod_log` (a role's log, followed), :mod:`.diagnosis` (why a job failed or
+does not start, from its pods), :mod:`.lifecycle` (:class:`~.lifecycle.KubernetesJob`, the backend),
+:mod:`.cleanup` (what a pipeline run's exit handler deletes) and :mod:`.logs` (a job's logs by role, for a user:
+``python -m components.train.backends.kubernetes.logs``). The manifests themselves are pure functions apart
 from all of this (:mod:`components.train.backends.manifests`).
 """

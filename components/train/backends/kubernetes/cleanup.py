@@ -1,6 +1,8 @@
 """What a Kubeflow run's exit handler calls: delete every PS job object the run created, found by the run's label
 (:data:`~components.train.backends.manifests.PIPELINE_RUN_LABEL`). The train step deletes its own job itself;
-this catches what a step killed outright, or a run cancelled before the step could clean up, left behind."""
+this catches what a step killed outright, or a run cancelled before the step could clean up, left behind. The exit
+task of the Kubeflow pipeline (``components/cleanup/component.py``) runs it as the launcher account,
+which ``k8s/rbac.yaml`` lets list and delete each kind here (:mod:`components.train.backends.rbac`)."""
 
 from __future__ import annotations
 

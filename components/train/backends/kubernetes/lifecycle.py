@@ -1,5 +1,6 @@
-"""One PS job on Kubernetes from the train step's pod: its objects created, worker 0's log followed, its outcome
-awaited (a PaddleJob recreated after a failure), and what it created always deleted (see the package doc)."""
+"""One PS job on Kubernetes from the train step's pod: its objects created, worker 0's and the servers' logs
+followed, its outcome awaited (a PaddleJob recreated after a failure), and what it created always deleted (see the
+package doc)."""
 
 from __future__ import annotations
 
@@ -16,17 +17,19 @@ from urllib3.exceptions import HTTPError
 
 from components.checkpoint.restore import restart_target
 from components.config import is_remote_uri
+from components.ps.contract import Role
 from components.train.backends import manifests
 from components.train.backends.base import JobBackend, StepInputs
 from components.train.backends.kubernetes.api import KubeApis, KubeObject, api_reason, launcher_namespace, transient
 from components.train.backends.kubernetes.diagnosis import PodDiagnosis, config_error, disrupted
+from components.train.backends.kubernetes.pod_log import WORKER_0, PodLog
 from components.train.backends.kubernetes.status import STATUS_RULES, Outcome
-from components.train.backends.kubernetes.worker_log import WORKER_0, Worker0Log
 from components.train.job import PreparedJob, PsJobError
 
 POLL_S = 5.0
-# Once the job ended, how long worker 0's log may take to be read to its end (its events make the result).
-LOG_DRAIN_S = 60.0
+# Once the job ended, how long worker 0's log may take to be read to its end (its events make the result), and then
+# the servers' (they may still be shutting down: what they logged by then is enough).
+LOG_DRAIN_S, SERVER_LOG_DRAIN_S = 60.0, 5.0
 # Consecutive failed status polls (API server restarting, network blips) tolerated before the step fails.
 STATUS_ERRORS_TOLERATED = 5
 
@@ -85,10 +88,14 @@ class KubernetesJob(JobBackend):
         self.namespace = launcher_namespace(self.cfg.cluster)
         self.owner = _launcher_pod()
         self.pipeline_run = os.environ.get(manifests.PIPELINE_RUN_ENV) or None  # empty: the pod has no run label
-        self.base_name = f"ctr-ps-{uuid.uuid4().hex[:8]}"  # short: <name>-worker-<i>-0 is a 63-char hostname
+        # After the run, cut to keep the pods' host names within 63 characters; the token makes a name no other
+        # job (a restarted step's, still terminating) holds.
+        self.base_name = manifests.job_name(self.cfg, os.environ.get(manifests.PIPELINE_RUN_NAME_ENV),
+                                            uuid.uuid4().hex[:8])
         self.diagnosis = PodDiagnosis(self.apis, self.namespace, self.cfg, echo)
         self.created: list[KubeObject] = []
-        self.follower: Optional[Worker0Log] = None
+        # Worker 0's log first (its events make the result), then each server's: (role, index) -> its follower.
+        self.followers: dict[tuple[Role, int], PodLog] = {}
         self.running: Optional[KubeObject] = None  # the job object of the current attempt
 
     @classmethod
@@ -105,8 +112,11 @@ class KubernetesJob(JobBackend):
 
     def prepare(self) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.follower = Worker0Log(self.apis, self.namespace, self.events, self.echo,
-                                   self.log_dir / f"{WORKER_0}.log", self.poll_s)
+        for role, index in [(Role.WORKER, 0)] + [(Role.SERVER, i) for i in range(self.cfg.ps.servers)]:
+            name = f"{role.value}-{index}"
+            self.followers[role, index] = PodLog(self.apis, self.namespace, name, self.echo,
+                                                 self.log_dir / f"{name}.log", self.poll_s,
+                                                 events=self.events if name == WORKER_0 else None)
 
     def where(self) -> str:
         return f"{self.cfg.cluster.backend.value} in namespace {self.namespace}, data {self.data_uri}"
@@ -115,13 +125,14 @@ class KubernetesJob(JobBackend):
         return CancelOnSigterm(self.base_name)
 
     def start(self) -> None:
-        self.follower.start()
+        for follower in self.followers.values():
+            follower.start()
         self._launch(0)
 
     def follow(self) -> None:
         """Wait for the job's outcome; a kind that restarts nothing itself is created again after a failure
         (what JobSet's failurePolicy does): up to ``max_restarts`` times, after a disruption without counting,
-        after a configuration error not at all. Then read worker 0's log to its end."""
+        after a configuration error not at all. Then read worker 0's log to its end, and what the servers logged."""
         attempts = self.cfg.cluster.max_restarts + 1 if self.rules.relaunch else 1
         counted, launch = 0, 0
         while True:
@@ -145,13 +156,17 @@ class KubernetesJob(JobBackend):
             self.echo(f"{failure}\n{job} {why}; creating it again, starting from {resume.id if resume else 'scratch'}")
             self._delete_created()
             self._launch(launch)
-        if not self.follower.finish(LOG_DRAIN_S):
+        worker0, *servers = self.followers.values()
+        if not worker0.finish(LOG_DRAIN_S):
             self.echo(f"warning: worker 0's log was not read to its end within {LOG_DRAIN_S:.0f}s; "
                       "the result may miss its last epochs or checkpoints")
+        deadline = time.monotonic() + SERVER_LOG_DRAIN_S
+        for server in servers:  # one deadline for all: stop() cuts what is still being read
+            server.finish(max(0.0, deadline - time.monotonic()))
 
     def stop(self) -> None:
-        if self.follower is not None:
-            self.follower.abort()
+        for follower in self.followers.values():
+            follower.abort()
         self._delete_created()
 
     def _launch(self, attempt: int) -> None:
@@ -169,7 +184,8 @@ class KubernetesJob(JobBackend):
                 raise RuntimeError(f"cannot create {obj} in namespace {self.namespace}: {api_reason(err, obj)}") from err
             self.echo(f"created {obj}")
         self.running = self.created[-1]
-        self.follower.selector = manifests.worker0_selector(self.cfg, self.running.name)
+        for (role, index), follower in self.followers.items():
+            follower.selector = manifests.role_pod_selector(self.cfg, self.running.name, role, index)
 
     def _wait(self, job: KubeObject) -> Outcome:
         errors, shown = 0, ""

@@ -1,5 +1,7 @@
-"""Worker 0's log, followed from the launcher: its events make the job's result, its other lines the step's
-output, and every line goes to ``logs/worker-0.log``."""
+"""A role's pod log, followed from the launcher: worker 0's events make the job's result; its other lines, and
+every server's, the step's output (prefixed ``[worker-0]``, ``[server-1]``); every line goes to
+``logs/<role>-<i>.log``. The kubeflow SDK's ``get_job_logs`` knows only the ``node`` pods, so the step's output is
+where a Kubeflow user reads the servers (or :mod:`.logs`, for a TrainJob started otherwise)."""
 
 from __future__ import annotations
 
@@ -24,15 +26,16 @@ def _time_key(stamp: str) -> str:
     return f"{whole}.{fraction.ljust(9, '0')}"
 
 
-class Worker0Log:
-    """Follows worker 0's log in a thread: each line goes to ``path``, events to the :class:`EventLog`,
-    other lines to ``echo`` (prefixed). A new worker-0 pod (a restart) is followed when it starts; a cut
-    stream is re-attached, skipping the lines it already delivered (by their timestamps)."""
+class PodLog:
+    """Follows the log of one role's pod (``role``: ``worker-0``, ``server-1``) in a thread: each line goes to
+    ``path``; events to ``events`` when given (worker 0's), other lines to ``echo``, prefixed with the role. A new
+    pod (a restart) is followed when it starts; a cut stream is re-attached, skipping the lines it already
+    delivered (by their timestamps)."""
 
-    def __init__(self, apis: KubeApis, namespace: str, events: EventLog, echo: Callable[[str], None],
-                 path: Path, poll_s: float):
-        self.apis, self.namespace, self.events, self.echo, self.path, self.poll_s = (
-            apis, namespace, events, echo, path, poll_s)
+    def __init__(self, apis: KubeApis, namespace: str, role: str, echo: Callable[[str], None], path: Path,
+                 poll_s: float, events: Optional[EventLog] = None):
+        self.apis, self.namespace, self.role, self.events, self.echo, self.path, self.poll_s = (
+            apis, namespace, role, events, echo, path, poll_s)
         self.selector: Optional[str] = None  # set per job object; a relaunched PaddleJob has a new name
         self._position: dict[str, tuple[str, int]] = {}  # pod uid -> (time key, count) of its last line read
         self._done: set[str] = set()  # pods whose log was read to its end
@@ -40,13 +43,13 @@ class Worker0Log:
         self._aborted = False
         self._response: Any = None
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._run, name="worker-0-log", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=f"{role}-log", daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def finish(self, timeout_s: float) -> bool:
-        """Read worker 0's log to its end (its pod has ended); False if that took longer than ``timeout_s``."""
+        """Read the log to its end (its pod has ended); False if that took longer than ``timeout_s``."""
         self._stop.set()
         self._thread.join(timeout_s)
         return not self._thread.is_alive()
@@ -84,7 +87,7 @@ class Worker0Log:
                 except (ApiException, HTTPError, OSError, ValueError) as err:
                     if self._aborted:
                         return
-                    self.echo(f"[{WORKER_0}] reading its log failed ({type(err).__name__}: {err}); retrying")
+                    self.echo(f"[{self.role}] reading its log failed ({type(err).__name__}: {err}); retrying")
                 time.sleep(self.poll_s)
 
     def _read(self, pod: Any, log) -> None:
@@ -117,8 +120,8 @@ class Worker0Log:
                 self._position[uid] = (last, count)
                 log.write(line + "\n")
                 log.flush()
-                if not self.events.feed(WORKER_0, line):
-                    self.echo(f"[{WORKER_0}] {line}")
+                if self.events is None or not self.events.feed(self.role, line):
+                    self.echo(f"[{self.role}] {line}")
         finally:
             with self._lock:
                 self._response = None
