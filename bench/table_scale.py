@@ -44,13 +44,13 @@ OVERRIDES = ("data=criteo", "model=dnn", "ps.batch_size=512", "ps.epochs=1", f"t
 
 def input_file(work: Path, rows: int, name: str, tail: tuple[tuple[int, ...], float]) -> tuple[Path, dict]:
     """The Criteo-like TSV with the variant's long tail, cached in ``work``."""
-    from components.data_prep.synthetic import SyntheticSpec, write_raw_tsv
+    from components.data_prep.synthetic import SPECS, write_raw_tsv
 
     base = work / f"criteo-like-{rows}.tsv"
     if not base.with_suffix(".oracle.json").exists():
         log(f"writing {rows:,} rows of Criteo-like raw TSV to {base}")
         base.with_suffix(".oracle.json").write_text(json.dumps(write_raw_tsv(str(base), rows, SEED,
-                                                                             SyntheticSpec.criteo_like())))
+                                                                             SPECS["criteo_like"])))
     oracle = json.loads(base.with_suffix(".oracle.json").read_text())
     columns, probability = tail
     path = work / f"criteo-like-{rows}-{name}.tsv"

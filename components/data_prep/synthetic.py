@@ -71,11 +71,6 @@ class SyntheticSpec:
     interaction_rank: int = 4
     interaction_scale: float = 0.2
 
-    @classmethod
-    def criteo_like(cls) -> "SyntheticSpec":
-        """Criteo's cardinalities and a heavier tail than the default: what raw-TSV defaults are tuned on."""
-        return cls(cardinalities=CRITEO_CARDINALITIES, zipf_exponent=1.1)
-
     @property
     def sparse_slots(self) -> list[str]:
         return [f"C{index}" for index in range(1, len(self.cardinalities) + 1)]
@@ -87,6 +82,23 @@ class SyntheticSpec:
     def to_dict(self) -> dict:
         """JSON-ready fields (lists, not tuples, so a JSON round trip is identical)."""
         return {**asdict(self), "cardinalities": list(self.cardinalities)}
+
+
+# Generators of different structure, for tuning defaults on some and checking them on others (bench/quality.py).
+# Each differs from the default in what carries the signal; their Bayes AUCs differ too.
+SPECS: dict[str, SyntheticSpec] = {
+    "default": SyntheticSpec(),
+    # Criteo's cardinalities and a heavier tail than the default: what the raw-TSV defaults were first tuned on.
+    "criteo_like": SyntheticSpec(cardinalities=CRITEO_CARDINALITIES, zipf_exponent=1.1),
+    # Per-id (first-order) effects and a single interacting pair: logistic regression's home ground.
+    "first_order": SyntheticSpec(id_weight_scale=0.45, interaction_fields=2, interaction_scale=0.5),
+    # Pairwise effects over the 16 smallest fields, as strong as the per-id ones.
+    "interactions": SyntheticSpec(id_weight_scale=0.2, interaction_fields=16, interaction_scale=0.3),
+    # Criteo's cardinalities with a flat tail whose rare ids still carry signal: most ids are seen once or twice.
+    "long_tail": SyntheticSpec(cardinalities=CRITEO_CARDINALITIES, zipf_exponent=1.02, id_weight_decay_rank=2000.0),
+    # The counts carry most of the signal, the ids little.
+    "dense_heavy": SyntheticSpec(dense_weight_scale=4.0, id_weight_scale=0.12, interaction_scale=0.15),
+}
 
 
 class SyntheticRows(NamedTuple):
@@ -305,13 +317,13 @@ def main(argv: list[str] | None = None) -> None:
                                      description="Write synthetic raw Criteo TSV with a known oracle (Bayes) AUC.")
     parser.add_argument("--rows", type=int, required=True)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--criteo-like", action="store_true", help="Criteo's cardinalities, a heavier tail")
+    parser.add_argument("--spec", choices=sorted(SPECS), default="default",
+                        help="the generator's structure (components.data_prep.synthetic.SPECS)")
     parser.add_argument("--out", required=True, help="the TSV to write; <out>.oracle.json gets the oracle metrics")
     args = parser.parse_args(argv)
-    spec = SyntheticSpec.criteo_like() if args.criteo_like else SyntheticSpec()
-    oracle = write_raw_tsv(args.out, args.rows, args.seed, spec)
+    oracle = write_raw_tsv(args.out, args.rows, args.seed, SPECS[args.spec])
     with open(f"{args.out}.oracle.json", "w") as f:
-        json.dump({**oracle, "rows": args.rows, "seed": args.seed, "criteo_like": args.criteo_like}, f, indent=2)
+        json.dump({**oracle, "rows": args.rows, "seed": args.seed, "spec": args.spec}, f, indent=2)
     print(f"{args.rows:,} rows -> {args.out}; oracle AUC {oracle['auc']:.4f}, logloss {oracle['logloss']:.4f}")
 
 

@@ -80,13 +80,18 @@ class PreparedJob:
 def planned_config(cfg: CtrConfig, restore: Optional[RestoreTarget],
                    stats: Optional[dict] = None) -> tuple[CtrConfig, str]:
     """``(cfg with table.shard_num resolved, where that count comes from)``: a restored table keeps its own; a new
-    one gets more shards when the table's rows (bounded by ``stats``, else by ``table.vocab_size``) need them."""
+    one gets more shards when the table's rows (bounded by ``stats``, else by ``table.vocab_size``) need them.
+
+    The negative sample rate is the one the data was prepared with (``stats``), whatever the config says: the
+    correction every program applies and the checkpoint records must match the rows trained on."""
     saved_in = f"checkpoint {restore.id}" if restore else "the checkpoint"
     rows, _ = planner.table_rows(cfg.table.vocab_size, planner.distinct_train_ids(stats))
     shard_num, source = planner.resolve_shard_num(cfg.table.shard_num, cfg.ps.servers,
                                                   restore.shard_num if restore else None, saved_in,
                                                   rows if stats else None)
-    return dataclasses.replace(cfg, table=dataclasses.replace(cfg.table, shard_num=shard_num)), source
+    rate = (stats or {}).get("negative_sample_rate", cfg.data.negative_sample_rate)
+    return dataclasses.replace(cfg, table=dataclasses.replace(cfg.table, shard_num=shard_num),
+                               data=dataclasses.replace(cfg.data, negative_sample_rate=rate)), source
 
 
 def prepare_job(cfg: CtrConfig, stats: Optional[dict], run_id: Optional[str] = None) -> PreparedJob:

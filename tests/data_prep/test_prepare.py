@@ -17,11 +17,13 @@ from components.data_prep.multislot import Schema, format_line, parse_line, read
 from components.data_prep.prepare import DataPrepError, prepare_files, prepare_synthetic
 from components.data_prep.formats import CRITEO_SLOTS, MISSING_VALUE, BlockParser, schema_for
 from components.data_prep.synthetic import (
+    SPECS,
     SyntheticSpec,
     bayes_metrics,
     category_value,
     generate,
 )
+from components.data_prep.synthetic import main as synthetic_main
 
 from tests.conftest import CRITEO as SAMPLES
 from tests.conftest import ROOT
@@ -456,3 +458,13 @@ def test_the_plan_fingerprint_changes_when_a_matching_file_is_added_or_rewritten
     assert added != first
     (tmp_path / "day_1.tsv").write_text(_raw_line(label="0") + "\n" + _raw_line() + "\n")  # rewritten, larger
     assert fingerprint() not in (first, added)
+
+
+@pytest.mark.parametrize("name", sorted(SPECS))
+def test_every_named_generator_writes_raw_criteo_tsv_with_its_oracle(tmp_path, name):
+    out = tmp_path / f"{name}.tsv"
+    synthetic_main(["--spec", name, "--rows", "3000", "--seed", "1", "--out", str(out)])
+    lines = out.read_text().splitlines()
+    assert len(lines) == 3000 and {len(line.split("\t")) for line in lines} == {40}
+    oracle = json.loads(Path(f"{out}.oracle.json").read_text())
+    assert oracle["spec"] == name and 0.6 < oracle["auc"] < 1.0

@@ -189,6 +189,13 @@ def test_job_spec_carries_the_resolved_shard_num(tmp_path):
     assert planned_config(cfg, _restored(16))[0].table.shard_num == 16
 
 
+def test_the_job_corrects_for_the_negative_sample_rate_its_data_was_prepared_with(tmp_path):
+    cfg = _cfg(checkpoint={"uri": str(tmp_path / "ckpt")})  # a config that does not say the data was sampled
+    job = prepare_job(cfg, {"negative_sample_rate": 0.25})
+    assert job.spec("d", "w", "s").config["data"]["negative_sample_rate"] == 0.25
+    assert prepare_job(cfg, None).cfg.data.negative_sample_rate == 1.0  # no stats: the config's
+
+
 def test_the_restore_target_carries_the_saved_shard_count(tmp_path):
     store = CheckpointStore(str(tmp_path / "ckpt"))
     ckpt_id = make_id(1, 10)
