@@ -91,7 +91,7 @@ def dataset(work: Path, generator: Generator, rows: int) -> tuple[Path, float]:
 
 
 def pipeline(work: Path, name: str, source: Path, overrides: list[str]) -> dict:
-    """One whole pipeline run; its metrics, model name and training examples/s."""
+    """One whole pipeline run; its metrics, model name, batch size and training examples/s."""
     run_dir = work / "runs" / name
     shutil.rmtree(run_dir, ignore_errors=True)
     started = time.perf_counter()
@@ -100,7 +100,8 @@ def pipeline(work: Path, name: str, source: Path, overrides: list[str]) -> dict:
     if done.returncode:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    metrics["model"] = OmegaConf.load(run_dir / "config.yaml").model.name  # the data option chooses the model
+    resolved = OmegaConf.load(run_dir / "config.yaml")  # the data option chooses the model and the batch
+    metrics["model"], metrics["batch_size"] = resolved.model.name, resolved.ps.batch_size
     train_summary = next(run_dir.glob("kfp/*/train/checkpoint"))  # the train step's output parameter
     metrics["examples_per_s"] = json.loads(train_summary.read_text())["examples_per_s"]
     log(f"  {name}: auc {metrics['auc']:.4f}, baseline {metrics['baseline_auc']:.4f}, lift {metrics['lift_auc']:+.4f}, "
@@ -159,11 +160,7 @@ def main() -> None:
         if generator == SPEED_GENERATOR:
             log(f"{name}: the previous defaults, for speed")
             previous = pipeline(args.work, f"{generator.spec}-{rows}-previous", source, list(PREVIOUS_DEFAULTS))
-            batch = {m: OmegaConf.load(args.work / "runs" / run / "config.yaml").ps.batch_size
-                     for m, run in (("previous", f"{generator.spec}-{rows}-previous"),
-                                    ("current", f"{generator.spec}-{rows}-default"))}
-            speed = {"generator": name, "previous": {**previous, "batch_size": batch["previous"]},
-                     "current": {**default, "batch_size": batch["current"]}}
+            speed = {"generator": name, "previous": previous, "current": default}
     meta = {"when": datetime.now().strftime("%Y-%m-%d %H:%M"), "cpus": os.cpu_count(), "quick": args.quick}
     publish(render(cells, speed, meta), args.out)
 

@@ -3,8 +3,6 @@
 as well as the same job trained on every row. Both jobs deliver their best pass on the validation split (early
 stopping), so that neither is compared under- or over-trained."""
 
-import json
-
 import numpy as np
 import pytest
 
@@ -13,8 +11,8 @@ from components.checkpoint.store import CheckpointStore
 from components.config import from_dict
 from components.data_prep.prepare import prepare_synthetic
 from components.data_prep.synthetic import SyntheticSpec
+from components.export.table import CheckpointTable
 from components.metrics import binary_metrics
-from components.ps.accessor import read_sparse_table
 from components.ps.scoring import Scorer, read_test_split
 from components.train.step import delivered_checkpoint, launch_ps_job
 
@@ -27,18 +25,18 @@ SPEC = SyntheticSpec(base_ctr=0.05)
 
 def _train_and_score(tmp_path, rate: float) -> tuple[np.ndarray, np.ndarray, dict]:
     data_dir = tmp_path / f"data-{rate}"
-    stats = prepare_synthetic(data_dir, rows=500_000, test_fraction=0.1, valid_fraction=0.1, num_shards=1, vocab_size=1 << 18, seed=3,
-                              spec=SPEC, negative_sample_rate=rate)
+    stats = prepare_synthetic(data_dir, rows=500_000, test_fraction=0.1, valid_fraction=0.1, num_shards=1,
+                              vocab_size=1 << 18, seed=3, spec=SPEC, negative_sample_rate=rate)
     cfg = from_dict({"ps": {"servers": 1, "workers": 1, "epochs": 3, "batch_size": 64},
                      "model": {"name": "deepfm", "hidden": [32]}, "table": {"shard_num": 2},
                      "checkpoint": {"uri": str(tmp_path / f"ckpt-{rate}")}, "run_dir": str(tmp_path)})
     result = launch_ps_job(cfg, data_dir, tmp_path / f"logs-{rate}", echo=lambda line: None)
-    local = CheckpointStore(cfg.checkpoint.uri).download(delivered_checkpoint(result, cfg.checkpoint.uri), tmp_path / f"local-{rate}")
-    meta = json.loads((local / ckpt_io.MODEL_META).read_text())
-    ids, rows = read_sparse_table(local / meta["sparse_table"], cfg.table.rule, cfg.table.embedding_dim)
-    with np.load(local / ckpt_io.EXPORT / ckpt_io.DENSE_FILE) as saved:
-        checkpoint = ckpt_io.Checkpoint(meta=meta, ids=ids, rows=rows, dense={k: saved[k] for k in saved.files})
+    local = CheckpointStore(cfg.checkpoint.uri).download(delivered_checkpoint(result, cfg.checkpoint.uri),
+                                                         tmp_path / f"local-{rate}")
+    table = CheckpointTable(local)
+    ids, rows = table.whole()
     labels, dense, sparse = read_test_split(data_dir)
+    checkpoint = ckpt_io.Checkpoint(meta=table.meta, ids=ids, rows=rows, dense=table.dense())
     return labels, Scorer(checkpoint).predict(dense, sparse), stats
 
 
@@ -52,6 +50,7 @@ def test_a_job_on_downsampled_negatives_is_calibrated_once_corrected_and_ranks_l
     # Mean prediction / observed CTR, before any post-hoc calibration: an uncorrected model trained on a quarter of
     # the negatives would predict about 1 / 0.25 times too many clicks.
     sampled_ratio, full_ratio = sampled.mean() / labels.mean(), full.mean() / labels.mean()
-    summary = f"calibration {sampled_ratio:.3f} (unsampled {full_ratio:.3f}), AUC {sampled_auc:.4f} (unsampled {full_auc:.4f})"
+    summary = (f"calibration {sampled_ratio:.3f} (unsampled {full_ratio:.3f}), "
+               f"AUC {sampled_auc:.4f} (unsampled {full_auc:.4f})")
     assert 0.95 <= sampled_ratio / full_ratio <= 1.05, summary
     assert abs(sampled_auc - full_auc) <= 0.005, summary
