@@ -27,7 +27,10 @@ def test_mean_pooling_trains_scores_and_serves_on_multivalued_slots(tmp_path):
     prepare_files(data_dir, uri=str(FEASIGN_SAMPLE), fmt="feasign", test_fraction=0.3, num_shards=1,
                   vocab_size=1 << 20, seed=1, max_malformed_fraction=0.0)
     cfg = from_dict({"ps": {"servers": 1, "workers": 1, "epochs": 1, "batch_size": 4},
-                     "model": {"hidden": [8], "pooling": "mean"}, "table": {"shard_num": 2},
+                     "model": {"hidden": [8], "pooling": "mean"},
+                     # Rows drawn wide enough that pooling them another way moves the scores well beyond float noise,
+                     # however little two batches train them.
+                     "table": {"shard_num": 2, "initial_range": 0.1},
                      "checkpoint": {"uri": str(tmp_path / "ckpt")}, "run_dir": str(tmp_path)})
     result = launch_ps_job(cfg, data_dir, tmp_path / "logs", echo=lambda line: None)
     local = CheckpointStore(cfg.checkpoint.uri).download(result.checkpoints[-1]["id"], tmp_path / "checkpoint")
@@ -46,5 +49,5 @@ def test_mean_pooling_trains_scores_and_serves_on_multivalued_slots(tmp_path):
     served = InferenceModel.load(export_single(tmp_path / "checkpoint", tmp_path / "single"))
     np.testing.assert_allclose(served.predict(dense, sparse), preds, rtol=1e-6)
     summed = dataclasses.replace(checkpoint, meta={**meta, "model": {**meta["model"], "pooling": "sum"}})
-    assert not np.allclose(Scorer(summed).predict(dense, sparse), preds)
+    assert np.abs(Scorer(summed).predict(dense, sparse) - preds).max() > 1e-3
     assert len(labels) == len(preds) > 0
