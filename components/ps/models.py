@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 from components.config import ModelConfig, ModelName, Pooling
 from components.data_prep.multislot import WEIGHT_SLOT, Schema
@@ -30,6 +30,7 @@ EMBEDDING_TABLE = "embedding"
 Lookup = Callable[[object], object]
 # model.pooling -> sequence_pool's pool type: the sum, the sum / n, the sum / sqrt(n) of a slot's n rows.
 POOL_TYPES = {Pooling.sum: "sum", Pooling.mean: "average", Pooling.sqrtn: "sqrt"}
+BASE_RATE_BOUND = 1e-4  # a day without clicks still starts its bias at a finite logit
 # Below it a batch's weights count as none: the weighted loss is then 0 rather than 0 / 0.
 MIN_WEIGHT_SUM = 1e-12
 
@@ -85,29 +86,40 @@ def push_counts(feeds: Feeds) -> PushCounts:
     return PushCounts(paddle.ones_like(click), click)
 
 
+def base_rate_logit(stats: dict) -> float:
+    """The logit of the train split's click rate in a dataset's ``stats.json`` (after negative downsampling: the rate
+    the model trains on), kept within the CTR range [1e-4, 1 - 1e-4]; 0 for a dataset without train rows."""
+    ctr = stats["ctr"].get("train")
+    if ctr is None:
+        return 0.0
+    ctr = min(max(ctr, BASE_RATE_BOUND), 1.0 - BASE_RATE_BOUND)
+    return math.log(ctr / (1.0 - ctr))
+
+
 def _slot_var(slot: str) -> str:
     # Feasign slots are numbers; Paddle variable names should not be.
     return slot if slot[0].isalpha() else f"slot_{slot}"
 
 
-def _fc(x, size: int, name: str, act: str | None = None):
+def _fc(x, size: int, name: str, act: str | None = None, bias: float = 0.0):
     import paddle
 
     return paddle.static.nn.fc(
         x, size, activation=act,
         weight_attr=paddle.ParamAttr(name=f"{name}.w", initializer=paddle.nn.initializer.XavierUniform()),
-        bias_attr=paddle.ParamAttr(name=f"{name}.b", initializer=paddle.nn.initializer.Constant(0.0)),
+        bias_attr=paddle.ParamAttr(name=f"{name}.b", initializer=paddle.nn.initializer.Constant(bias)),
     )
 
 
-def _mlp(x, hidden: list[int], prefix: str, dropout: float, training: bool, out: bool = True):
+def _mlp(x, hidden: list[int], prefix: str, dropout: float, training: bool, out_bias: Optional[float] = 0.0):
+    """The tower; with ``out_bias`` a number, ending in one output unit whose bias starts there (None: no output)."""
     import paddle
 
     for i, width in enumerate(hidden):
         x = _fc(x, width, f"{prefix}_{i}", act="relu")
         if dropout and training:  # upscale_in_train: inference needs no rescaling
             x = paddle.nn.functional.dropout(x, p=dropout, training=True)
-    return _fc(x, 1, f"{prefix}_out") if out else x
+    return _fc(x, 1, f"{prefix}_out", bias=out_bias) if out_bias is not None else x
 
 
 def pool(rows, pooling: Pooling):
@@ -123,8 +135,14 @@ class Net:
     embedding_squares: object  # per example, the sum of squares of the rows it looked up (model.embedding_l2 only)
 
 
-def net(cfg: ModelConfig, feeds: Feeds, lookup: Lookup, embedding_dim: int, training: bool = False) -> Net:
-    """The logit ``[batch, 1]`` of the configured model (``training``: with dropout)."""
+def net(cfg: ModelConfig, feeds: Feeds, lookup: Lookup, embedding_dim: int, training: bool = False,
+        initial_logit: float = 0.0) -> Net:
+    """The logit ``[batch, 1]`` of the configured model (``training``: with dropout).
+
+    ``initial_logit``: where the output unit's bias starts (:func:`base_rate_logit` of the train split when
+    training; programs that load trained parameters ignore it). Started at 0, the first few hundred batches would
+    be spent moving the bias to the base rate: the dense optimizer moves a parameter by about its learning rate a
+    step, and the base rate of ads data is several units of logit away."""
     import paddle
 
     looked_up = [paddle.reshape(lookup(slot), [-1, embedding_dim]) for slot in feeds.sparse]
@@ -136,21 +154,22 @@ def net(cfg: ModelConfig, feeds: Feeds, lookup: Lookup, embedding_dim: int, trai
     dense = [feeds.dense] if feeds.dense is not None else []
     hidden, drop = list(cfg.hidden), cfg.dropout
     if cfg.name is ModelName.dnn:
-        return Net(_mlp(paddle.concat(pooled + dense, axis=1), hidden, "dnn", drop, training), squares)
+        return Net(_mlp(paddle.concat(pooled + dense, axis=1), hidden, "dnn", drop, training, initial_logit), squares)
     if cfg.name is ModelName.dcn:
         # DCN-v2 (parallel): full-rank cross layers x_{l+1} = x0 * (W_l x_l + b_l) + x_l beside a deep tower.
         x0 = paddle.concat(pooled + dense, axis=1)
         crossed = x0
         for layer in range(cfg.cross_layers):
             crossed = x0 * _fc(crossed, x0.shape[1], f"cross_{layer}") + crossed
-        deep = _mlp(x0, hidden, "deep", drop, training, out=False)
-        return Net(_fc(paddle.concat([crossed, deep], axis=1), 1, "dcn_out"), squares)
+        deep = _mlp(x0, hidden, "deep", drop, training, out_bias=None)
+        return Net(_fc(paddle.concat([crossed, deep], axis=1), 1, "dcn_out", bias=initial_logit), squares)
 
     first_order = paddle.sum(rows[:, :, 0], axis=1, keepdim=True)
     if dense:
         first_order = first_order + _fc(feeds.dense, 1, "wide_dense")
     factors = rows[:, :, 1:]
-    deep = _mlp(paddle.concat([paddle.flatten(factors, 1)] + dense, axis=1), hidden, "deep", drop, training)
+    deep = _mlp(paddle.concat([paddle.flatten(factors, 1)] + dense, axis=1), hidden, "deep", drop, training,
+                initial_logit)
     if cfg.name is ModelName.wide_deep:
         return Net(first_order + deep, squares)
     # DeepFM: pairwise interactions sum_{i<j} <v_i, v_j> = 0.5 * ((sum v)^2 - sum v^2)

@@ -75,10 +75,12 @@ class TrainProgram:
     running_loss_weight: object  # the same average of a constant 1: running_loss / it is unbiased from batch one
 
 
-def build_train_program(cfg: CtrConfig, schema: Schema, paddle) -> TrainProgram:
+def build_train_program(cfg: CtrConfig, stats: dict, paddle) -> TrainProgram:
+    """The training program over the dataset of ``stats`` (its ``stats.json``: the schema, the base rate the output
+    bias starts at)."""
     import paddle.distributed.fleet as fleet
 
-    feeds = models.create_feeds(schema)
+    feeds = models.create_feeds(Schema.from_dict(stats["schema"]))
     dim = cfg.table.embedding_dim
     attr = paddle.ParamAttr(name=EMBEDDING_TABLE)
     if cfg.ps.mode is Mode.geo:
@@ -92,7 +94,8 @@ def build_train_program(cfg: CtrConfig, schema: Schema, paddle) -> TrainProgram:
         def lookup(slot):
             return paddle.static.nn.sparse_embedding(slot, size=[cfg.table.vocab_size, dim], param_attr=attr,
                                                      entry=entry)
-    heads = models.heads(models.net(cfg.model, feeds, lookup, dim, training=True), feeds, cfg.model.embedding_l2)
+    network = models.net(cfg.model, feeds, lookup, dim, training=True, initial_logit=models.base_rate_logit(stats))
+    heads = models.heads(network, feeds, cfg.model.embedding_l2)
     # An exponential average of the batch loss, persistable so the progress thread can read it. It starts at 0, so
     # it is divided by the same average of a constant 1 (Adam's bias correction): early reports are not too low.
     running_loss = paddle.static.create_global_var([1], 0.0, "float32", persistable=True, name="running_loss")
@@ -393,7 +396,7 @@ def main(job_path: Optional[str]) -> None:
     children_die_with_this_process()
     job = load_job(job_path)
     cfg = from_dict(job.config)
-    schema = Schema.from_dict(json.loads((Path(job.data_dir) / "stats.json").read_text())["schema"])
+    stats = json.loads((Path(job.data_dir) / "stats.json").read_text())
     paddle = import_paddle()
     import paddle.distributed.fleet as fleet
     from paddle.distributed.fleet.base.role_maker import PaddleCloudRoleMaker
@@ -401,7 +404,7 @@ def main(job_path: Optional[str]) -> None:
     bind_to_own_host()
     install_ps_desc_settings(rpc_gflags(cfg))
     fleet.init(PaddleCloudRoleMaker(is_collective=False))
-    program = build_train_program(cfg, schema, paddle)
+    program = build_train_program(cfg, stats, paddle)
     if fleet.is_server():
         serve(cfg, job, fleet, paddle)
         return

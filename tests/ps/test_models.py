@@ -93,3 +93,37 @@ def test_the_weight_is_fed_right_after_the_label():
         unweighted = models.create_feeds(Schema(dense_dim=2, sparse_slots=["a"]))
     assert [v.name for v in weighted.in_order()] == ["click", "weight", "dense", "a"]
     assert [v.name for v in unweighted.in_order()] == ["click", "dense", "a"] and unweighted.weight is None
+
+
+def test_base_rate_logit_is_the_train_ctrs_logit_bounded_away_from_0_and_1():
+    assert models.base_rate_logit({"ctr": {"train": 0.25}}) == pytest.approx(np.log(0.25 / 0.75))
+    assert models.base_rate_logit({"ctr": {"train": 0.0}}) == pytest.approx(np.log(1e-4 / (1 - 1e-4)))
+    assert models.base_rate_logit({"ctr": {"train": None}}) == 0.0
+
+
+@pytest.mark.parametrize("name", list(ModelName))
+def test_every_model_starts_predicting_the_base_rate_its_initial_logit_gives(name):
+    """With every embedding row zero, only the biases speak: their sum is the initial logit."""
+    import paddle
+
+    paddle.enable_static()
+    schema = Schema(dense_dim=2, sparse_slots=["a", "b"])
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+        feeds = models.create_feeds(schema)
+
+        def lookup(slot):
+            return paddle.static.nn.embedding(slot, size=[10, DIM], param_attr=paddle.ParamAttr(
+                name="embedding", initializer=paddle.nn.initializer.Constant(0.0)))
+
+        logit = models.net(ModelConfig(name=name, hidden=[4]), feeds, lookup, DIM, initial_logit=-2.5).logit
+    biases = [p.name for p in main.all_parameters() if p.name.endswith(".b")]
+    scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
+    with paddle.static.scope_guard(scope):
+        exe.run(startup)
+        feed = {"dense": np.zeros((2, 2), np.float32),
+                **{var.name: _lod_tensor(np.array([[1], [2]], np.int64), [1, 1]) for var in feeds.sparse}}
+        (got,) = exe.run(main, feed=feed, fetch_list=[logit])
+        total_bias = sum(float(np.array(scope.find_var(b).get_tensor()).sum()) for b in biases)
+    np.testing.assert_allclose(got, -2.5, rtol=1e-6)
+    assert total_bias == pytest.approx(-2.5)
