@@ -11,7 +11,8 @@ import yaml
 
 from pipelines.sweep import rank, sweep_checkpoint_uri, write_summary
 
-TINY = ("experiment=tiny", "ps.epochs=1")
+# Without the evaluation's logistic-regression baseline: a sweep ranks its jobs on the model's own metrics.
+TINY = ("experiment=tiny", "ps.epochs=1", "eval.baseline=false")
 
 
 def _record(job, objective, overrides, status="completed", error=""):
@@ -54,6 +55,7 @@ def _sweep(tmp_path, *overrides):
     return done, sweep_dir, rows
 
 
+@pytest.mark.slow  # its fast twin: test_a_failed_job_is_recorded_and_the_sweep_goes_on, one job trained, not two
 def test_local_sweep_runs_every_job_and_writes_the_summary(tmp_path):
     done, sweep_dir, rows = _sweep(tmp_path, *TINY, "table.embedding_dim=4,8")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -66,14 +68,20 @@ def test_local_sweep_runs_every_job_and_writes_the_summary(tmp_path):
 
 
 def test_a_failed_job_is_recorded_and_the_sweep_goes_on(tmp_path):
+    """Also the default suite's real sweep of the local pipeline (the two-job one above is slow): every job of the
+    sweep runs, each overridden value reaches its row, a completed job's objective is its metrics.json's."""
     # The servers cannot be up within a millisecond: job 0's train step fails; job 1 trains.
     done, sweep_dir, rows = _sweep(tmp_path, *TINY, "ps.startup_timeout_s=0.001,120")
     assert done.returncode == 1  # after the summary: not every job completed
     by_job = {r["job"]: r for r in rows}
+    assert sorted(by_job) == ["0", "1"] and [by_job[j]["ps.startup_timeout_s"] for j in "01"] == ["0.001", "120"]
     assert by_job["0"]["status"] == "failed" and "startup_timeout_s" in by_job["0"]["error"]
     assert by_job["1"]["status"] == "completed" and float(by_job["1"]["auc"]) > 0.5
+    metrics = json.loads((sweep_dir / "1" / "metrics.json").read_text())
+    assert float(by_job["1"]["objective (auc)"]) == pytest.approx(metrics["auc"], abs=1e-4)
     assert "startup_timeout_s" in (sweep_dir / "0" / "error.txt").read_text()
     assert "1 completed, 1 failed" in (sweep_dir / "summary.md").read_text()
+    assert (sweep_dir / "summary.png").exists() and "# Sweep summary: 2 job(s)" in done.stdout
 
 
 def test_optuna_search_runs_locally(tmp_path):
