@@ -80,9 +80,9 @@ def _verified_checkpoints(uri, local_root):
     return ids
 
 
-def test_a_worker_stopped_for_20s_then_continued_finishes_with_every_example(tmp_path, datasets):
-    """SIGSTOP in the middle of a pass, SIGCONT 20 s later (a long GC pause, a network blip): the job goes on,
-    inside a stall timeout longer than the stop, trains every example and commits its checkpoint."""
+def _stop_and_continue_worker_1(tmp_path, datasets, stopped_s):
+    """SIGSTOP to worker 1 in the middle of a pass, SIGCONT ``stopped_s`` later, inside a stall timeout of 30 s: the
+    job goes on, trains every example and commits its checkpoint."""
     data_dir, stats = datasets[2]
     cfg = _config(tmp_path, workers=2, epochs=1, stall_timeout_s=30)
     job = LocalJob(prepare_job(cfg, None), data_dir, tmp_path / "logs", echo=lambda line: None)
@@ -90,7 +90,7 @@ def test_a_worker_stopped_for_20s_then_continued_finishes_with_every_example(tmp
     _wait_for(lambda: _in_pass(job, "worker-1", 1), what="worker 1 to train pass 1")
     victim = next(p for p in job.processes if p.name == "worker-1")
     os.kill(victim.popen.pid, signal.SIGSTOP)
-    time.sleep(20)
+    time.sleep(stopped_s)
     assert running.thread.is_alive(), f"the job ended while worker 1 was stopped: {running.error}"
     os.kill(victim.popen.pid, signal.SIGCONT)
     running.join(180)
@@ -98,6 +98,19 @@ def test_a_worker_stopped_for_20s_then_continued_finishes_with_every_example(tmp
     assert [e["examples"] for e in running.result.epochs] == [stats["rows"]["train"]]
     assert [c["epoch"] for c in running.result.checkpoints] == [1]
     assert not job_processes(str(tmp_path))
+
+
+@pytest.mark.slow  # fast twin: the 5 s stop below
+def test_a_worker_stopped_for_20s_then_continued_finishes_with_every_example(tmp_path, datasets):
+    """SIGSTOP in the middle of a pass, SIGCONT 20 s later (a long GC pause, a network blip): the job goes on,
+    inside a stall timeout longer than the stop, trains every example and commits its checkpoint."""
+    _stop_and_continue_worker_1(tmp_path, datasets, stopped_s=20)
+
+
+def test_a_worker_stopped_for_5s_then_continued_finishes_with_every_example(tmp_path, datasets):
+    """The fast twin of the 20 s stop above: the same job and stall timeout; worker 1 is silent for 5 s, several of
+    its progress periods (1 s), and the others wait for it."""
+    _stop_and_continue_worker_1(tmp_path, datasets, stopped_s=5)
 
 
 def test_a_worker_stopped_longer_than_the_stall_timeout_fails_the_job_naming_it(tmp_path, datasets):
