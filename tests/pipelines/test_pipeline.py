@@ -234,7 +234,9 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     assert served["metrics"]["auc"] == pytest.approx(metrics["auc"], abs=1e-4)
     source = json.loads((run_dir / "serving_model" / "serving.json").read_text())["source_checkpoint"]
     assert source["uri"] == str(run_dir / "checkpoint")
-    assert source["id"] == CheckpointStore(source["uri"]).latest()
+    # The export serves the checkpoint the train step delivered: the best on the validation split, not the latest.
+    delivered = json.loads(next(run_dir.glob("kfp/*/train/checkpoint")).read_text())["id"]
+    assert source["id"] == delivered and delivered in CheckpointStore(source["uri"]).committed()
     checkpoint = CheckpointStore(source["uri"]).download(source["id"], tmp_path / "fetched")
     table = CheckpointTable(checkpoint)
     ids, rows = table.whole()
