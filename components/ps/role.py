@@ -139,7 +139,8 @@ def worker_place(cfg: CtrConfig, paddle):
 
 
 class Worker:
-    def __init__(self, cfg: CtrConfig, job: JobSpec, program: TrainProgram, paddle):
+    def __init__(self, cfg: CtrConfig, job: JobSpec, stats: dict, program: TrainProgram, paddle):
+        """``stats``: the job's dataset's ``stats.json``, as :func:`main` read it."""
         import paddle.distributed.fleet as fleet
 
         self.cfg, self.job, self.program, self.paddle, self.fleet = cfg, job, program, paddle, fleet
@@ -148,7 +149,7 @@ class Worker:
         self.place = worker_place(cfg, paddle)
         self.exe = paddle.static.Executor(self.place)
         data_dir = Path(job.data_dir)
-        self.stats = json.loads((data_dir / "stats.json").read_text())
+        self.stats = stats
         self.shards = [str(data_dir / p) for p in self.stats["shards"]["train"]][self.index::self.count]
         shard_rows = self.stats["shard_rows"]["train"]
         self.rows_per_worker = [sum(shard_rows[w::self.count]) for w in range(self.count)]
@@ -408,7 +409,7 @@ def main(job_path: Optional[str]) -> None:
     if fleet.is_server():
         serve(cfg, job, fleet, paddle)
         return
-    worker = Worker(cfg, job, program, paddle)
+    worker = Worker(cfg, job, stats, program, paddle)
     worker.train()
     worker.finish()
 
