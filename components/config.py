@@ -202,6 +202,11 @@ class PsConfig:
     rpc_timeout_ms: int = 600_000
     rpc_connect_timeout_ms: int = 10_000
     table_save_max_retry: int = 3
+    # Batches whose gradients a worker sums into one push of each table. Paddle's client merges about 13 (its
+    # push_dense/push_sparse merge limits of 12): the servers' optimizers then step once per 13 batches with the
+    # summed gradient, which leaves Adam's dense weights and the Adagrad rows far behind; 1 pushes every batch
+    # (bench/results/criteo_defaults.md). Larger values trade that for fewer RPCs on a big cluster.
+    batches_per_push: int = 1
     # GiB (2^30 bytes) one server may hold; a sparse table whose plan exceeds it is refused before the job
     # starts. null: the server pods' memory (cluster.servers.memory) on Kubernetes, no check locally.
     memory_budget_gb: Optional[float] = None
@@ -470,7 +475,7 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
                 "table.embedding_dim", "table.vocab_size", "table.learning_rate",
                 "model.learning_rate", "data.shards_per_worker", "data.prep_parallelism", "ps.patience",
                 "model.cross_layers", "eval.baseline_rows", "eval.baseline_features", "ps.rpc_timeout_ms",
-                "ps.rpc_connect_timeout_ms", "ps.table_save_max_retry"):
+                "ps.rpc_connect_timeout_ms", "ps.table_save_max_retry", "ps.batches_per_push"):
         group, name = key.split(".")
         _positive(key, getattr(getattr(cfg, group), name))
     for key, value in (("table.shard_num", cfg.table.shard_num), ("ps.memory_budget_gb", cfg.ps.memory_budget_gb),

@@ -61,6 +61,7 @@ def test_closed_vocabularies_fail_at_composition(config, override, allowed):
     (["data.prep_processes=0"], "data.prep_processes", 0),
     (["data.valid_fraction=0.85"], "data.valid_fraction", 0.85),
     (["ps.patience=0"], "ps.patience", 0),
+    (["ps.batches_per_push=0"], "ps.batches_per_push", 0),
     (["model.dropout=1.0"], "model.dropout", 1.0),
     (["model.embedding_l2=-0.1"], "model.embedding_l2", -0.1),
     (["ps=sync", "checkpoint.every_batches=100"], "checkpoint.every_batches", 100),

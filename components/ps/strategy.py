@@ -153,12 +153,32 @@ _BRPC_DEFAULTS = ("-max_body_size=314217728", "-bthread_concurrency=40",
                   "-socket_max_unwritten_bytes=2048000000", "-max_connection_pool_size=1950")
 
 
+# How often a PS client's push threads look at their queues; each look sends at most one push per table, so
+# Paddle's 10 ms would cap a worker at 100 unmerged pushes a second (its trainer threads wait on a full queue).
+PUSH_INTERVAL_MS = 1
+
+
+def merge_limits(batches_per_push: int) -> tuple[int, int]:
+    """``(pserver_push_dense_merge_limit, pserver_push_sparse_merge_limit)`` for ``batches_per_push``.
+
+    The dense push thread waits until more than its limit are queued and sums them into one push
+    (``BrpcPsClient::PushDenseTaskConsume``). The sparse one, with a limit above 0, waits for two queued pushes and
+    sends once it has merged at least the limit (``PushSparseTaskConsume``); 0 sends each push as it comes.
+    """
+    return batches_per_push - 1, 0 if batches_per_push == 1 else batches_per_push
+
+
 def rpc_gflags(cfg: CtrConfig) -> str:
     """The ``init_gflags`` string every PS client and server parses when it starts."""
+    dense_limit, sparse_limit = merge_limits(cfg.ps.batches_per_push)
     return " ".join(_BRPC_DEFAULTS + (
         f"-pserver_timeout_ms={cfg.ps.rpc_timeout_ms}",
         f"-pserver_connect_timeout_ms={cfg.ps.rpc_connect_timeout_ms}",
         f"-pserver_table_save_max_retry={cfg.ps.table_save_max_retry}",
+        f"-pserver_push_dense_merge_limit={dense_limit}",
+        f"-pserver_push_sparse_merge_limit={sparse_limit}",
+        f"-pserver_async_push_dense_interval_ms={PUSH_INTERVAL_MS}",
+        f"-pserver_async_push_sparse_interval_ms={PUSH_INTERVAL_MS}",
     ))
 
 

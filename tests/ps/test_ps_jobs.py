@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -94,7 +95,8 @@ def async_two_by_two(tmp_path_factory, datasets):
 
 
 def test_one_server_one_worker_learns(tmp_path, datasets, monkeypatch):
-    monkeypatch.setenv("GLOG_vmodule", "service=3,fleet=3")  # Paddle logs the gflags its PS parses
+    # Paddle logs the gflags its PS parses (service, fleet) and each dense push after its merge (brpc_ps_client)
+    monkeypatch.setenv("GLOG_vmodule", "service=3,fleet=3,brpc_ps_client=3")
     monkeypatch.setenv("GLOG_minloglevel", "0")
     result, metrics, stats, lines = _train_and_score(tmp_path, datasets, rpc_timeout_ms=123456)
     assert [e["epoch"] for e in result.epochs] == [1, 2]
@@ -110,6 +112,11 @@ def test_one_server_one_worker_learns(tmp_path, datasets, monkeypatch):
     for role in ("server-0", "worker-0"):
         log = (tmp_path / "logs" / f"{role}.log").read_text()
         assert "Init With Gflags:" in log and "-pserver_timeout_ms=123456" in log, role
+    # ps.batches_per_push=1: the worker pushes every batch's dense gradient on its own, not Paddle's sum of 13.
+    worker_log = (tmp_path / "logs" / "worker-0.log").read_text()
+    assert "-pserver_push_dense_merge_limit=0" in worker_log and "-pserver_push_sparse_merge_limit=0" in worker_log
+    merges = re.findall(r"PushDenseTaskConsume after merge.*merge_count (\d+)", worker_log)
+    assert merges and set(merges) == {"0"}, sorted(set(merges))
 
 
 # Geo adds every worker's dense delta on the servers: at this data size Adam's 1e-3 sometimes drove the net to a

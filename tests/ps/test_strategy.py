@@ -3,7 +3,8 @@
 import pytest
 
 from components.config import ConfigError, CtrConfig, SparseRule, from_dict
-from components.ps.strategy import server_flags, sparse_table_configs, strategy_settings
+from components.ps.strategy import (merge_limits, rpc_gflags, server_flags, sparse_table_configs,
+                                     strategy_settings)
 
 
 def test_sparse_table_configs_spell_out_the_rule():
@@ -72,3 +73,13 @@ def test_a_role_never_resolves_the_shard_count_itself():
     with pytest.raises(ValueError, match="table.shard_num is resolved when the job is prepared"):
         strategy_settings(from_dict({"run_dir": "."}))
     assert strategy_settings(from_dict({"ps": {"mode": "geo"}, "run_dir": "."}))["sparse_table_configs"] is None
+
+
+@pytest.mark.parametrize("batches, dense, sparse", [(1, 0, 0), (2, 1, 2), (13, 12, 13)])
+def test_batches_per_push_sets_both_merge_limits_of_the_client(batches, dense, sparse):
+    cfg = from_dict({"ps": {"batches_per_push": batches}, "run_dir": "."})
+    flags = rpc_gflags(cfg).split()
+    assert merge_limits(batches) == (dense, sparse)
+    assert f"-pserver_push_dense_merge_limit={dense}" in flags and f"-pserver_push_sparse_merge_limit={sparse}" in flags
+    # Paddle's 10 ms between looks at the push queues would cap a worker at 100 pushes a second.
+    assert "-pserver_async_push_dense_interval_ms=1" in flags and "-pserver_async_push_sparse_interval_ms=1" in flags
