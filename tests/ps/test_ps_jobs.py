@@ -109,11 +109,11 @@ def test_one_server_one_worker_learns(tmp_path, datasets, monkeypatch):
     assert metrics["auc"] > 0.7, metrics
     assert metrics["auc"] / stats["bayes"]["auc"] > 0.85
     # The RPC settings reached both the server's and the worker's PS runtime.
-    for role in ("server-0", "worker-0"):
-        log = (tmp_path / "logs" / f"{role}.log").read_text()
+    logs = {role: (tmp_path / "logs" / f"{role}.log").read_text() for role in ("server-0", "worker-0")}
+    for role, log in logs.items():
         assert "Init With Gflags:" in log and "-pserver_timeout_ms=123456" in log, role
     # ps.batches_per_push=1: the worker pushes every batch's dense gradient on its own, not Paddle's sum of 13.
-    worker_log = (tmp_path / "logs" / "worker-0.log").read_text()
+    worker_log = logs["worker-0"]
     assert "-pserver_push_dense_merge_limit=0" in worker_log and "-pserver_push_sparse_merge_limit=0" in worker_log
     merges = re.findall(r"PushDenseTaskConsume after merge.*merge_count (\d+)", worker_log)
     assert merges and set(merges) == {"0"}, sorted(set(merges))
