@@ -98,6 +98,11 @@ SPECS: dict[str, SyntheticSpec] = {
     "long_tail": SyntheticSpec(cardinalities=CRITEO_CARDINALITIES, zipf_exponent=1.02, id_weight_decay_rank=2000.0),
     # The counts carry most of the signal, the ids little.
     "dense_heavy": SyntheticSpec(dense_weight_scale=4.0, id_weight_scale=0.12, interaction_scale=0.15),
+    # Tune twins of the two families above, drawn apart from them (other cardinalities, tails and strengths):
+    # the smaller fields with a flat tail whose rare ids carry signal, and counts that carry more than the ids.
+    "rare_ids": SyntheticSpec(zipf_exponent=1.0, id_weight_scale=0.35, id_weight_decay_rank=500.0, interaction_fields=6),
+    "count_signal": SyntheticSpec(dense_weight_scale=3.0, id_weight_scale=0.18, dense_missing_rate=0.3,
+                                  interaction_fields=4),
 }
 
 
@@ -106,6 +111,7 @@ class SyntheticRows(NamedTuple):
     probabilities: np.ndarray  # float64[n], the true click probabilities
     dense_counts: np.ndarray  # int64[n, dense_dim], raw counts (0 where missing)
     categories: np.ndarray  # int64[n, fields], category index per field
+    interaction_logits: np.ndarray  # float64[n], the pairwise-interaction part of the true logit
 
 
 class _HiddenModel(NamedTuple):
@@ -126,10 +132,16 @@ def generate(rows: int, seed: int, spec: SyntheticSpec | None = None) -> Synthet
     model = _hidden_model(spec, np.random.default_rng(model_seed))
     rng = np.random.default_rng(rows_seed)
     dense_counts, categories = _draw_features(model, rows, spec, rng)
-    logits = _logits(model, dense_counts, categories) + model.bias
-    probabilities = 1.0 / (1.0 + np.exp(-logits))
-    labels = (rng.random(rows) < probabilities).astype(np.int64)
-    return SyntheticRows(labels, probabilities, dense_counts, categories)
+    return _rows(model, dense_counts, categories, rng)
+
+
+def _rows(model: _HiddenModel, dense_counts: np.ndarray, categories: np.ndarray,
+          rng: np.random.Generator) -> SyntheticRows:
+    """The rows' true probabilities and their labels drawn from them."""
+    per_feature, interactions = _logit_parts(model, dense_counts, categories)
+    probabilities = 1.0 / (1.0 + np.exp(-(per_feature + interactions + model.bias)))
+    labels = (rng.random(len(probabilities)) < probabilities).astype(np.int64)
+    return SyntheticRows(labels, probabilities, dense_counts, categories, interactions)
 
 
 def _hidden_model(spec: SyntheticSpec, rng: np.random.Generator) -> _HiddenModel:
@@ -183,9 +195,17 @@ def _draw_features(
 
 
 def _logits(model: _HiddenModel, dense_counts: np.ndarray, categories: np.ndarray) -> np.ndarray:
-    logits = normalize_counts(dense_counts) @ model.dense_weights
+    return sum(_logit_parts(model, dense_counts, categories))
+
+
+def _logit_parts(model: _HiddenModel, dense_counts: np.ndarray,
+                 categories: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The logit without its bias, in two parts: one weight per count and per id (what a logistic regression can
+    learn), and the pairwise interactions (what only a model of interactions can)."""
+    per_feature = normalize_counts(dense_counts) @ model.dense_weights
     for field, weights in enumerate(model.id_weights):
-        logits += weights[categories[:, field]]
+        per_feature += weights[categories[:, field]]
+    interactions = np.zeros(len(categories))
     if model.factors:
         # sum_{f<g} <v_f, v_g> = (|sum_f v_f|^2 - sum_f |v_f|^2) / 2
         factor_sum = np.zeros((len(categories), model.factors[0].shape[1]))
@@ -194,8 +214,8 @@ def _logits(model: _HiddenModel, dense_counts: np.ndarray, categories: np.ndarra
             vectors = factors[categories[:, field]]
             factor_sum += vectors
             square_sum += np.einsum("ij,ij->i", vectors, vectors)
-        logits += 0.5 * (np.einsum("ij,ij->i", factor_sum, factor_sum) - square_sum)
-    return logits
+        interactions = 0.5 * (np.einsum("ij,ij->i", factor_sum, factor_sum) - square_sum)
+    return per_feature, interactions
 
 
 def _calibrate_bias(logits: np.ndarray, target_ctr: float) -> float:
@@ -277,9 +297,7 @@ def generate_blocks(rows: int, seed: int, spec: SyntheticSpec | None = None,
         rng = np.random.default_rng(block_seed)
         count = min(block_rows, rows - start)
         dense_counts, categories = _draw_features(model, count, spec, rng)
-        probabilities = 1.0 / (1.0 + np.exp(-(_logits(model, dense_counts, categories) + model.bias)))
-        labels = (rng.random(count) < probabilities).astype(np.int64)
-        yield SyntheticRows(labels, probabilities, dense_counts, categories)
+        yield _rows(model, dense_counts, categories, rng)
 
 
 def write_raw_tsv(path: str, rows: int, seed: int, spec: SyntheticSpec | None = None) -> dict[str, float]:

@@ -468,3 +468,16 @@ def test_every_named_generator_writes_raw_criteo_tsv_with_its_oracle(tmp_path, n
     assert len(lines) == 3000 and {len(line.split("\t")) for line in lines} == {40}
     oracle = json.loads(Path(f"{out}.oracle.json").read_text())
     assert oracle["spec"] == name and 0.6 < oracle["auc"] < 1.0
+
+
+def test_synthetic_rows_carry_the_interaction_part_of_their_logit():
+    without = generate(2000, 3, SyntheticSpec(interaction_fields=0))
+    assert not without.interaction_logits.any()
+    rows = generate(2000, 3, SyntheticSpec(interaction_fields=4))
+    assert rows.interaction_logits.std() > 0.01
+    # The part depends on the interacting fields' categories only: rows equal there have equal parts.
+    interacting = np.argsort(SyntheticSpec().cardinalities, kind="stable")[:4]
+    keys = [tuple(row) for row in rows.categories[:, interacting]]
+    first = {}
+    for key, part in zip(keys, rows.interaction_logits):
+        assert first.setdefault(key, part) == part
