@@ -80,3 +80,14 @@ def test_table_scale_report_names_the_processes_that_grew_with_the_table():
     assert "| server | 400 | 1,600 | 4.00 |" in table and "| worker | 600 | 610 | 1.02 |" in table
     assert "above 1.5x their small-table peak: step export_model." in table  # the server may grow; others not
     assert "Train step / pass on the largest table: 2.50" in table
+
+
+def test_headroom_of_interactions_is_what_the_true_interaction_logit_adds_to_a_regression():
+    hr = _load("headroom")
+    quality = sys.modules["bench.quality"]
+    cell = hr.headroom(quality.Generator("interactions", 20_000, 7, "check"))
+    # The interactions generator's pairwise effects are as strong as its per-id ones: knowing them exactly is worth
+    # far more than any lift target, and never more than the oracle.
+    assert cell["regression"] + 0.03 < cell["with_interactions"] <= cell["oracle"] + 0.01
+    table = hr.render([cell], "now")
+    assert f"| interactions 20k | check | {cell['regression']:.4f} | {cell['with_interactions']:.4f} |" in table
