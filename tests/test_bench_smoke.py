@@ -87,7 +87,7 @@ def test_headroom_of_interactions_is_what_the_true_interaction_logit_adds_to_a_r
     quality = sys.modules["bench.quality"]
     cell = hr.headroom(quality.Generator("interactions", 20_000, 7, "check"))
     # The interactions generator's pairwise effects are as strong as its per-id ones: knowing them exactly is worth
-    # far more than any lift target, and never more than the oracle.
+    # far more than any lift target, and no more than the oracle (within the 2,000 test rows' noise).
     assert cell["regression"] + 0.03 < cell["with_interactions"] <= cell["oracle"] + 0.01
     table = hr.render([cell], "now")
     assert f"| interactions 20k | check | {cell['regression']:.4f} | {cell['with_interactions']:.4f} |" in table

@@ -98,9 +98,10 @@ SPECS: dict[str, SyntheticSpec] = {
     "long_tail": SyntheticSpec(cardinalities=CRITEO_CARDINALITIES, zipf_exponent=1.02, id_weight_decay_rank=2000.0),
     # The counts carry most of the signal, the ids little.
     "dense_heavy": SyntheticSpec(dense_weight_scale=4.0, id_weight_scale=0.12, interaction_scale=0.15),
-    # Tune twins of the two families above, drawn apart from them (other cardinalities, tails and strengths):
-    # the smaller fields with a flat tail whose rare ids carry signal, and counts that carry more than the ids.
-    "rare_ids": SyntheticSpec(zipf_exponent=1.0, id_weight_scale=0.35, id_weight_decay_rank=500.0, interaction_fields=6),
+    # Tune twins of the two families above, with tails, strengths and missing rates of their own: the default's
+    # smaller fields with a flat tail whose rare ids carry signal, and counts that carry more than the ids.
+    "rare_ids": SyntheticSpec(zipf_exponent=1.0, id_weight_scale=0.35, id_weight_decay_rank=500.0,
+                              interaction_fields=6),
     "count_signal": SyntheticSpec(dense_weight_scale=3.0, id_weight_scale=0.18, dense_missing_rate=0.3,
                                   interaction_fields=4),
 }
