@@ -42,16 +42,19 @@ FLOAT_BYTES = 4
 # (Paddle 2.6.2 CPU wheel; 2 servers, 2 workers, batch 256, adagrad): the slope of a server's peak RSS
 # against its rows between two jobs of equal traffic (~130k and ~900k rows per server). Two runs gave
 # 151 and 146 B/row at dim 9 (64 B of floats) and 252 and 238 B/row at dim 33 (160 B): 78-92 B over the
-# floats, 85 on average. A third run (bench/results/memory.md) measured 1.02x and 1.04x the estimate.
+# floats, 85 on average. A third run measured 1.02x and 1.04x the estimate; the fourth (2026-12-03,
+# bench/results/memory.md, with unmerged pushes) 0.94x and 0.96x: 76-77 B over the floats.
 ROW_OVERHEAD_BYTES = 85
 # RSS of a server process when it starts serving (Python, Paddle, the program, an empty table): 282-290 MiB
 # in the bench/memory.py jobs (an SSDSparseTable server: about 10 MiB more).
 SERVER_PROCESS_BYTES = 288 * MIB
 # Growth of a serving server's RSS that does not scale with its rows (RPC messages, which carry dim-wide
-# rows, and per-thread malloc arenas): the intercepts of the same fits, 31 and 36 MiB at dim 9, 69 and
-# 74 MiB at dim 33, as a line through their means. Only small tables notice it.
+# rows, and per-thread malloc arenas): the intercepts of the same fits, as a line through them. Measured
+# 2026-12-03 (bench/results/memory.md): 23 MiB at dim 9 and 33 MiB at dim 33, since every batch is its own
+# push (ps.batches_per_push=1); Paddle's merging of about 13 batches per push had made them 31-36 and 69-74.
+# Only small tables notice it.
 SERVING_BUFFER_BYTES = 19 * MIB
-SERVING_BUFFER_BYTES_PER_DIM = int(1.6 * MIB)
+SERVING_BUFFER_BYTES_PER_DIM = int(0.44 * MIB)
 AUTO_SHARDS = f"{SHARDS_PER_SERVER} per server"
 # The rows of a shard at most when the planner chooses the shard count: what the export holds of a table at a time
 # (about 5x its parsed 44 B a row at dim 9: ~110 MiB), and one save file and one save thread of a server.
