@@ -89,5 +89,18 @@ def test_headroom_of_interactions_is_what_the_true_interaction_logit_adds_to_a_r
     # The interactions generator's pairwise effects are as strong as its per-id ones: knowing them exactly is worth
     # far more than any lift target, and no more than the oracle (within the 2,000 test rows' noise).
     assert cell["regression"] + 0.03 < cell["with_interactions"] <= cell["oracle"] + 0.01
+    # Crosses of the interacting fields learn a little of them from 16k train rows (16 fields: most pairs of
+    # categories are seen a few times at most), the exact logit far more.
+    assert cell["regression"] < cell["with_crosses"] < cell["with_interactions"] - 0.03
     table = hr.render([cell], "now")
     assert f"| interactions 20k | check | {cell['regression']:.4f} | {cell['with_interactions']:.4f} |" in table
+    assert f"| {cell['with_crosses']:.4f} | {cell['with_crosses'] - cell['regression']:+.4f} |" in table
+
+
+def test_crosses_have_one_column_per_pair_of_categories_that_occurs():
+    hr = _load("headroom")
+    categories = np.array([[0, 1, 2], [0, 1, 0], [1, 1, 2], [0, 1, 2]])
+    matrix = hr.crosses(categories, (2, 2, 3), np.array([0, 2])).toarray()
+    # One pair of fields (0, 2); its category pairs (0, 2), (0, 0), (1, 2): three columns, one 1 per row.
+    assert matrix.shape == (4, 3) and (matrix.sum(axis=1) == 1).all()
+    assert (matrix[0] == matrix[3]).all() and len({tuple(row) for row in matrix}) == 3

@@ -76,6 +76,11 @@ class SyntheticSpec:
         return [f"C{index}" for index in range(1, len(self.cardinalities) + 1)]
 
     @property
+    def interacting_fields(self) -> np.ndarray:
+        """The fields whose pairs interact: the ``interaction_fields`` smallest (enough rows per pair to learn)."""
+        return np.sort(np.argsort(self.cardinalities, kind="stable")[: self.interaction_fields])
+
+    @property
     def schema(self) -> Schema:
         return Schema(self.dense_dim, self.sparse_slots)
 
@@ -161,8 +166,7 @@ def _hidden_model(spec: SyntheticSpec, rng: np.random.Generator) -> _HiddenModel
         / np.sqrt(1.0 + np.arange(cardinality) / spec.id_weight_decay_rank)
         for strength, cardinality in zip(field_strength, spec.cardinalities)
     ]
-    # Interactions between the smallest fields: enough rows per pair to be learnable.
-    interacting = np.sort(np.argsort(spec.cardinalities, kind="stable")[: spec.interaction_fields])
+    interacting = spec.interacting_fields
     factors = [
         rng.normal(0.0, spec.interaction_scale, (spec.cardinalities[field], spec.interaction_rank))
         for field in interacting
