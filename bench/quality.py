@@ -18,7 +18,7 @@ this machine), its numbers read from the run's ``metrics.json`` and its train st
 * **speed**: the default against :data:`PREVIOUS_DEFAULTS` (the ``data=criteo`` defaults until 2026-12-02) on the
   same file, :data:`SPEED_RUNS` runs of each, alternating: training examples/s of the train step (both workers,
   the whole pass); the ratio is of the medians. One run of each moved the ratio by up to 0.4 (1.77x and 2.19x on
-  2026-12-03): four trainer threads and two servers on 2 cores share them unevenly from run to run.
+  2026-12-03): on 2 cores either defaults' examples/s moved by up to 25% from one run to the next.
 
 ``--quick``: 50k rows of each generator, the default model only (a smoke run of a few minutes; its numbers are
 noisier than the full run's). ``--default-only``: every generator at its size, the default model only (the lifts
