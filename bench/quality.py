@@ -22,7 +22,7 @@ this machine), its numbers read from the run's ``metrics.json`` and its train st
 
 ``--quick``: 50k rows of each generator, the default model only (a smoke run of a few minutes; its numbers are
 noisier than the full run's). ``--default-only``: every generator at its size, the default model only (the lifts
-and the speed that the targets are on, in about half the time of the full run).
+and the speed that the targets are on: 24 minutes on 2 cores on 2026-12-03).
 """
 
 from __future__ import annotations
