@@ -56,7 +56,8 @@ SPEED_RUNS = 3
 # The data=criteo training defaults before 2026-12-02 (conf/data/criteo.yaml then), every key the current defaults
 # set included, so that these overrides reproduce them; the pushes then were Paddle's own merge (13 dense, 12 sparse
 # batches, queues looked at every 10 ms), which ps.batches_per_push=13 comes closest to (13 and 13, every 1 ms).
-PREVIOUS_DEFAULTS = ("model=dcn", "ps.batch_size=64", "table.learning_rate=0.014", "model.learning_rate=0.0009",
+PREVIOUS_DEFAULTS = ("model=dcn", "model.hidden=[256,128]", "ps.batch_size=64", "table.learning_rate=0.014",
+                     "model.learning_rate=0.0009",
                      "model.optimizer=adam", "model.embedding_l2=0.0001", "model.dropout=0.2",
                      "table.admission.embedx_threshold=0", "ps.threads=1", "ps.epochs=1", "ps.batches_per_push=13")
 
