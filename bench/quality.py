@@ -22,7 +22,7 @@ this machine), its numbers read from the run's ``metrics.json`` and its train st
 
 ``--quick``: 50k rows of each generator, the default model only (a smoke run of a few minutes; its numbers are
 noisier than the full run's). ``--default-only``: every generator at its size, the default model only (the lifts
-and the speed that the targets are on: 24 minutes on 2 cores on 2026-12-03).
+and the speed that the targets are on: 24-25 minutes on 2 cores on 2026-12-03).
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ SPEED_RUNS = 3
 # set included, so that these overrides reproduce them; the pushes then were Paddle's own merge (13 dense, 12 sparse
 # batches, queues looked at every 10 ms), which ps.batches_per_push=13 comes closest to (13 and 13, every 1 ms).
 PREVIOUS_DEFAULTS = ("model=dcn", "model.hidden=[256,128]", "ps.batch_size=64", "table.learning_rate=0.014",
-                     "model.learning_rate=0.0009",
-                     "model.optimizer=adam", "model.embedding_l2=0.0001", "model.dropout=0.2",
-                     "table.admission.embedx_threshold=0", "ps.threads=1", "ps.epochs=1", "ps.batches_per_push=13")
+                     "model.learning_rate=0.0009", "model.optimizer=adam", "model.embedding_l2=0.0001",
+                     "model.dropout=0.2", "table.admission.embedx_threshold=0", "ps.threads=1", "ps.epochs=1",
+                     "ps.batches_per_push=13")
 
 
 @dataclass(frozen=True)
