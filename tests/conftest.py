@@ -60,7 +60,7 @@ def score_serving_model(serving_dir, data_dir) -> dict:
     what a check that the served model is the evaluated one needs."""
     from components.metrics import binary_metrics
     from components.ps.scoring import read_test_split
-    from components.export.serving import InferenceModel
+    from components.export.model import InferenceModel
 
     model = InferenceModel.load(serving_dir)
     labels, dense, sparse = read_test_split(data_dir, model.schema)

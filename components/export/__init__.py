@@ -6,6 +6,6 @@
 * :mod:`~components.export.single`: the single-file Paddle inference model (small tables);
 * :mod:`~components.export.program`: the inference programs both save; :mod:`~components.export.manifest`:
   ``serving.json``, file checks, putting a directory in place;
-* :mod:`~components.export.serving`: loading either format, predicting, the command line;
+* :mod:`~components.export.model`: loading either format and predicting; :mod:`~components.export.serving`: the command line;
   :mod:`~components.export.step`: the pipeline step.
 """

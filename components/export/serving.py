@@ -35,7 +35,7 @@ How to run it on new data
 
        python -m components.export.serving predict --model EXPORT_STORE --input 'new/part-*.txt' --output preds.txt
 
-From Python: ``InferenceModel.load(path).predict(dense, sparse)`` with ``(labels, dense, sparse) =
+From Python: ``components.export.model.InferenceModel.load(path).predict(dense, sparse)`` with ``(labels, dense, sparse) =
 read_shards(paths, model.schema)`` (or your own ``[n, dense_dim]`` float32 array and one
 :class:`~components.data_prep.multislot.RaggedIds` of raw ids per sparse slot).
 """
@@ -46,207 +46,18 @@ import argparse
 import glob
 import os
 import sys
-import tempfile
 import uuid
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 import numpy as np
 
 from components.checkpoint import format as ckpt_io
 from components.config import ExportDtype, ExportFormat
-from components.data_prep.multislot import RaggedIds, Schema, read_shards
-from components.export.delta import DELTA, LAYOUT_KEYS
-from components.export.manifest import MANIFEST, ServingModelError, read_manifest, verify_files
-from components.export.program import LoadedProgram, load_program
-from components.export.shards import ShardedTable
+from components.export.manifest import ServingModelError, read_manifest
+from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
-from components.export.single import IDS_FILE, export_single
-from components.export.store import ExportStore
-from components.ps.models import EMBEDDING_TABLE
-from components.ps.scoring import SCORE_BATCH, predict_batches
-
-
-class InferenceModel:
-    """An exported model loaded for scoring: ``predict(dense, sparse) -> probabilities``; :meth:`load` reads
-    either format."""
-
-    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram):
-        if program.feed_names != list(meta["feed_names"]):
-            raise ServingModelError(f"{root}: the program feeds {program.feed_names}, {MANIFEST} says "
-                                    f"{meta['feed_names']}")
-        self.root, self.meta, self.program = root, meta, program
-        self.schema = Schema.from_dict(meta["schema"])
-        feeds = program.feed_names
-        self.dense_name = feeds[0] if self.schema.dense_dim else None
-        self.sparse_names = feeds[1:] if self.schema.dense_dim else list(feeds)
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, verify: bool = True,
-             cache_dir: Optional[str | os.PathLike] = None) -> InferenceModel:
-        """The model at ``path``: a single-file model, a sharded version directory (a delta: its chain is loaded
-        from the export store its ``serving.json`` names) or an export store (any fsspec URL: its latest
-        version). Versions of a store that is not local are downloaded into ``cache_dir`` (default: a
-        temporary directory that lives as long as the model). Raises :class:`ServingModelError` for an
-        incomplete, inconsistent or (``verify``: sha256) altered model."""
-        local = None if "://" in str(path) else Path(path)
-        if local is None or not (local / MANIFEST).is_file():
-            return ShardedModel.load_store(str(path), verify, cache_dir)
-        manifest = read_manifest(local)
-        if manifest["format"] == ExportFormat.single.value:
-            return SingleModel.open(local, manifest, verify)
-        return ShardedModel.load_version(local, manifest, verify, cache_dir)
-
-    def predict(self, dense: Optional[np.ndarray], sparse: Sequence[RaggedIds]) -> np.ndarray:
-        """Click probabilities (float32 ``[n]``) of ``n`` examples.
-
-        ``dense``: float32 ``[n, dense_dim]`` (ignored when the schema has no dense slot); ``sparse``: one
-        :class:`RaggedIds` of raw feature ids per sparse slot, in schema order. Ids the model never saw
-        score with the zero row, as in evaluation.
-        """
-        if dense is None:
-            n = len(sparse[0].offsets) - 1 if sparse else 0
-            dense = np.zeros((n, self.schema.dense_dim), np.float32)
-        return self._predict(dense, list(sparse))
-
-    def predict_files(self, paths: Sequence[str | os.PathLike]) -> np.ndarray:
-        """Probabilities of every example of the MultiSlot files ``paths``, in order."""
-        _, dense, sparse = read_shards(paths, self.schema)
-        return self.predict(dense, sparse)
-
-    def _predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
-        raise NotImplementedError
-
-
-class SingleModel(InferenceModel):
-    """A single-file model (:mod:`components.export.single`): the program looks rows up in its own table."""
-
-    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram, ids: np.ndarray):
-        super().__init__(root, meta, program)
-        self.ids = ids
-
-    @classmethod
-    def open(cls, root: Path, meta: dict[str, Any], verify: bool = True) -> SingleModel:
-        if verify:
-            verify_files(root, meta)
-        ids = np.load(root / IDS_FILE)
-        program = load_program(root)
-        table = program.scope.find_var(EMBEDDING_TABLE)
-        rows = np.array(table.get_tensor()).shape[0] if table is not None else None
-        if rows != len(ids) + 1:
-            raise ServingModelError(f"{root}: the embedding table has {rows} rows, {IDS_FILE} holds {len(ids)} ids "
-                                    "(expected one more row: the zero row of unseen ids)")
-        return cls(root, meta, program, ids)
-
-    def _predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
-        return predict_batches(self.program.run, self.ids, self.dense_name, self.sparse_names, dense, sparse)[:, 0]
-
-
-class ShardedModel(InferenceModel):
-    """A version of a sharded export: the dense program fed with rows looked up per batch in memory-mapped
-    shards (:class:`~components.export.shards.ShardedTable`). The version's directories must stay in place
-    while it is loaded."""
-
-    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram, table: ShardedTable):
-        super().__init__(root, meta, program)
-        self.table = table
-        self.version: int = meta["version"]
-        self._downloads: Optional[tempfile.TemporaryDirectory] = None  # versions fetched from a remote store
-
-    @classmethod
-    def load_store(cls, uri: str, verify: bool = True,
-                   cache_dir: Optional[str | os.PathLike] = None) -> ShardedModel:
-        """The latest version of the export store ``uri``."""
-        store = ExportStore(uri)
-        latest = store.latest()
-        if latest is None:
-            raise ServingModelError(f"{store.display_uri} is not a serving model: it holds no {MANIFEST}, and as an "
-                                    "export store no published version")
-        return cls._load_chain(store, store.manifest(latest)["chain"], None, verify, cache_dir)
-
-    @classmethod
-    def load_version(cls, root: Path, manifest: dict[str, Any], verify: bool = True,
-                     cache_dir: Optional[str | os.PathLike] = None) -> ShardedModel:
-        """The version at ``root``: a base, or a delta whose chain's other versions come from its store."""
-        if manifest["kind"] != DELTA:
-            return cls._open_base(root, manifest, verify)
-        return cls._load_chain(ExportStore(manifest["store"]), manifest["chain"][:-1], root, verify, cache_dir)
-
-    @classmethod
-    def _load_chain(cls, store: ExportStore, chain: list[int], last: Optional[Path], verify: bool,
-                    cache_dir: Optional[str | os.PathLike]) -> ShardedModel:
-        """The base ``chain[0]`` with the deltas ``chain[1:]`` applied, then the delta directory ``last``, if any."""
-        downloads = tempfile.TemporaryDirectory(prefix="serving-") if cache_dir is None and not store.local else None
-        cache = Path(downloads.name) if downloads else (Path(cache_dir) if cache_dir else None)
-        base = store.local_dir(chain[0], cache)
-        model = cls._open_base(base, read_manifest(base), verify)
-        model._downloads = downloads
-        for root in [store.local_dir(version, cache) for version in chain[1:]] + ([last] if last else []):
-            model.apply_delta(root, verify)
-        return model
-
-    @classmethod
-    def _open_base(cls, root: Path, manifest: dict[str, Any], verify: bool) -> ShardedModel:
-        if verify:
-            verify_files(root, manifest)
-        table = ShardedTable(manifest["shard_num"], manifest["embedding_dim"])
-        table.push(root, manifest)
-        return cls(root, manifest, load_program(root), table)
-
-    def apply_delta(self, delta_dir: str | os.PathLike, verify: bool = True) -> None:
-        """Move the loaded model to the delta at ``delta_dir``: its dense program, and its rows and tombstones on
-        top of the loaded ones. A delta whose parent is not the loaded version is refused, naming both."""
-        root = Path(delta_dir)
-        manifest = read_manifest(root)
-        if manifest["format"] != ExportFormat.sharded.value or manifest["kind"] != DELTA:
-            raise ServingModelError(f"{root} is not a delta of a sharded export ({manifest['format']} "
-                                    f"{manifest.get('kind', '')}): load it instead")
-        if manifest["parent"] != self.version:
-            raise ServingModelError(f"{root}: delta version {manifest['version']} applies to version "
-                                    f"{manifest['parent']}, the loaded model is version {self.version}: refusing it")
-        changed = [key for key in LAYOUT_KEYS if manifest[key] != self.meta[key]]
-        if changed:
-            raise ServingModelError(f"{root}: delta version {manifest['version']} changes {changed} of version "
-                                    f"{self.version}: a delta never does (a written export is altered)")
-        if verify:
-            verify_files(root, manifest)
-        program = load_program(root)
-        if program.feed_names != self.program.feed_names:
-            raise ServingModelError(f"{root}: the program feeds {program.feed_names}, version {self.version}'s "
-                                    f"{self.program.feed_names}")
-        self.table.push(root, manifest)
-        self.root, self.meta, self.program, self.version = root, manifest, program, manifest["version"]
-
-    def _predict(self, dense: np.ndarray, sparse: list[RaggedIds], batch: int = SCORE_BATCH) -> np.ndarray:
-        import paddle
-
-        if len(sparse) != len(self.sparse_names):
-            raise ValueError(f"the model reads {len(self.sparse_names)} sparse slots, got {len(sparse)}")
-        n = len(sparse[0].offsets) - 1
-        for name, slot in zip(self.sparse_names, sparse):
-            if len(slot.offsets) != n + 1:
-                raise ValueError(f"sparse slot {name} holds {len(slot.offsets) - 1} rows, expected {n}")
-        if self.dense_name is not None:
-            dense = np.asarray(dense, dtype=np.float32)
-            if dense.ndim != 2 or len(dense) != n:
-                raise ValueError(f"dense features must be a [{n}, dense_dim] array, got shape {dense.shape}")
-        out = np.empty(n, np.float32)
-        for start in range(0, n, batch):
-            stop = min(start + batch, n)
-            spans = [(int(slot.offsets[start]), int(slot.offsets[stop])) for slot in sparse]
-            values = np.concatenate([slot.values[lo:hi] for slot, (lo, hi) in zip(sparse, spans)]).astype(np.uint64)
-            unique, inverse = np.unique(values, return_inverse=True)  # each id looked up once per batch
-            rows = self.table.lookup(unique)[inverse]
-            feed: dict[str, Any] = {self.dense_name: dense[start:stop]} if self.dense_name is not None else {}
-            at = 0
-            for name, slot, (lo, hi) in zip(self.sparse_names, sparse, spans):
-                tensor = paddle.base.core.LoDTensor()
-                tensor.set(rows[at:at + hi - lo], paddle.CPUPlace())
-                tensor.set_lod([(slot.offsets[start:stop + 1] - lo).tolist()])
-                feed[name] = tensor
-                at += hi - lo
-            out[start:stop] = np.asarray(self.program.run(feed), np.float32).reshape(-1)
-        return out
+from components.export.single import export_single
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[Path]:

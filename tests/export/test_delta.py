@@ -15,7 +15,7 @@ from components.data_prep.prepare import prepare_synthetic
 from components.export import sharded
 from components.export.delta import apply_shard_delta, diff_shard, rebuilt_shard
 from components.export.manifest import MANIFEST, ServingModelError
-from components.export.serving import InferenceModel
+from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
 from components.export.shards import ShardLayer
 from components.export.single import export_single

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from components.data_prep.prepare import prepare_synthetic
-from components.export.serving import InferenceModel
+from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
 from components.export.single import export_single
 from components.ps.scoring import Scorer, corrected_probability, read_test_split

@@ -18,7 +18,8 @@ from components.data_prep.hashing import HASH_FUNCTION
 from components.data_prep.multislot import RaggedIds, Schema, format_line, read_shards
 from components.data_prep.prepare import prepare_synthetic
 from components.export.manifest import MANIFEST, ServingModelError
-from components.export.serving import InferenceModel, ShardedModel, SingleModel, main
+from components.export.model import InferenceModel, ShardedModel, SingleModel
+from components.export.serving import main
 from components.export.sharded import export_sharded
 from components.export.shards import SHARDS
 from components.export.single import IDS_FILE, export_single

@@ -11,7 +11,7 @@ from components.config import from_dict, to_dict
 from components.data_prep.prepare import prepare_synthetic
 from components.export import step
 from components.export.manifest import MANIFEST
-from components.export.serving import InferenceModel
+from components.export.model import InferenceModel
 from components.export.store import ExportStore, export_store_uri
 from components.ps.scoring import read_test_split
 from tests.export.checkpoints import SHARD_NUM, TABLE_DIR, VOCAB, commit_checkpoint, make_checkpoint

@@ -11,7 +11,7 @@ from components.checkpoint import format as ckpt_io
 from components.checkpoint.store import CheckpointStore
 from components.config import from_dict
 from components.data_prep.prepare import prepare_files
-from components.export.serving import InferenceModel
+from components.export.model import InferenceModel
 from components.export.single import export_single
 from components.ps.accessor import read_sparse_table
 from components.ps.scoring import Scorer, read_test_split
