@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import signal
 import time
 from typing import Any, Callable, Optional
 
@@ -329,6 +330,10 @@ def serve(model_uri: str, options: LoadOptions, host: str = "127.0.0.1", port: i
              f", following {follower.store.display_uri} every {poll_seconds:g}s" if follower else "")
     if follower:
         follower.start()
+    # uvicorn shuts down gracefully on SIGTERM or SIGINT, then raises the signal again for the handler it found,
+    # which by default would kill the process (status -15) after a clean shutdown: ours lets it end with 0.
+    for stop_signal in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(stop_signal, lambda *_: None)
     try:
         uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
     finally:

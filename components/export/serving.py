@@ -123,7 +123,14 @@ def _serve(args: argparse.Namespace) -> None:
     if args.max_batch < 1 or args.poll_seconds < 0:
         raise ValueError(f"--max-batch must be >= 1 and --poll-seconds >= 0, got {args.max_batch} and "
                          f"{args.poll_seconds}")
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The project's loggers (the follower's refusals, the server's errors) to stderr; Paddle's import has already
+    # given the root logger a handler, which would make basicConfig do nothing.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    project = logging.getLogger("components")
+    project.addHandler(handler)
+    project.setLevel(logging.INFO)
+    project.propagate = False
     options = LoadOptions(public_key=args.public_key, allow_unsigned=args.allow_unsigned)
     serve(args.model, options, args.host, args.port, args.name, args.poll_seconds, args.max_batch)
 
