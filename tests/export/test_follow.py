@@ -36,14 +36,22 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def source(data_dir, tmp_path_factory) -> Path:
-    """An export store of three versions of an evolving checkpoint: a base and two deltas on it."""
+def checkpoints(data_dir, tmp_path_factory) -> list[Path]:
+    """Three committed checkpoints, each evolved from the one before."""
     root = tmp_path_factory.mktemp("checkpoints")
-    checkpoint = make_checkpoint(data_dir, "deepfm", seed=2)
-    store = root / "store"
+    checkpoint, committed = make_checkpoint(data_dir, "deepfm", seed=2), []
     for step in range(3):
-        export_sharded(commit_checkpoint(root / f"checkpoint-{step}", checkpoint), str(store))
+        committed.append(commit_checkpoint(root / f"checkpoint-{step}", checkpoint))
         checkpoint = evolved(checkpoint, seed=10 + step)
+    return committed
+
+
+@pytest.fixture(scope="module")
+def source(checkpoints, tmp_path_factory) -> Path:
+    """An export store of the three checkpoints: a base and two deltas on it."""
+    store = tmp_path_factory.mktemp("exports") / "store"
+    for checkpoint in checkpoints:
+        export_sharded(checkpoint, str(store))
     return store
 
 
@@ -92,6 +100,27 @@ def test_the_follower_applies_each_new_version_and_skips_to_the_latest(source, s
     # A store is followed itself; a version directory, the store it was published in (its serving.json says).
     assert followed_store(str(served), first) == str(served)
     assert followed_store(str(served / "v000001"), first) == first.meta["store"] == str(source)
+
+
+def test_a_remote_store_is_followed_through_downloads_delta_then_base(checkpoints, source, data_dir, tmp_path):
+    from components.export.server import Metrics
+
+    uri = f"memory://follow-{tmp_path.name}/store"
+    export_sharded(checkpoints[0], uri)
+    metrics = Metrics()
+    follower = ModelFollower(InferenceModel.load(uri), uri, LoadOptions(), poll_seconds=60, prepare=metrics.prepare)
+    _, dense, sparse = read_test_split(data_dir)
+    export_sharded(checkpoints[1], uri)
+    assert follower.poll() == 2
+    assert np.array_equal(follower.model.predict(dense, sparse),
+                          InferenceModel.load(source / "v000002").predict(dense, sparse))
+    export_sharded(checkpoints[2], uri, base_every=0)  # a new base: loaded whole
+    assert follower.poll() == 3 and follower.model.meta["kind"] == "base"
+    assert np.array_equal(follower.model.predict(dense, sparse),
+                          InferenceModel.load(source / "v000003").predict(dense, sparse))
+    sample = metrics.registry.get_sample_value
+    assert sample("ctr_serving_model_version") == 3 and sample("ctr_serving_rows_looked_up_total") > 0
+    follower.stop()
 
 
 def test_a_tampered_delta_is_refused_in_one_log_line_and_the_old_version_keeps_serving(source, served, caplog):
