@@ -45,6 +45,7 @@ except ImportError:  # until the transform lands: the same contract (a ValueErro
 
 log = logging.getLogger(__name__)
 
+PACKAGE = "paddle-ps-pipelines"  # the server's name in the v2 server metadata
 OUTPUT = "probability"  # the v2 output tensor
 INSTANCES_INPUT = "instances"  # the v2 input holding JSON instances
 BYTES_PER_INSTANCE = 16 * 1024  # the body limit per instance of --max-batch: a Criteo instance is ~0.5 KiB
@@ -87,6 +88,15 @@ class Metrics:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
 
+def package_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(PACKAGE)
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "unknown"
+
+
 def columns_of(model) -> list[str]:
     """The instance columns of ``model``'s transform (none for a model exported without one)."""
     transform = getattr(model, "transform", None)
@@ -112,7 +122,7 @@ def create_app(current: Callable[[], Any], name: str = "ctr", max_batch: int = 1
         model = current()
         try:
             if model_name != name:
-                raise RequestError(f"model {model_name!r} is not served here: this server serves {name!r}", 404)
+                raise RequestError(not_served(model_name), 404)
             body = await read_body(request, body_limit, max_batch)
             result = await run_in_threadpool(lambda: handle(model, parse_json(body)))
             return JSONResponse(result, headers={"model-version": str(model.version)})
@@ -126,6 +136,9 @@ def create_app(current: Callable[[], Any], name: str = "ctr", max_batch: int = 1
             return error_response(protocol, 500, f"internal error ({type(err).__name__}); the server logged it")
         finally:
             metrics.latency.labels(protocol).observe(time.perf_counter() - started)
+
+    def not_served(model_name: str) -> str:
+        return f"model {model_name!r} is not served here: this server serves {name!r}"
 
     def error_response(protocol: str, status: int, message: str) -> Response:
         metrics.errors.labels(protocol, str(status)).inc()
@@ -162,7 +175,7 @@ def create_app(current: Callable[[], Any], name: str = "ctr", max_batch: int = 1
 
     @app.get("/v2")
     async def v2_server() -> dict:
-        return {"name": "paddle-ps-pipelines", "version": "2", "extensions": []}
+        return {"name": PACKAGE, "version": package_version(), "extensions": []}
 
     @app.get("/v2/health/live")
     async def live() -> dict:
@@ -175,14 +188,13 @@ def create_app(current: Callable[[], Any], name: str = "ctr", max_batch: int = 1
     @app.get("/v2/models/{model_name}/ready")
     async def model_ready(model_name: str) -> Response:
         if model_name != name:
-            return JSONResponse({"error": f"model {model_name!r} is not served here"}, status_code=404)
+            return JSONResponse({"error": not_served(model_name)}, status_code=404)
         return JSONResponse({"name": name, "ready": True})
 
     @app.get("/v2/models/{model_name}")
     async def metadata(model_name: str) -> Response:
         if model_name != name:
-            return JSONResponse({"error": f"model {model_name!r} is not served here: this server serves {name!r}"},
-                                status_code=404)
+            return JSONResponse({"error": not_served(model_name)}, status_code=404)
         model = current()
         return JSONResponse({
             "name": name, "versions": [str(model.version)], "platform": "paddle",
