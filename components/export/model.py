@@ -2,7 +2,8 @@
 
 * :class:`SingleModel` (``single``): one Paddle inference model holding every row.
 * :class:`ShardedModel` (``sharded``): the dense program fed with rows looked up per batch in memory-mapped,
-  id-sorted shards; :meth:`ShardedModel.apply_delta` moves a loaded model to the next version.
+  id-sorted shards; :meth:`ShardedModel.apply_delta` moves a loaded model to the next version, and
+  :meth:`ShardedModel.with_delta` makes the next version's model beside it (what a server swaps in while serving).
 
 :meth:`InferenceModel.load` reads either, checking every file against ``serving.json``'s sha256.
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import numpy as np
 
@@ -37,6 +38,7 @@ class InferenceModel:
             raise ServingModelError(f"{root}: the program feeds {program.feed_names}, {MANIFEST} says "
                                     f"{meta['feed_names']}")
         self.root, self.meta, self.program = root, meta, program
+        self.version: Optional[int] = meta.get("version")  # a sharded export's; None for a single-file model
         self.schema = Schema.from_dict(meta["schema"])
         feeds = program.feed_names
         self.dense_name = feeds[0] if self.schema.dense_dim else None
@@ -111,7 +113,7 @@ class ShardedModel(InferenceModel):
     def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram, table: ShardedTable):
         super().__init__(root, meta, program)
         self.table = table
-        self.version: int = meta["version"]
+        self.on_lookup: Optional[Callable[[int], None]] = None  # told how many rows each batch looks up
         self._downloads: Optional[tempfile.TemporaryDirectory] = None  # versions fetched from a remote store
 
     @classmethod
@@ -156,8 +158,25 @@ class ShardedModel(InferenceModel):
 
     def apply_delta(self, delta_dir: str | os.PathLike, verify: bool = True) -> None:
         """Move the loaded model to the delta at ``delta_dir``: its dense program, and its rows and tombstones on
-        top of the loaded ones. A delta whose parent is not the loaded version is refused, naming both."""
-        root = Path(delta_dir)
+        top of the loaded ones. A delta whose parent is not the loaded version is refused, naming both. In place:
+        for a model no other thread is using (a server uses :meth:`with_delta`)."""
+        root, manifest, program = self._checked_delta(Path(delta_dir), verify)
+        self.table.push(root, manifest)
+        self.root, self.meta, self.program, self.version = root, manifest, program, manifest["version"]
+
+    def with_delta(self, delta_dir: str | os.PathLike, verify: bool = True) -> ShardedModel:
+        """A new model: this one moved to the delta at ``delta_dir`` (refused as :meth:`apply_delta` refuses it),
+        sharing this one's memory-mapped rows. This model is left as it is, so predictions running on it finish
+        on the version they started with."""
+        root, manifest, program = self._checked_delta(Path(delta_dir), verify)
+        table = self.table.copy()
+        table.push(root, manifest)
+        model = type(self)(root, manifest, program, table)
+        model.on_lookup, model._downloads = self.on_lookup, self._downloads
+        return model
+
+    def _checked_delta(self, root: Path, verify: bool) -> tuple[Path, dict[str, Any], LoadedProgram]:
+        """The delta at ``root`` (its manifest and program) once it is known to apply to this model."""
         manifest = read_manifest(root)
         if manifest["format"] != ExportFormat.sharded.value or manifest["kind"] != DELTA:
             raise ServingModelError(f"{root} is not a delta of a sharded export ({manifest['format']} "
@@ -175,8 +194,7 @@ class ShardedModel(InferenceModel):
         if program.feed_names != self.program.feed_names:
             raise ServingModelError(f"{root}: the program feeds {program.feed_names}, version {self.version}'s "
                                     f"{self.program.feed_names}")
-        self.table.push(root, manifest)
-        self.root, self.meta, self.program, self.version = root, manifest, program, manifest["version"]
+        return root, manifest, program
 
     def _predict(self, dense: np.ndarray, sparse: list[RaggedIds], batch: int = SCORE_BATCH) -> np.ndarray:
         import paddle
@@ -198,6 +216,8 @@ class ShardedModel(InferenceModel):
             values = np.concatenate([slot.values[lo:hi] for slot, (lo, hi) in zip(sparse, spans)]).astype(np.uint64)
             unique, inverse = np.unique(values, return_inverse=True)  # each id looked up once per batch
             rows = self.table.lookup(unique)[inverse]
+            if self.on_lookup is not None:
+                self.on_lookup(len(unique))
             feed: dict[str, Any] = {self.dense_name: dense[start:stop]} if self.dense_name is not None else {}
             at = 0
             for name, slot, (lo, hi) in zip(self.sparse_names, sparse, spans):

@@ -9,7 +9,8 @@ the negative-downsampling correction and the calibration included.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +28,21 @@ ROWS_FEED = "{}.rows"  # the feed of one sparse slot's rows in the sharded forma
 
 @dataclass
 class LoadedProgram:
-    """A saved inference program, loaded into a scope of its own."""
+    """A saved inference program, loaded into a scope of its own. :meth:`run` may be called from any thread."""
 
     program: Any
     feed_names: list[str]
     fetch_targets: list
     scope: Any
     exe: Any
+    # Paddle's executor is not thread-safe: one run at a time per program (a server's threads share it).
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def run(self, feed: dict) -> np.ndarray:
-        import paddle
-
-        with paddle.static.scope_guard(self.scope):
-            (prob,) = self.exe.run(self.program, feed=feed, fetch_list=self.fetch_targets)
+        # The scope is passed, not set with scope_guard: that switches a process-wide scope, which a program
+        # loading or running in another thread would see.
+        with self._lock:
+            (prob,) = self.exe.run(self.program, feed=feed, fetch_list=self.fetch_targets, scope=self.scope)
         return prob
 
 

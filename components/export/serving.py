@@ -35,6 +35,13 @@ How to run it on new data
 
        python -m components.export.serving predict --model EXPORT_STORE --input 'new/part-*.txt' --output preds.txt
 
+4. Serve it online (the ``serve`` extra: FastAPI, uvicorn, prometheus-client): raw instances in, probabilities
+   out, on KServe's v1 and v2 protocols (:mod:`components.export.server`), following the export store: each new
+   version is checked and swapped in while serving (:mod:`components.export.follow`)::
+
+       python -m components.export.serving serve --model EXPORT_STORE --port 8080
+       curl -d '{"instances": [["1", "", ...]]}' localhost:8080/v1/models/ctr:predict
+
 From Python: ``components.export.model.InferenceModel.load(path).predict(dense, sparse)`` with ``(labels, dense, sparse) =
 read_shards(paths, model.schema)`` (or your own ``[n, dense_dim]`` float32 array and one
 :class:`~components.data_prep.multislot.RaggedIds` of raw ids per sparse slot).
@@ -106,6 +113,28 @@ def _export(args: argparse.Namespace) -> str:
             f"{meta['store']}")
 
 
+def _serve(args: argparse.Namespace) -> None:
+    """Run the ``serve`` command until SIGTERM or SIGINT."""
+    import logging
+
+    from components.export.follow import LoadOptions
+    from components.export.server import serve  # the serve extra: not in the training install
+
+    if args.max_batch < 1 or args.poll_seconds < 0:
+        raise ValueError(f"--max-batch must be >= 1 and --poll-seconds >= 0, got {args.max_batch} and "
+                         f"{args.poll_seconds}")
+    # The project's loggers (the follower's refusals, the server's errors) to stderr; Paddle's import has already
+    # given the root logger a handler, which would make basicConfig do nothing.
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    project = logging.getLogger("components")
+    project.addHandler(handler)
+    project.setLevel(logging.INFO)
+    project.propagate = False
+    options = LoadOptions(public_key=args.public_key, allow_unsigned=args.allow_unsigned)
+    serve(args.model, options, args.host, args.port, args.name, args.poll_seconds, args.max_batch)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m components.export.serving", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -122,10 +151,23 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     predict.add_argument("--input", required=True, nargs="+", help="MultiSlot files or globs (quote globs)")
     predict.add_argument("--output", required=True, help="file to write, one probability per line")
     predict.add_argument("--no-verify", action="store_true", help="skip checking every file's sha256 at load")
+    serve = commands.add_parser("serve", help="serve a model online (KServe v1 and v2), following its export store")
+    serve.add_argument("--model", required=True, help="an export store (any fsspec URL) or a version or model "
+                       "directory (a sharded version follows the store it names)")
+    serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a container")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--name", default="ctr", help="the model name in the request paths")
+    serve.add_argument("--public-key", help="the exporter's PEM public key that signs serving.json")
+    serve.add_argument("--allow-unsigned", action="store_true", help="serve exports that are not signed")
+    serve.add_argument("--poll-seconds", type=float, default=10.0, help="how often to look for a new version "
+                       "(0: never)")
+    serve.add_argument("--max-batch", type=int, default=1024, help="the most instances one request may hold")
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
             print(_export(args))
+        elif args.command == "serve":
+            _serve(args)
         else:
             model = InferenceModel.load(args.model, verify=not args.no_verify)
             files = expand_inputs(args.input)

@@ -91,6 +91,12 @@ class ShardedTable:
         self.shard_num, self.dim = shard_num, dim
         self.layers: list[list[ShardLayer]] = [[] for _ in range(shard_num)]
 
+    def copy(self) -> ShardedTable:
+        """A table sharing this one's layers (their memory maps); pushing onto it leaves this one as it is."""
+        table = ShardedTable(self.shard_num, self.dim)
+        table.layers = [list(layers) for layers in self.layers]
+        return table
+
     def push(self, root: Path, manifest: dict[str, Any]) -> None:
         """Add the version at ``root``: a base replaces every layer, a delta goes on top."""
         delta = manifest["kind"] == "delta"
