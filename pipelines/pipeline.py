@@ -141,7 +141,8 @@ def ctr_pipeline(cfg: CtrConfig):
                                     checkpoint=fit.outputs["checkpoint"])
             gate = f"test AUC >= eval.min_auc {cfg.eval.min_auc:g}"
             with dsl.If(scored.outputs["Output"] >= cfg.eval.min_auc, name=gate):  # evaluate-model: the test AUC
-                served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"])
+                served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"],
+                                      dataset=prep.outputs["dataset"])
         return dict(zip(TASKS, (resolved, planned, converted, prep, fit, scored, served)))
 
     def steps(arguments: dict) -> dict:

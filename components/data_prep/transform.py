@@ -270,7 +270,7 @@ class Transform:
             if item is None or item == "":
                 continue
             if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-                kind = "a list of them" if several else "a string or a number"
+                kind = "a string or a number" + (" or a list of them" if several else "")
                 raise InstanceError(f"instance {index}, field {column}: expected {kind}, got "
                                     f"{type(item).__name__ if not isinstance(item, list) else 'a list'}")
             text = str(item)
