@@ -49,7 +49,7 @@ PREP_LOOP, EXPORT_GATE = "for-loop-1", "condition-2"
 DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOOP: ("plan-data",),
                 "merge-data": ("resolve-config", "plan-data", PREP_LOOP), "train": ("resolve-config", "merge-data"),
                 "evaluate-model": ("resolve-config", "merge-data", "train"),
-                EXPORT_GATE: ("resolve-config", "train", "evaluate-model")}
+                EXPORT_GATE: ("resolve-config", "merge-data", "train", "evaluate-model")}
 # On Kubeflow the root DAG holds EXIT_HANDLER, the group of every task above, and EXIT_TASK, which runs once that
 # group ended however it ended (succeeded, failed, cancelled) and deletes the PS job objects the run left
 # (components.train.backends.kubernetes.cleanup): a launcher killed outright, or cancelled before it could delete

@@ -16,21 +16,21 @@ How to run it on new data
    directory of one checkpoint). The pipeline's ``export-model`` step does this, and a local run leaves the
    version it wrote in ``run_dir/serving_model/``::
 
-       python -m components.export.serving export --checkpoint CHECKPOINT_DIR --out EXPORT_STORE
+       python -m components.export.serving export --checkpoint CHECKPOINT_DIR --out EXPORT_STORE --dataset DATA_DIR
        python -m components.export.serving export --checkpoint CHECKPOINT_DIR --out MODEL_DIR --format single
 
    ``sharded`` writes the next version into the export store ``--out`` (a base, or a delta after one:
    ``--base-every``); ``single`` writes the model directory ``--out``. ``--dtype float16`` halves the rows.
+   ``--dataset``: the prepared dataset the checkpoint trained on, whose transform goes with the model.
 
 2. Give it raw records in the format it trained on (an export made with its dataset, ``--dataset``, holds the
    dataset's transform: ``serving.json["transform"]``): the same files data prep read (a path, glob, directory or
    fsspec URL; the label column is read and ignored), mapped to ids and dense values by data prep's own code, so
-   exactly as training saw them. Or, for any export, write the examples as MultiSlot shards (:mod:`components.data_prep.multislot`), the format the
-   data-prep step writes: per line ``1 <click> [<dense_dim> <dense values>] <count> <ids> ...`` for each
-   sparse slot of ``serving.json["schema"]``, in its order. The click value is required by the format and
-   ignored. Ids must be hashed as for training: ``hashing.feature_id(slot, raw_value, vocab_size)`` with
-   ``serving.json["vocab_size"]``; the data-prep step (``data.source=files``) does this for raw files
-   (both its splits are valid input).
+   exactly as training saw them. Or, for any export, give it MultiSlot shards
+   (:mod:`components.data_prep.multislot`) as the data-prep step writes them (its splits are valid input). Do
+   not hash ids by hand: data prep also maps empty values to ``<missing>``, rare ids to their slot's OOV id
+   (``data.min_id_count``) and normalises dense values; the transform
+   (:class:`components.data_prep.transform.Transform`) does all of it.
 
 3. Score them: one probability per record, in input order (inputs in the order given, each glob's matches
    sorted; blank lines have none). ``--input-format`` is ``records`` by default when the model has a transform,
