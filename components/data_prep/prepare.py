@@ -101,8 +101,10 @@ def convert(plan: DataPlan, unit_indices: Sequence[int], parts_dir: str | os.Pat
     with tempfile.TemporaryDirectory(prefix=".id-counts-", dir=parts_dir) as scratch:
         sketch_path = None
         if plan.count_ids and plan.fmt != SYNTHETIC:  # synthetic rows are counted where they are generated
-            # Under the count filter the sketch is part of the transform: kept beside the parts for the merge.
-            sketch_path = str(Path(parts_dir if plan.min_id_count > 1 else scratch) / SKETCH_FILE)
+            # Under the count filter the sketch is part of the transform: kept beside the parts for the merge, by
+            # the task that converts unit 0 only (every task counts the same; one copy travels to the merge).
+            keep = plan.min_id_count > 1 and 0 in unit_indices
+            sketch_path = str(Path(parts_dir if keep else scratch) / SKETCH_FILE)
             count_ids(whole_plan or plan_in_full(plan, storage_options, processes), sketch_path, processes,
                       storage_options)
         work = _convert_synthetic if plan.fmt == SYNTHETIC else _convert_unit
