@@ -122,7 +122,9 @@ class Transform:
                           "oov_ids": ({slot: oov_id(slot, self.vocab_size) for slot in slots}
                                       if self.min_id_count > 1 else {}),
                           "file": ID_COUNTS_FILE if self.min_id_count > 1 else None,
-                          "sketch": f"count-min, {DEPTH} x {WIDTH} uint32 (components.data_prep.id_counts)"},
+                          "sketch": f"count-min, {DEPTH} x {WIDTH} uint32 of train rows (components.data_prep."
+                                    "id_counts): an id's key is mix64(id ^ hash64('<slot>\\x1fid-count')), its "
+                                    "estimate the least of its buckets"},
             "dense": self._dense_rule(),
             "format_specifics": self._specifics(),
         }

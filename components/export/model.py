@@ -20,6 +20,7 @@ import numpy as np
 
 from components.config import ExportFormat
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
+from components.data_prep.parsed import WeightError
 from components.data_prep.transform import Transform
 from components.export.delta import DELTA, LAYOUT_KEYS
 from components.export.manifest import MANIFEST, ServingModelError, load_transform, read_manifest, verify_files
@@ -84,7 +85,10 @@ class InferenceModel:
         """Probabilities of lines in the training data's format (label column included, as in the input files;
         blank lines skipped), mapped by the model's transform; a line that does not parse is refused, naming it
         (``name``: what the message calls the input, ``first_line``: the number of the data's first line)."""
-        records = self._transform("raw records").rows_of_records(data, name)
+        try:
+            records = self._transform("raw records").rows_of_records(data, name)
+        except WeightError as err:  # a weighted input's row without its weight: the whole input is refused
+            raise ValueError(f"{name}:{first_line + err.line}: {err}") from None
         if records.malformed:
             line, reason = records.malformed[0]
             raise ValueError(f"{name}:{first_line + line}: {reason} ({len(records.malformed)} line(s) of "
