@@ -221,6 +221,9 @@ class Transform:
     def rows_of_records(self, data: bytes, name: str = "records") -> Records:
         """Lines of the training format (label, and weight when weighted, included) -> the rows data prep writes
         for them; ``name``: what a reader error calls the input."""
+        if not data.strip():  # no line at all (Arrow's CSV reader refuses an empty block): no rows
+            _, dense, sparse, _ = read_shard_bytes(b"", self.schema, name)
+            return Records(dense, sparse, [])
         id_counts = IdCounts(self.id_counts, self.min_id_count, self.vocab_size) if self.id_counts else None
         parsed = BlockParser(self.fmt, self.schema, self.vocab_size, self.weight_column, id_counts).parse(data)
         text = bytes(text_bytes(parsed.text)) if len(parsed.labels) else b""

@@ -98,6 +98,12 @@ def test_transform_json_describes_the_mapping_fully(tmp_path):
     assert row.dense[0, 0] == np.float32(min(math.log1p(1000) / DENSE_LOG_CAP, 1.0)) and row.dense[0, 1] == 0.0
 
 
+def test_no_record_is_no_row():
+    transform = Transform("raw", Schema(13, [f"C{i}" for i in range(1, 27)]), VOCAB)
+    for records in (transform.rows_of_instances([]), transform.rows_of_records(b"\n \n")):
+        assert records.dense.shape == (0, 13) and [len(s.offsets) for s in records.sparse] == [1] * 26
+
+
 def test_an_unknown_transform_version_is_refused_in_one_line(tmp_path):
     prepare_records(tmp_path / "data", "raw", record_lines("raw", 200), VOCAB)
     path = tmp_path / "data" / TRANSFORM_DIR / TRANSFORM_FILE

@@ -58,6 +58,7 @@ def test_raw_records_and_instances_score_as_the_shards(exported, model_format):
     assert np.array_equal(model.predict_instances(objects), from_records)
     lists = [[instance.get(column) for column in model.transform.columns] for instance in objects]
     assert np.array_equal(model.predict_instances(lists), from_records)
+    assert model.predict_instances([]).shape == (0,) and model.predict_records(b"\n").shape == (0,)
     with pytest.raises(InstanceError, match=r"^instance 2, field nope: unknown column"):
         model.predict_instances([objects[0], objects[1], {"nope": 1}])
 
