@@ -49,7 +49,7 @@ PREP_LOOP, EXPORT_GATE = "for-loop-1", "condition-2"
 DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOOP: ("plan-data",),
                 "merge-data": ("resolve-config", "plan-data", PREP_LOOP), "train": ("resolve-config", "merge-data"),
                 "evaluate-model": ("resolve-config", "merge-data", "train"),
-                EXPORT_GATE: ("resolve-config", "train", "evaluate-model")}
+                EXPORT_GATE: ("resolve-config", "merge-data", "train", "evaluate-model")}
 # On Kubeflow the root DAG holds EXIT_HANDLER, the group of every task above, and EXIT_TASK, which runs once that
 # group ended however it ended (succeeded, failed, cancelled) and deletes the PS job objects the run left
 # (components.train.backends.kubernetes.cleanup): a launcher killed outright, or cancelled before it could delete
@@ -141,7 +141,8 @@ def ctr_pipeline(cfg: CtrConfig):
                                     checkpoint=fit.outputs["checkpoint"])
             gate = f"test AUC >= eval.min_auc {cfg.eval.min_auc:g}"
             with dsl.If(scored.outputs["Output"] >= cfg.eval.min_auc, name=gate):  # evaluate-model: the test AUC
-                served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"])
+                served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"],
+                                      dataset=prep.outputs["dataset"])
         return dict(zip(TASKS, (resolved, planned, converted, prep, fit, scored, served)))
 
     def steps(arguments: dict) -> dict:

@@ -201,7 +201,18 @@ def read_shards(paths: Iterable[str | Path], schema: Schema, with_weights: bool 
     vectorised per file; ids must be below 2**53 (guaranteed by ``hashing.MAX_VOCAB_SIZE``).
     Raises ``ValueError`` naming the file and line of the first malformed example.
     """
-    per_file = [_read_shard(Path(path), schema) for path in paths] or [_no_rows(schema)]
+    per_file = [_read_shard(str(path), Path(path).read_bytes(), schema) for path in paths] or [_no_rows(schema)]
+    return _joined(per_file, schema, with_weights)
+
+
+def read_shard_bytes(data: bytes, schema: Schema, name: str) -> tuple:
+    """:func:`read_shards` of MultiSlot text held in memory (``name``: what an error calls it): the one reader, so
+    rows a transform turns into MultiSlot text (:mod:`components.data_prep.transform`) read exactly as the
+    trainer's shards do. Returns ``(labels, dense, sparse, weights)``."""
+    return _joined([_read_shard(name, data, schema)], schema, True)
+
+
+def _joined(per_file: list["_Shard"], schema: Schema, with_weights: bool) -> tuple:
     labels = np.concatenate([shard.labels for shard in per_file])
     dense = np.concatenate([shard.dense for shard in per_file])
     sparse = []
@@ -229,8 +240,7 @@ def _no_rows(schema: Schema) -> _Shard:
                   [empty for _ in schema.sparse_slots], np.zeros(0, np.float64))
 
 
-def _read_shard(path: Path, schema: Schema) -> _Shard:
-    data = path.read_bytes()
+def _read_shard(path: str, data: bytes, schema: Schema) -> _Shard:
     if not data.strip():
         return _no_rows(schema)
     tokens, token_lines = _parse_numbers(path, data)
@@ -285,7 +295,7 @@ def _read_shard(path: Path, schema: Schema) -> _Shard:
     return _Shard(labels_float.astype(np.int64), dense, sparse, weights)
 
 
-def _parse_numbers(path: Path, data: bytes) -> tuple[np.ndarray, np.ndarray]:
+def _parse_numbers(path: str, data: bytes) -> tuple[np.ndarray, np.ndarray]:
     """All whitespace-separated numbers of ``data`` as float64, plus each one's 0-based line.
 
     Integer tokens (labels, counts, ids: most of a shard) are decoded with vectorised

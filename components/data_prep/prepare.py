@@ -8,6 +8,8 @@ leaves a half-written dataset)::
     out_dir/test/part-00000.txt  ... part-<num_shards - 1>.txt
     out_dir/stats.json
     out_dir/distinct_ids.npz   (the train split's distinct-id counter of each slot: read_distinct_ids)
+    out_dir/transform/transform.json   (how a raw record becomes a row: components.data_prep.transform)
+    out_dir/transform/id_counts.npy    (with data.min_id_count > 1: the train split's id-count sketch)
 
 The stages, each a plain function, so that one machine (:func:`prepare_files`) and a Kubeflow fan-out (one pod
 per group of units, then one merge: :mod:`components.data_prep.step`) run the same code:
@@ -68,6 +70,7 @@ from components.data_prep.pool import default_processes, parallel_map
 from components.data_prep.sources import UNIT_BYTES, DataPrepError
 from components.data_prep.synthetic import (SyntheticRows, SyntheticSpec, bayes_metrics, category_id_tables,
                                             format_lines, generate)
+from components.data_prep.transform import TRANSFORM_DIR, Transform
 
 __all__ = ["SYNTHETIC", "DataPlan", "DataPrepError", "convert", "merge", "plan_files", "prepare", "prepare_files",
            "prepare_synthetic", "read_distinct_ids", "synthetic_split_rows"]
@@ -98,7 +101,10 @@ def convert(plan: DataPlan, unit_indices: Sequence[int], parts_dir: str | os.Pat
     with tempfile.TemporaryDirectory(prefix=".id-counts-", dir=parts_dir) as scratch:
         sketch_path = None
         if plan.count_ids and plan.fmt != SYNTHETIC:  # synthetic rows are counted where they are generated
-            sketch_path = str(Path(scratch) / SKETCH_FILE)
+            # Under the count filter the sketch is part of the transform: kept beside the parts for the merge, by
+            # the task that converts unit 0 only (every task counts the same; one copy travels to the merge).
+            keep = plan.min_id_count > 1 and 0 in unit_indices
+            sketch_path = str(Path(parts_dir if keep else scratch) / SKETCH_FILE)
             count_ids(whole_plan or plan_in_full(plan, storage_options, processes), sketch_path, processes,
                       storage_options)
         work = _convert_synthetic if plan.fmt == SYNTHETIC else _convert_unit
@@ -206,6 +212,8 @@ def _convert_synthetic(plan_dict: dict, index: int, parts_dir: str, storage_opti
     id_tables = category_id_tables(spec, plan.vocab_size)
     slots = spec.sparse_slots
     sketch = count_synthetic(slots, id_tables, data.categories, codes == TRAIN) if plan.count_ids else None
+    if plan.min_id_count > 1:  # the transform's, for the merge
+        sketch.save(Path(parts_dir) / SKETCH_FILE)
     id_counts = _id_counts(plan, sketch)
     estimates = [id_counts.estimates(slot, table) if id_counts else None for slot, table in zip(slots, id_tables)]
     written = [id_counts.filtered(slot, table, found) if id_counts else table
@@ -281,8 +289,23 @@ def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str 
         with ThreadPoolExecutor(default_processes()) as pool:
             list(pool.map(lambda gather: _gather(*gather), gathers))
         save_counters(staging / DISTINCT_IDS_FILE, counters)
+        _save_transform(plan, parts_dirs, staging / TRANSFORM_DIR)
         (staging / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
     return stats
+
+
+def _save_transform(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], directory: Path) -> None:
+    """The dataset's transform (:mod:`components.data_prep.transform`), with the sketch every convert task
+    counted (they all count the same) when there is a count filter."""
+    sketch_path = None
+    if plan.min_id_count > 1:
+        sketch_path = next((Path(d) / SKETCH_FILE for d in parts_dirs if (Path(d) / SKETCH_FILE).is_file()), None)
+        if sketch_path is None:
+            raise DataPrepError(f"no convert step kept the id counts ({SKETCH_FILE}) that data.min_id_count="
+                                f"{plan.min_id_count} maps ids by: run the convert steps again (without cache)")
+    transform = Transform.of_plan(plan, CountSketch.load(sketch_path) if sketch_path else None)
+    if transform is not None:
+        transform.save(directory, sketch_path)
 
 
 def _merged_stats(plan: DataPlan, results: list[dict]) -> dict:

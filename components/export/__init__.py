@@ -8,6 +8,6 @@
   ``serving.json``, file checks, putting a directory in place;
 * :mod:`~components.export.model`: loading either format and predicting; :mod:`~components.export.serving`: the command line;
   :mod:`~components.export.step`: the pipeline step;
-* :mod:`~components.export.server`: the online server (KServe v1 and v2, the ``serve`` extra), whose model
+* :mod:`~components.export.server`: the online server (KServe v1 and v2), whose model
   :mod:`~components.export.follow` keeps at the newest checked version of its export store.
 """

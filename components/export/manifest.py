@@ -13,10 +13,11 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Optional
 
 from components.checkpoint.format import file_digest
 from components.data_prep.hashing import HASH_FUNCTION, check_hash_function
+from components.data_prep.transform import ID_COUNTS_FILE, TRANSFORM_DIR, TRANSFORM_FILE, Transform, TransformError
 from components.ps.scoring import DOWNSAMPLING_CORRECTION, negative_sample_rate
 
 MANIFEST = "serving.json"
@@ -44,6 +45,52 @@ def checkpoint_facts(meta: dict[str, Any], manifest_sha256: str, source: dict[st
         "source_checkpoint": {"manifest_sha256": manifest_sha256, "mode": meta.get("mode"), "rows": meta.get("rows"),
                               "paddle_version": meta.get("paddle_version"), **source},
     }
+
+
+def copy_transform(dataset_dir: Optional[str | os.PathLike], staging: Path,
+                   meta: dict[str, Any]) -> tuple[list[str], Optional[dict[str, Any]]]:
+    """Copy the transform of the dataset the checkpoint trained on (``meta``: its ``model.json``) into
+    ``staging/transform/``; returns ``(the files copied, relative to staging; serving.json["transform"])``. No
+    dataset, or one without a transform (made before transforms were recorded, or by a synthetic generator not
+    shaped like Criteo): ``([], None)``, an export that scores MultiSlot shards only."""
+    if dataset_dir is None:
+        return [], None
+    source = Path(dataset_dir) / TRANSFORM_DIR
+    if not (source / TRANSFORM_FILE).is_file():
+        print(f"warning: the dataset {dataset_dir} holds no {TRANSFORM_DIR}/{TRANSFORM_FILE}: the export will score "
+              "MultiSlot shards only, not raw records", flush=True)
+        return [], None
+    try:
+        transform = Transform.load(source)
+    except (TransformError, ValueError) as err:
+        raise ServingModelError(f"the dataset {dataset_dir}: {err}") from None
+    if transform.schema.to_dict() != meta["schema"]:
+        raise ServingModelError(f"the dataset {dataset_dir} has schema {transform.schema.to_dict()}, the checkpoint "
+                                f"{meta['schema']}: give the dataset the checkpoint trained on")
+    vocab_size = meta["table"].get("vocab_size")
+    if vocab_size is not None and int(vocab_size) != transform.vocab_size:
+        raise ServingModelError(f"the dataset {dataset_dir} hashes ids into {transform.vocab_size} values, the "
+                                f"checkpoint's table into {vocab_size}: give the dataset the checkpoint trained on")
+    names = [TRANSFORM_FILE, *([ID_COUNTS_FILE] if transform.min_id_count > 1 else [])]
+    (staging / TRANSFORM_DIR).mkdir()
+    for name in names:
+        shutil.copyfile(source / name, staging / TRANSFORM_DIR / name)
+    return [f"{TRANSFORM_DIR}/{name}" for name in names], transform.to_dict()
+
+
+def load_transform(root: Path, manifest: dict[str, Any]) -> Optional[Transform]:
+    """The transform of the version or model at ``root`` (None when it was exported without one), checked to be
+    the one ``serving.json`` describes."""
+    if manifest.get("transform") is None:
+        return None
+    try:
+        transform = Transform.load(root / TRANSFORM_DIR)
+    except (TransformError, ValueError) as err:
+        raise ServingModelError(f"{root}: {err}") from None
+    if transform.to_dict() != manifest["transform"] or transform.schema.to_dict() != manifest["schema"]:
+        raise ServingModelError(f"{root}: {TRANSFORM_DIR}/{TRANSFORM_FILE} is not the transform {MANIFEST} "
+                                "describes: altered, refusing it")
+    return transform
 
 
 def file_entries(root: Path, rels: Iterable[str]) -> dict[str, dict[str, Any]]:

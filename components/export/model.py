@@ -5,7 +5,9 @@
   id-sorted shards; :meth:`ShardedModel.apply_delta` moves a loaded model to the next version, and
   :meth:`ShardedModel.with_delta` makes the next version's model beside it (what a server swaps in while serving).
 
-:meth:`InferenceModel.load` reads either, checking every file against ``serving.json``'s sha256.
+:meth:`InferenceModel.load` reads either, checking every file against ``serving.json``'s sha256. A model exported
+with its dataset holds the training data's transform (:attr:`InferenceModel.transform`), so it scores raw records
+and serving instances as well as MultiSlot shards.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import numpy as np
 
 from components.config import ExportFormat
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
+from components.data_prep.parsed import WeightError
+from components.data_prep.transform import Transform
 from components.export.delta import DELTA, LAYOUT_KEYS
-from components.export.manifest import MANIFEST, ServingModelError, read_manifest, verify_files
+from components.export.manifest import MANIFEST, ServingModelError, load_transform, read_manifest, verify_files
 from components.export.program import LoadedProgram, load_program
 from components.export.shards import ShardedTable
 from components.export.single import IDS_FILE
@@ -40,6 +44,8 @@ class InferenceModel:
         self.root, self.meta, self.program = root, meta, program
         self.version: Optional[int] = meta.get("version")  # a sharded export's; None for a single-file model
         self.schema = Schema.from_dict(meta["schema"])
+        # None: exported without its dataset; such a model scores shards only.
+        self.transform: Optional[Transform] = load_transform(root, meta)
         feeds = program.feed_names
         self.dense_name = feeds[0] if self.schema.dense_dim else None
         self.sparse_names = feeds[1:] if self.schema.dense_dim else list(feeds)
@@ -76,6 +82,33 @@ class InferenceModel:
         """Probabilities of every example of the MultiSlot files ``paths``, in order."""
         _, dense, sparse = read_shards(paths, self.schema)
         return self.predict(dense, sparse)
+
+    def predict_records(self, data: bytes, name: str = "records", first_line: int = 1) -> np.ndarray:
+        """Probabilities of lines in the training data's format (label column included, as in the input files;
+        blank lines skipped), mapped by the model's transform; a line that does not parse is refused, naming it
+        (``name``: what the message calls the input, ``first_line``: the number of the data's first line)."""
+        try:
+            records = self._transform("raw records").rows_of_records(data, name)
+        except WeightError as err:  # a weighted input's row without its weight: the whole input is refused
+            raise ValueError(f"{name}:{first_line + err.line}: {err}") from None
+        if records.malformed:
+            line, reason = records.malformed[0]
+            raise ValueError(f"{name}:{first_line + line}: {reason} ({len(records.malformed)} line(s) of "
+                             f"{self.transform.fmt} input do not parse)")
+        return self.predict(records.dense, records.sparse)
+
+    def predict_instances(self, instances: list) -> np.ndarray:
+        """Probabilities of serving instances (:meth:`Transform.rows_of_instances`: lists of the raw fields in
+        column order, or objects keyed by column); raises :class:`~components.data_prep.transform.InstanceError`
+        naming the first bad instance and field."""
+        records = self._transform("instances").rows_of_instances(instances)
+        return self.predict(records.dense, records.sparse)
+
+    def _transform(self, what: str) -> Transform:
+        if self.transform is None:
+            raise ServingModelError(f"{self.root} was exported without its dataset's transform: it scores MultiSlot "
+                                    f"shards, not {what}; export it again with the dataset (--dataset)")
+        return self.transform
 
     def _predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
         raise NotImplementedError
@@ -161,8 +194,10 @@ class ShardedModel(InferenceModel):
         top of the loaded ones. A delta whose parent is not the loaded version is refused, naming both. In place:
         for a model no other thread is using (a server uses :meth:`with_delta`)."""
         root, manifest, program = self._checked_delta(Path(delta_dir), verify)
+        transform = load_transform(root, manifest)  # each version its own (a new day's counts)
         self.table.push(root, manifest)
         self.root, self.meta, self.program, self.version = root, manifest, program, manifest["version"]
+        self.transform = transform
 
     def with_delta(self, delta_dir: str | os.PathLike, verify: bool = True) -> ShardedModel:
         """A new model: this one moved to the delta at ``delta_dir`` (refused as :meth:`apply_delta` refuses it),

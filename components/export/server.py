@@ -1,5 +1,5 @@
 """The online server: raw instances in, calibrated click probabilities out, on the protocols KServe speaks
-(FastAPI on uvicorn; the ``serve`` extra).
+(FastAPI on uvicorn).
 
 * KServe v1: ``POST /v1/models/<name>:predict`` with ``{"instances": [...]}`` -> ``{"predictions": [p, ...],
   "model_version": "<version>"}``. An instance is one raw record as training read it, without label and weight:
@@ -37,11 +37,7 @@ from starlette.concurrency import run_in_threadpool
 from components.export.follow import LoadOptions, ModelFollower, followed_store
 from components.export.manifest import ServingModelError
 
-try:
-    from components.data_prep.transform import InstanceError
-except ImportError:  # until the transform lands: the same contract (a ValueError naming the instance and field)
-    class InstanceError(ValueError):  # type: ignore[no-redef]
-        """An instance the model's transform cannot read."""
+from components.data_prep.transform import InstanceError
 
 log = logging.getLogger(__name__)
 
@@ -99,8 +95,7 @@ def package_version() -> str:
 
 def columns_of(model) -> list[str]:
     """The instance columns of ``model``'s transform (none for a model exported without one)."""
-    transform = getattr(model, "transform", None)
-    return list(transform.columns) if transform is not None else []
+    return list(model.transform.columns) if model.transform is not None else []
 
 
 def create_app(current: Callable[[], Any], name: str = "ctr", max_batch: int = 1024,

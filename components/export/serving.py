@@ -16,33 +16,41 @@ How to run it on new data
    directory of one checkpoint). The pipeline's ``export-model`` step does this, and a local run leaves the
    version it wrote in ``run_dir/serving_model/``::
 
-       python -m components.export.serving export --checkpoint CHECKPOINT_DIR --out EXPORT_STORE
+       python -m components.export.serving export --checkpoint CHECKPOINT_DIR --out EXPORT_STORE --dataset DATA_DIR
        python -m components.export.serving export --checkpoint CHECKPOINT_DIR --out MODEL_DIR --format single
 
    ``sharded`` writes the next version into the export store ``--out`` (a base, or a delta after one:
    ``--base-every``); ``single`` writes the model directory ``--out``. ``--dtype float16`` halves the rows.
+   ``--dataset``: the prepared dataset the checkpoint trained on, whose transform goes with the model.
 
-2. Write the examples as MultiSlot shards (:mod:`components.data_prep.multislot`), the format the
-   data-prep step writes: per line ``1 <click> [<dense_dim> <dense values>] <count> <ids> ...`` for each
-   sparse slot of ``serving.json["schema"]``, in its order. The click value is required by the format and
-   ignored. Ids must be hashed as for training: ``hashing.feature_id(slot, raw_value, vocab_size)`` with
-   ``serving.json["vocab_size"]``; the data-prep step (``data.source=files``) does this for raw files
-   (both its splits are valid input).
+2. Give it raw records in the format it trained on (an export made with its dataset, ``--dataset``, holds the
+   dataset's transform: ``serving.json["transform"]``): the same files data prep read (a path, glob, directory or
+   fsspec URL; the label column is read and ignored), mapped to ids and dense values by data prep's own code, so
+   exactly as training saw them. Or, for any export, give it MultiSlot shards
+   (:mod:`components.data_prep.multislot`) as the data-prep step writes them (its splits are valid input). Do
+   not hash ids by hand: data prep also maps empty values to ``<missing>``, rare ids to their slot's OOV id
+   (``data.min_id_count``) and normalises dense values; the transform
+   (:class:`components.data_prep.transform.Transform`) does all of it.
 
-3. Score them: one probability per line, examples in input order (inputs in the order given, each glob's
-   matches sorted). ``--model`` is a single-file model, a sharded version directory (a delta loads its chain
+3. Score them: one probability per record, in input order (inputs in the order given, each glob's matches
+   sorted; blank lines have none). ``--input-format`` is ``records`` by default when the model has a transform,
+   else ``shards``. ``--model`` is a single-file model, a sharded version directory (a delta loads its chain
    from the export store its ``serving.json`` names) or an export store (its latest version)::
 
-       python -m components.export.serving predict --model EXPORT_STORE --input 'new/part-*.txt' --output preds.txt
+       python -m components.export.serving predict --model EXPORT_STORE --input 'raw/day-*.tsv' --output preds.txt
+       python -m components.export.serving predict --model EXPORT_STORE --input-format shards \
+           --input 'new/part-*.txt' --output preds.txt
 
-4. Serve it online (the ``serve`` extra: FastAPI, uvicorn, prometheus-client): raw instances in, probabilities
-   out, on KServe's v1 and v2 protocols (:mod:`components.export.server`), following the export store: each new
-   version is checked and swapped in while serving (:mod:`components.export.follow`)::
+4. Serve it online: raw instances in, probabilities out, on KServe's v1 and v2 protocols
+   (:mod:`components.export.server`), following the export store: each new version is checked and swapped in
+   while serving (:mod:`components.export.follow`)::
 
        python -m components.export.serving serve --model EXPORT_STORE --port 8080
        curl -d '{"instances": [["1", "", ...]]}' localhost:8080/v1/models/ctr:predict
 
-From Python: ``components.export.model.InferenceModel.load(path).predict(dense, sparse)`` with ``(labels, dense, sparse) =
+From Python: ``components.export.model.InferenceModel.load(path).predict_records(data)`` (bytes of training-format lines) or
+``.predict_instances(instances)`` (raw fields without the label, as lists in column order or objects by column);
+``.predict(dense, sparse)`` with ``(labels, dense, sparse) =
 read_shards(paths, model.schema)`` (or your own ``[n, dense_dim]`` float32 array and one
 :class:`~components.data_prep.multislot.RaggedIds` of raw ids per sparse slot).
 """
@@ -61,10 +69,13 @@ import numpy as np
 
 from components.checkpoint import format as ckpt_io
 from components.config import ExportDtype, ExportFormat
+from components.data_prep.sources import Unit, list_inputs, read_blocks
 from components.export.manifest import ServingModelError, read_manifest
 from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
 from components.export.single import export_single
+
+INPUT_FORMATS = ("records", "shards")  # predict --input-format
 
 
 def expand_inputs(patterns: Sequence[str]) -> list[Path]:
@@ -82,6 +93,19 @@ def expand_inputs(patterns: Sequence[str]) -> list[Path]:
                 raise FileNotFoundError(f"{pattern!r} is not a file (give MultiSlot files or a glob)")
             files.append(path)
     return files
+
+
+def predict_record_files(model: InferenceModel, patterns: Sequence[str]) -> tuple[np.ndarray, int]:
+    """``(probabilities, files read)`` of the raw records of ``patterns`` (each a path, glob, directory or fsspec
+    URL, listed and read as data prep lists and reads its input), a block of whole lines at a time."""
+    files = [found for pattern in patterns for found in list_inputs(pattern)]
+    preds = []
+    for file in files:
+        lines = 1
+        for _, block in read_blocks(Unit(0, file.url, 0, file.size, file.compressed)):
+            preds.append(model.predict_records(block, file.url, lines))
+            lines += block.count(b"\n")
+    return (np.concatenate(preds) if preds else np.zeros(0, np.float32)), len(files)
 
 
 def write_predictions(path: str | os.PathLike, preds: np.ndarray) -> None:
@@ -102,11 +126,11 @@ def _export(args: argparse.Namespace) -> str:
     """Run the ``export`` command; returns its one-line summary."""
     dtype = ExportDtype(args.dtype)
     if args.format == ExportFormat.single.value:
-        out = export_single(args.checkpoint, args.out, dtype)
+        out = export_single(args.checkpoint, args.out, dtype, dataset_dir=args.dataset)
         meta = read_manifest(out)
         return (f"serving model {meta['model_name']} ({meta['table_rows'] - 1} rows, feeds "
                 f"{', '.join(meta['feed_names'])}) -> {out}")
-    meta = export_sharded(args.checkpoint, args.out, dtype, args.base_every)
+    meta = export_sharded(args.checkpoint, args.out, dtype, args.base_every, dataset_dir=args.dataset)
     on = f" on version {meta['parent']}" if meta["parent"] is not None else ""
     return (f"serving version {meta['version']} ({meta['kind']}{on}) of {meta['model_name']}: {meta['rows']} rows "
             f"in {meta['shard_num']} shards, {meta['written_rows']} written, {meta['removed_rows']} removed -> "
@@ -118,7 +142,7 @@ def _serve(args: argparse.Namespace) -> None:
     import logging
 
     from components.export.follow import LoadOptions
-    from components.export.server import serve  # the serve extra: not in the training install
+    from components.export.server import serve  # FastAPI and uvicorn: only the serve command needs them
 
     if args.max_batch < 1 or args.poll_seconds < 0:
         raise ValueError(f"--max-batch must be >= 1 and --poll-seconds >= 0, got {args.max_batch} and "
@@ -146,9 +170,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="of the embedding rows")
     export.add_argument("--base-every", type=int, default=8, help="sharded: a new base after this many deltas "
                         "(0: always a base)")
-    predict = commands.add_parser("predict", help="score MultiSlot files with an exported model")
+    export.add_argument("--dataset", help="the prepared dataset the checkpoint trained on: its transform goes "
+                        "with the model, which then scores raw records (without it: MultiSlot shards only)")
+    predict = commands.add_parser("predict", help="score raw records or MultiSlot files with an exported model")
     predict.add_argument("--model", required=True, help="a model or version directory, or an export store")
-    predict.add_argument("--input", required=True, nargs="+", help="MultiSlot files or globs (quote globs)")
+    predict.add_argument("--input", required=True, nargs="+", help="files, globs (quote them), directories or "
+                         "fsspec URLs (records; shards: local files or globs)")
+    predict.add_argument("--input-format", choices=INPUT_FORMATS, help="records: raw lines in the training "
+                         "data's format (the default when the model has a transform); shards: MultiSlot files")
     predict.add_argument("--output", required=True, help="file to write, one probability per line")
     predict.add_argument("--no-verify", action="store_true", help="skip checking every file's sha256 at load")
     serve = commands.add_parser("serve", help="serve a model online (KServe v1 and v2), following its export store")
@@ -170,10 +199,14 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _serve(args)
         else:
             model = InferenceModel.load(args.model, verify=not args.no_verify)
-            files = expand_inputs(args.input)
-            preds = model.predict_files(files)
+            input_format = args.input_format or ("records" if model.transform is not None else "shards")
+            if input_format == "records":
+                preds, count = predict_record_files(model, args.input)
+            else:
+                files = expand_inputs(args.input)
+                preds, count = model.predict_files(files), len(files)
             write_predictions(args.output, preds)
-            print(f"{len(preds)} predictions from {len(files)} file(s) -> {args.output}")
+            print(f"{len(preds)} predictions from {count} file(s) of {input_format} -> {args.output}")
     except (ckpt_io.CheckpointError, ServingModelError, FileNotFoundError, FileExistsError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

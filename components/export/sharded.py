@@ -6,6 +6,8 @@ A version directory (:mod:`components.export.store` names and publishes it)::
                                      feeds ``dense`` and, per sparse slot, ``<slot>.rows`` (the looked-up rows)
     shards/SSSSS.*.npy               the embedding rows, one set of files per table shard (:mod:`.shards`):
                                      every row (a base) or what changed since the parent (a delta, :mod:`.delta`)
+    transform/                       the training data's transform (raw record -> row), when exported with its
+                                     dataset: transform.json (+ id_counts.npy under a count filter)
     serving.json                     written last (keys below)
 
 ``serving.json``: ``format`` (``sharded``), ``format_version``, ``kind`` (base or delta), ``version``,
@@ -14,7 +16,7 @@ A version directory (:mod:`components.export.store` names and publishes it)::
 ``vocab_size``, ``negative_sample_rate`` / ``correction``, ``calibration``, ``embedding_dim`` / ``embedding_dtype``,
 ``shard_num``, ``rows`` (the full table's at this version), ``written_rows`` / ``removed_rows``, ``shards`` (per
 shard: its files, ``written``, ``removed``, ``total``), ``source_checkpoint`` (uri and id or path, its MANIFEST.json
-sha256), and ``files`` (every other file's size and sha256).
+sha256), ``transform`` (the transform's description, or None), and ``files`` (every other file's size and sha256).
 
 Memory: one table shard (the checkpoint's, and for a delta its parent's rebuilt) at a time, plus the dense
 parameters; the checkpoint's shard files are fetched and dropped one by one.
@@ -29,7 +31,7 @@ from typing import Any, Optional
 from components.config import ExportDtype
 from components.data_prep.multislot import Schema
 from components.export.delta import DELTA, diff_shard, plan_version, rebuilt_shard
-from components.export.manifest import checkpoint_facts, file_entries, write_manifest
+from components.export.manifest import checkpoint_facts, copy_transform, file_entries, write_manifest
 from components.export.program import PROGRAM_FILES, rows_program, save_inference
 from components.export.shards import IDS, ROWS, TOMBSTONES, narrowed, write_shard
 from components.export.store import ExportStore
@@ -39,11 +41,14 @@ from components.ps.models import EMBEDDING_TABLE
 
 def export_sharded(checkpoint_dir: str | os.PathLike, store_uri: str, dtype: ExportDtype = ExportDtype.float32,
                    base_every: int = 8, source: Optional[dict] = None,
-                   fetch: Optional[FetchFile] = None) -> dict[str, Any]:
+                   fetch: Optional[FetchFile] = None,
+                   dataset_dir: Optional[str | os.PathLike] = None) -> dict[str, Any]:
     """Export the committed checkpoint at ``checkpoint_dir`` (its table files through ``fetch``, see
     :class:`~components.export.table.CheckpointTable`) as the next version of the export store ``store_uri``:
     a base, or a delta on the latest version (:func:`components.export.delta.plan_version`). ``source`` is
-    recorded as where the checkpoint lives (default ``{"path": checkpoint_dir}``). Returns the version's
+    recorded as where the checkpoint lives (default ``{"path": checkpoint_dir}``). ``dataset_dir``: the dataset the
+    checkpoint trained on, whose transform the version holds (every version its own: a new day's dataset may map
+    ids by new counts; :func:`components.export.manifest.copy_transform`). Returns the version's
     ``serving.json``; a failure leaves no version behind.
     """
     import paddle
@@ -63,6 +68,7 @@ def export_sharded(checkpoint_dir: str | os.PathLike, store_uri: str, dtype: Exp
     slots = (["dense"] if schema.dense_dim else []) + list(schema.sparse_slots)  # what each feed carries
     with store.publishing(plan.version) as staging:
         fetch_names = save_inference(staging, program.feeds, program.prob, program.main, program.scope, program.exe)
+        transform_files, transform = copy_transform(dataset_dir, staging, table.meta)
         shards = []
         for shard in table.shards():
             stored = narrowed(shard.rows, dtype)
@@ -93,7 +99,8 @@ def export_sharded(checkpoint_dir: str | os.PathLike, store_uri: str, dtype: Exp
             "removed_rows": sum(entry.get("removed", 0) for entry in shards),
             "shards": shards,
             "paddle_version": paddle.__version__,
-            "files": file_entries(staging, [*PROGRAM_FILES,
+            "transform": transform,
+            "files": file_entries(staging, [*PROGRAM_FILES, *transform_files,
                                             *(entry[kind] for entry in shards for kind in (IDS, ROWS, TOMBSTONES)
                                               if kind in entry)]),
         }

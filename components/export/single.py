@@ -8,9 +8,10 @@ A directory::
                       export.dtype: float16 rows are widened to float32 by the program right after the lookup
     ids.npy           uint64 [n], sorted: the feature id of each table row (row i <-> ids[i]); any other id
                       uses row n, the zero row
+    transform/        the training data's transform (raw record -> row), when exported with its dataset
     serving.json      written last: format ``single``, schema, feed and fetch names, model, the source
                       checkpoint, table shape and dtype, vocab_size, negative_sample_rate and correction, calibration,
-                      every file's size and sha256
+                      every file's size and sha256, and ``transform`` (its description, or None)
 
 The program is the one :class:`components.ps.scoring.Scorer` runs (:func:`components.ps.scoring.build_program`).
 Writing it reads the whole table into this process (:meth:`~components.export.table.CheckpointTable.whole`):
@@ -34,7 +35,8 @@ import numpy as np
 from components.checkpoint import format as ckpt_io
 from components.config import ExportDtype
 from components.data_prep.multislot import Schema
-from components.export.manifest import check_replaceable, checkpoint_facts, file_entries, swap_in, write_manifest
+from components.export.manifest import (check_replaceable, checkpoint_facts, copy_transform, file_entries, swap_in,
+                                        write_manifest)
 from components.export.program import PROGRAM_FILES, save_inference
 from components.export.shards import narrowed
 from components.export.table import CheckpointTable, FetchFile
@@ -45,13 +47,15 @@ IDS_FILE = "ids.npy"
 
 def export_single(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike,
                   dtype: ExportDtype = ExportDtype.float32, source: Optional[dict] = None,
-                  fetch: Optional[FetchFile] = None) -> Path:
+                  fetch: Optional[FetchFile] = None, dataset_dir: Optional[str | os.PathLike] = None) -> Path:
     """Export the committed checkpoint at ``checkpoint_dir`` (its table files through ``fetch``, see
     :class:`~components.export.table.CheckpointTable`) as a single-file serving model ``out_dir``.
 
     ``serving.json["source_checkpoint"]`` records the checkpoint manifest's sha256 and ``source`` (e.g. ``{"uri":
     store, "id": checkpoint id}``), by default ``{"path": checkpoint_dir}``. ``out_dir`` may be absent, empty or
-    an earlier serving model (replaced as a whole); any other existing path is refused. Returns ``out_dir``.
+    an earlier serving model (replaced as a whole); any other existing path is refused. ``dataset_dir``: the
+    dataset the checkpoint trained on, whose transform the model then holds (``transform/``, raw records in:
+    :func:`components.export.manifest.copy_transform`). Returns ``out_dir``.
     """
     import paddle
 
@@ -69,6 +73,7 @@ def export_single(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike,
         fetch_names = save_inference(staging, feeds, program.prob, program.main, scorer.scope, scorer.exe)
         np.save(staging / IDS_FILE, checkpoint.ids.astype(np.uint64))
         unseen_row = program.table_shape[0] - 1
+        transform_files, transform = copy_transform(dataset_dir, staging, table.meta)
         write_manifest(staging, {
             **checkpoint_facts(table.meta, table.manifest_sha256, source or {"path": str(table.root)}),
             "format": "single",
@@ -84,7 +89,8 @@ def export_single(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike,
                              f"(sorted), or unseen_row ({unseen_row}) for an id not in it",
             "embedding_dtype": program.table_dtype,
             "paddle_version": paddle.__version__,
-            "files": file_entries(staging, [*PROGRAM_FILES, IDS_FILE]),
+            "transform": transform,
+            "files": file_entries(staging, [*PROGRAM_FILES, IDS_FILE, *transform_files]),
         })
         swap_in(staging, out)
     except BaseException:

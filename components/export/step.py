@@ -9,7 +9,9 @@
 * ``single``: one Paddle inference model holding every row (:func:`components.export.single.export_single`),
   the artifact itself; the step's memory grows with the table.
 
-The artifact's metadata names the format, version, kind, parent, rows and shards, and the checkpoint it came from.
+Both hold the transform of the dataset the checkpoint trained on (``transform/``), so the model scores raw records.
+The artifact's metadata names the format, version, kind, parent, rows and shards, the checkpoint it came from, and
+whether it has a transform.
 """
 
 from pathlib import Path
@@ -29,7 +31,8 @@ def serving_metadata(serving: dict) -> dict:
     facts = {"format": serving["format"], "model_name": serving["model_name"], "feed_names": serving["feed_names"],
              "fetch_names": serving["fetch_names"], "embedding_dtype": serving["embedding_dtype"],
              "checkpoint_uri": source.get("uri"), "checkpoint_id": source.get("id"),
-             "checkpoint_manifest_sha256": source["manifest_sha256"], "paddle_version": serving["paddle_version"]}
+             "checkpoint_manifest_sha256": source["manifest_sha256"], "paddle_version": serving["paddle_version"],
+             "transform": serving.get("transform") is not None}
     if serving["format"] == ExportFormat.single.value:
         return {**facts, "rows": serving["table_rows"] - 1}
     return {**facts, "version": serving["version"], "kind": serving["kind"], "parent": serving["parent"],
@@ -39,8 +42,9 @@ def serving_metadata(serving: dict) -> dict:
 
 
 def export_serving_model(config: Any, checkpoint_path: str, checkpoint_metadata: Optional[dict],
-                         out_dir: str) -> dict:
-    """Export the checkpoint the Model artifact points at; ``out_dir`` gets the model (or version) written.
+                         out_dir: str, dataset_dir: Optional[str] = None) -> dict:
+    """Export the checkpoint the Model artifact points at, with the transform of the dataset it trained on
+    (``dataset_dir``; None: an export that scores shards only); ``out_dir`` gets the model (or version) written.
     Returns the artifact metadata."""
     cfg = from_dict(config)
     with fetched_checkpoint(checkpoint_path, checkpoint_metadata) as (uri, ckpt_id, local):
@@ -50,10 +54,11 @@ def export_serving_model(config: Any, checkpoint_path: str, checkpoint_metadata:
             return fetch_file(uri, ckpt_id, rel, local.parent / "tables")
 
         if cfg.export.format is ExportFormat.single:
-            serving = read_manifest(export_single(local, out_dir, cfg.export.dtype, source, fetch))
+            serving = read_manifest(export_single(local, out_dir, cfg.export.dtype, source, fetch, dataset_dir))
         else:
             store_uri = export_store_uri(cfg)
-            serving = export_sharded(local, store_uri, cfg.export.dtype, cfg.export.base_every, source, fetch)
+            serving = export_sharded(local, store_uri, cfg.export.dtype, cfg.export.base_every, source, fetch,
+                                     dataset_dir)
             ExportStore(store_uri).copy_to(serving["version"], Path(out_dir))
     what = (f"version {serving['version']} ({serving['kind']}) in {serving['store']}"
             if serving["format"] == ExportFormat.sharded.value else "single-file model")

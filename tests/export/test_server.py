@@ -197,12 +197,10 @@ def store(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("server")
     prepare_synthetic(root / "data", rows=600, test_fraction=0.25, num_shards=1, vocab_size=VOCAB, seed=3)
     checkpoint = commit_checkpoint(root / "checkpoint", make_checkpoint(root / "data", "deepfm", seed=4))
-    export_sharded(checkpoint, str(root / "store"))
+    export_sharded(checkpoint, str(root / "store"), dataset_dir=root / "data")
     return root / "store"
 
 
-@pytest.mark.skipif(not hasattr(InferenceModel, "predict_instances"),
-                    reason="InferenceModel.predict_instances (the transform in the export) is not merged yet")
 def test_raw_instances_through_the_server_equal_the_model_in_process(store):
     model = InferenceModel.load(store)
     columns = list(model.transform.columns)

@@ -42,7 +42,8 @@ def test_sharded_step_writes_the_next_version_fetching_one_table_file_at_a_time(
         return fetch_file(uri, ckpt_id, rel, local_dir)
 
     monkeypatch.setattr(step, "fetch_file", one_at_a_time)
-    metadata = [step.export_serving_model(config, "unused", _pointer(ckpt), str(tmp_path / f"artifact-{i}"))
+    metadata = [step.export_serving_model(config, "unused", _pointer(ckpt), str(tmp_path / f"artifact-{i}"),
+                                          str(data_dir))  # the Dataset artifact, as the pipeline passes it
                 for i, ckpt in enumerate(ckpts)]
     assert fetched == [f"{TABLE_DIR}/part-{s // 2:03d}-{s:05d}" for s in range(SHARD_NUM)] * 2
     store = export_store_uri(from_dict(config))
@@ -50,6 +51,10 @@ def test_sharded_step_writes_the_next_version_fetching_one_table_file_at_a_time(
     assert [(m["format"], m["version"], m["kind"], m["parent"], m["shards"]) for m in metadata] == [
         ("sharded", 1, "base", None, SHARD_NUM), ("sharded", 2, "delta", 1, SHARD_NUM)]
     assert metadata[1]["rows"] == len(evolved(first, 0).ids) and metadata[1]["checkpoint_id"] == ckpts[1].name
+    # Each version carries the dataset's transform (the synthetic rows are raw Criteo records).
+    assert all(m["transform"] for m in metadata)
+    assert (tmp_path / "artifact-1" / "transform" / "transform.json").read_bytes() == (
+        data_dir / "transform" / "transform.json").read_bytes()
     # The artifact is the version itself; the delta's loads its chain from the store.
     for i, meta in enumerate(metadata):
         artifact = tmp_path / f"artifact-{i}"
@@ -68,5 +73,6 @@ def test_single_step_writes_the_whole_model_into_the_artifact(data_dir, tmp_path
     assert (metadata["format"], metadata["rows"], metadata["embedding_dtype"]) == ("single", len(checkpoint.ids),
                                                                                    "float16")
     assert metadata["checkpoint_uri"] == str(ckpt.parent) and metadata["checkpoint_id"] == ckpt.name
+    assert metadata["transform"] is False  # no dataset given: a model that scores shards only
     assert type(InferenceModel.load(tmp_path / "artifact")).__name__ == "SingleModel"
     assert not Path(f"{ckpt.parent}-serving").exists()  # no export store for a single-file model

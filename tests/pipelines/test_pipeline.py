@@ -234,6 +234,9 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     assert served["metrics"]["auc"] == pytest.approx(metrics["auc"], abs=1e-4)
     source = json.loads((run_dir / "serving_model" / "serving.json").read_text())["source_checkpoint"]
     assert source["uri"] == str(run_dir / "checkpoint")
+    # The export step was given the dataset: the model carries its transform (synthetic rows are raw Criteo records).
+    assert (run_dir / "serving_model" / "transform" / "transform.json").read_bytes() == (
+        data_dir / "transform" / "transform.json").read_bytes()
     # The export serves the checkpoint the train step delivered: the best on the validation split, not the latest.
     delivered = json.loads(next(run_dir.glob("kfp/*/train/checkpoint")).read_text())["id"]
     assert source["id"] == delivered and delivered in CheckpointStore(source["uri"]).committed()
