@@ -186,7 +186,8 @@ def role_env_template(cfg: CtrConfig, layout: ClusterLayout, role: Role) -> list
     return env
 
 
-def _secret_env(cfg: CtrConfig) -> list[dict]:
+def storage_secret_env(cfg: CtrConfig) -> list[dict]:
+    """``cluster.storage_secrets`` as a container's env: secret references only, never the values."""
     return [{"name": env, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": key}}}
             for secret in cfg.cluster.storage_secrets for env, key in secret.keys.items()]
 
@@ -232,7 +233,7 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
     env = (role_env_template(cfg, layout, role) + [restart, {"name": SPEC_ENV, "value": spec_json},
                                                    {"name": "HOME", "value": SCRATCH},
                                                    {"name": "PYTHONUNBUFFERED", "value": "1"}]
-           + _secret_env(cfg))
+           + storage_secret_env(cfg))
     ports = [{"name": "ps", "containerPort": port, "protocol": "TCP"}]
     if role is Role.SERVER:
         ports.append({"name": "gloo", "containerPort": gloo_port(cfg), "protocol": "TCP"})
