@@ -23,12 +23,11 @@ from __future__ import annotations
 from components.config import CtrConfig
 from components.export.serve_command import PUBLIC_KEY_ENV, READY_PATH, SERVING_PORT, serve_command
 from components.export.store import export_store_uri
-from components.train.backends.manifests import CONTAINER_SECURITY_CONTEXT, SCRATCH, storage_secret_env
+from components.train.backends.manifests import (CONTAINER_SECURITY_CONTEXT, INFERENCE_SERVICES, KSERVE_API, SCRATCH,
+                                                 storage_secret_env)
 from components.train.process_plan import compile_time_plan, step_memory
 
-SERVING_API = "serving.kserve.io/v1beta1"
-KIND = "InferenceService"
-PLURAL = "inferenceservices"
+SERVING_API, PLURAL, KIND = KSERVE_API, INFERENCE_SERVICES, "InferenceService"
 CONTAINER = "kserve-container"
 PORT_NAME = "http1"
 # Where the serving container finds the export signing key (as the export step mounts the same Secret).

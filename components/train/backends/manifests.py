@@ -51,6 +51,8 @@ JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 PADDLEJOB_API = "batch.paddlepaddle.org/v1"
 TRAINER_GROUP = "trainer.kubeflow.org"
 TRAINER_API = f"{TRAINER_GROUP}/v1alpha1"
+# The online server's KServe InferenceService (components.deploy), which the launcher account may create too.
+KSERVE_API, INFERENCE_SERVICES = "serving.kserve.io/v1beta1", "inferenceservices"
 # paddle-operator exposes PADDLE_PORT .. PADDLE_PORT+19 on each pod's service and serves gloo at +18.
 PADDLEJOB_PORT = 36000
 GLOO_PORT_OFFSET = 18
