@@ -242,6 +242,9 @@ class ExportConfig:
     uri: Optional[str] = None
     # A new base after this many deltas (0: every export is a base).
     base_every: int = 8
+    # On Kubernetes: the Secret holding the export signing key pair (keys key.pem and key.pub). The export step
+    # signs with key.pem; an online server mounts key.pub alone, to verify what it loads.
+    signing_secret: str = "ctr-export-signing"
 
 
 @dataclass
@@ -333,6 +336,21 @@ class StepsConfig:
 
 
 @dataclass
+class ServingConfig:
+    """The online server on Kubeflow: a KServe InferenceService that the pipeline creates or updates after the
+    export (components/deploy), running ``python -m components.export.serving serve`` on the export store."""
+
+    deploy: bool = False  # end the pipeline by creating or updating the InferenceService (export.format=sharded)
+    name: str = "ctr"  # the InferenceService's name and the served model's (/v1/models/<name>:predict)
+    min_replicas: int = 1
+    max_replicas: int = 1
+    # The replica's pod: CPU request (and limit), memory request and limit. The memory is the larger of this and
+    # the planner's serving plan (components/train/process_plan.py serving_process) with its margin.
+    resources: StepResources = field(default_factory=lambda: StepResources(cpu="1", memory="1Gi"))
+    ready_timeout_s: float = 900.0  # the deploy step fails when the InferenceService is not Ready by then
+
+
+@dataclass
 class ClusterConfig:
     runner: PipelineRunner = PipelineRunner.local
     backend: ClusterBackend = ClusterBackend.local
@@ -377,6 +395,7 @@ class ClusterConfig:
     # The cosign public key (PEM file on the compiling machine) the images are signed with: when set, the run
     # directory gets k8s/image-policy.yaml, a sigstore policy-controller policy admitting only signed images.
     image_signing_key: Optional[str] = None
+    serving: ServingConfig = field(default_factory=ServingConfig)
 
 
 @dataclass
@@ -754,6 +773,9 @@ def _validate_cluster(cfg: CtrConfig) -> None:
             raise ConfigError("cluster.backend", cluster.backend.value, "local when cluster.runner=local",
                               "the trainjob, jobset and paddlejob backends run inside a Kubeflow step; "
                               "use +cluster=prod")
+        if cluster.serving.deploy:
+            raise ConfigError("cluster.serving.deploy", True, "false when cluster.runner=local",
+                              "a local run prints the serve command in its summary; use +cluster=prod to deploy")
         return
     if cluster.backend is ClusterBackend.local:
         raise ConfigError("cluster.backend", cluster.backend.value,
@@ -813,6 +835,43 @@ def _validate_cluster(cfg: CtrConfig) -> None:
         if not secret.name or not secret.keys:
             raise ConfigError(f"cluster.storage_secrets[{i}]", {"name": secret.name, "keys": dict(secret.keys)},
                               "a secret name and at least one 'ENV_VAR: secret-key' entry")
+    _validate_serving(cfg)
+
+
+# KServe names the InferenceService's Knative service and hosts after it: a DNS-1035 label, short enough for the
+# "-predictor-<revision>" KServe appends.
+_SERVING_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,43}[a-z0-9])?$")
+_SECRET_NAME = re.compile(r"^[a-z0-9]([-.a-z0-9]{0,251}[a-z0-9])?$")
+
+
+def _validate_serving(cfg: CtrConfig) -> None:
+    """The online server's InferenceService on Kubeflow, checked whether or not it is deployed (its manifest is
+    written for review either way)."""
+    serving = cfg.cluster.serving
+    if not _SERVING_NAME.match(serving.name):
+        raise ConfigError("cluster.serving.name", serving.name, "a DNS label of at most 45 characters: lowercase "
+                          "letters, digits and '-', starting with a letter (e.g. ctr)")
+    if not _SECRET_NAME.match(cfg.export.signing_secret):
+        raise ConfigError("export.signing_secret", cfg.export.signing_secret, "a Kubernetes Secret name "
+                          "(lowercase letters, digits, '-' and '.')")
+    if serving.min_replicas < 1:
+        raise ConfigError("cluster.serving.min_replicas", serving.min_replicas, "an integer >= 1",
+                          "a replica follows the export store from its start; from zero the first request would "
+                          "wait for the table to load")
+    if serving.max_replicas < serving.min_replicas:
+        raise ConfigError("cluster.serving.max_replicas", serving.max_replicas,
+                          f"an integer >= cluster.serving.min_replicas ({serving.min_replicas})")
+    _check_step_resources("cluster.serving.resources", serving.resources)
+    if serving.resources.gpus:
+        raise ConfigError("cluster.serving.resources.gpus", serving.resources.gpus, "0",
+                          "the server scores on CPU (the dense program is small; the rows are looked up in memory)")
+    _positive("cluster.serving.ready_timeout_s", serving.ready_timeout_s)
+    if serving.deploy and cfg.export.format is not ExportFormat.sharded:
+        raise ConfigError("export.format", cfg.export.format.value, "sharded with cluster.serving.deploy=true",
+                          "the server follows the export store; a single-file export is a pipeline artifact only")
+    if serving.deploy and cfg.export.uri is not None and not is_remote_uri(cfg.export.uri):
+        raise ConfigError("export.uri", cfg.export.uri, "null or a remote fsspec URL (s3://...) with "
+                          "cluster.serving.deploy=true", "the serving pods share no disk with the export step")
 
 
 def _check_step_resources(key: str, resources: StepResources) -> None:

@@ -13,7 +13,8 @@ So this script starts the services itself: podman-compose creates the project (n
   ``retries`` failures in a row;
 * ``service_completed_successfully``: it exited 0.
 
-Every container's output is printed as it comes, prefixed with its service name. As soon as a container exits
+Services in a profile (the online server's, which never ends) are left out, as a plain ``docker compose up`` leaves
+them: this runs the job. Every container's output is printed as it comes, prefixed with its service name. As soon as a container exits
 non-zero, fails its healthcheck, or the whole run exceeds ``--timeout``, the running containers are stopped and
 the script says what failed, where, and how long the others took to stop. Exit status: 0 when every service
 exited 0, 1 otherwise. Needs only the standard library and PyYAML (a dependency of podman-compose). Remove the
@@ -98,6 +99,8 @@ def load(path: Path) -> tuple[str, list[Service]]:
     services = []
     for name in start_order(doc):
         spec = doc["services"][name]
+        if spec.get("profiles"):
+            continue
         depends = spec.get("depends_on", {})
         if isinstance(depends, list):  # the short form means service_started
             depends = {d: {"condition": "service_started"} for d in depends}

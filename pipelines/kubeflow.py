@@ -13,6 +13,8 @@ The run directory gets::
     k8s/rbac.yaml       the launcher account the train step and the exit handler act as, and what it may do
                         (``kubectl apply -f``, once)
     k8s/ps-job.yaml     the objects the train step will create, for review (``kubectl apply --dry-run=server -f``)
+    k8s/inference-service.yaml  the online server's KServe InferenceService, for review; with
+                        cluster.serving.deploy the pipeline's last step creates or updates it
     k8s/image-policy.yaml  with cluster.image_signing_key: admit only images signed with that key
     kubeflow_run.json   after a submission: the run id, its URL, the experiment and the run parameters
     kubeflow_runs.json  with data.days: the runs submitted so far, one per day, in order
@@ -50,6 +52,7 @@ PIPELINE_FILE = "pipeline.yaml"
 CONFIG_FILE = "config.yaml"
 RBAC_FILE = "k8s/rbac.yaml"
 PS_JOB_FILE = "k8s/ps-job.yaml"
+INFERENCE_SERVICE_FILE = "k8s/inference-service.yaml"
 IMAGE_POLICY_FILE = "k8s/image-policy.yaml"
 RUN_FILE = "kubeflow_run.json"
 DAY_RUNS_FILE = "kubeflow_runs.json"
@@ -137,6 +140,7 @@ def review_data_uri(cfg: CtrConfig) -> str:
 
 def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
     """Compile the pipeline and write the run directory's files; returns the pipeline YAML's path."""
+    from components.deploy.inference_service import inference_service
     from components.train.backends.image_policy import job_image_policy, to_yaml
     from components.train.backends.manifests import REVIEW_NAME, review_manifests
     from components.train.backends.rbac import launcher_rbac
@@ -154,6 +158,13 @@ def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
               "# train step's pod).\n")
     objects = review_manifests(compiled_config(cfg), review_data_uri(cfg))  # the config the train step gets
     (run_dir / PS_JOB_FILE).write_text(header + yaml.dump_all(objects, Dumper=_PlainDumper, sort_keys=False))
+    deployed = ("the pipeline's deploy-model step creates or updates it after each export that passes the AUC gate"
+                if cfg.cluster.serving.deploy else "cluster.serving.deploy=true makes the pipeline create or update it")
+    header = (f"# The online server, for review ({deployed}): e.g.\n"
+              f"#   kubectl apply --dry-run=server -f {INFERENCE_SERVICE_FILE}\n"
+              "# The deploy step writes it in its own pod's namespace.\n")
+    service = inference_service(cfg, cfg.cluster.namespace)
+    (run_dir / INFERENCE_SERVICE_FILE).write_text(header + yaml.dump(service, Dumper=_PlainDumper, sort_keys=False))
     if image_policy:
         (run_dir / IMAGE_POLICY_FILE).write_text(to_yaml(image_policy))
     return pipeline_path

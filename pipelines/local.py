@@ -30,6 +30,7 @@ import io
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import sys
@@ -40,7 +41,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from components.config import CtrConfig, is_remote_uri
+from components.config import CtrConfig, ExportFormat, is_remote_uri
 from components.ps.liveness import DRIVER_PID_ENV, process_exists
 from pipelines.console import ANSI, RunConsole, header_lines, log_path, quiet_console_logging, read_stats
 
@@ -277,7 +278,8 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     serving = (str(run_dir / "serving_model") if exported.is_dir() else
                f"not exported: test AUC {metrics['auc']:.4f} < eval.min_auc {cfg.eval.min_auc:g}")
     training = json.loads((outputs / "train" / "checkpoint").read_text())
-    print_summary(metrics, training, wall_s, run_dir, cfg.checkpoint.uri, serving)
+    print_summary(metrics, training, wall_s, run_dir, cfg.checkpoint.uri, serving,
+                  serving_rows(cfg, run_dir) if exported.is_dir() else [])
     return metrics
 
 
@@ -327,10 +329,23 @@ def summary_rows(metrics: dict, training: Optional[dict], wall_s: float) -> list
     return rows
 
 
+def serving_rows(cfg: CtrConfig, run_dir: Path) -> list[tuple[str, str]]:
+    """After an export, the summary's exact command that serves it (the export store, which the server follows, so
+    later runs' exports reach a running server; a single-file export: its copy in the run directory) and a request
+    to try it with."""
+    from components.export.serve_command import example_request, serve_command
+    from components.export.store import export_store_uri
+
+    model = str(run_dir / "serving_model") if cfg.export.format is ExportFormat.single else export_store_uri(cfg)
+    name = cfg.cluster.serving.name
+    return [("serve it", shlex.join(serve_command(model, name))), ("then try", example_request(name))]
+
+
 def print_summary(metrics: dict, training: Optional[dict], wall_s: float, run_dir: Path, checkpoint: Any,
-                  serving: str) -> None:
+                  serving: str, serve: list[tuple[str, str]] = ()) -> None:
+    """The summary table; ``serve``: the rows of :func:`serving_rows` after an export."""
     rows = [*summary_rows(metrics, training, wall_s), ("run dir", str(run_dir)), ("checkpoint", str(checkpoint)),
-            ("serving model", serving)]
+            ("serving model", serving), *serve]
     width = max(len(name) for name, _ in rows)
     print("\n".join(["", "== CTR pipeline done", *(f"  {name:<{width}}  {value}" for name, value in rows), ""]),
           flush=True)

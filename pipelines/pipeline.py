@@ -1,5 +1,6 @@
 """The CTR pipeline: resolve the config -> prepare data (plan, convert in parallel, merge) -> PS training ->
-evaluation -> the export, when the evaluation passes the AUC gate.
+evaluation -> the export, when the evaluation passes the AUC gate (on Kubeflow with ``cluster.serving.deploy``, then
+the online server's InferenceService created or updated: :data:`DEPLOY_TASK`).
 
 :func:`ctr_pipeline` builds the pipeline for one composed config. What is structural (server and worker
 counts, images, resources, model, mode, ...) is compiled in as a constant; the knobs worth changing per
@@ -31,6 +32,7 @@ from kfp.dsl import HTML, Artifact, Metrics, Model
 from components.cleanup.component import clean_up_run
 from components.config import ClusterConfig, CtrConfig, DataSource, PipelineRunner
 from components.data_prep.component import convert_data, merge_data, plan_data
+from components.deploy.component import deploy_model
 from components.evaluate.component import evaluate_model
 from components.export.component import export_model
 from components.resolve.component import resolve_config
@@ -45,6 +47,9 @@ PIPELINE_NAME = "ctr-ps-training"
 # groups, the root DAG's PREP_LOOP; export-model inside the AUC gate, the root DAG's EXPORT_GATE.
 TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", "train", "evaluate-model", "export-model")
 PREP_LOOP, EXPORT_GATE = "for-loop-1", "condition-2"
+# With cluster.serving.deploy (Kubeflow only), inside the AUC gate after the export: the online server's
+# InferenceService created or updated (components.deploy), acting as the launcher account.
+DEPLOY_TASK = "deploy-model"
 # What each task of the root DAG waits for, in a topological order: the export, on the evaluation that gates it.
 DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOOP: ("plan-data",),
                 "merge-data": ("resolve-config", "plan-data", PREP_LOOP), "train": ("resolve-config", "merge-data"),
@@ -63,12 +68,12 @@ DAY_GATE, DAY_GATE_NAME = "condition-2", "the run's day is not trained yet"
 # The steps that may simply run again after a failure (a lost node, a storage blip): they replace their outputs
 # whole, or, the clean-up, find nothing left to delete. Not resolve-config and plan-data (their failures are the
 # config's or the input's) nor train (the PS job restarts itself).
-RETRIED_TASKS = ("convert-data", "merge-data", "evaluate-model", "export-model", EXIT_TASK)
+RETRIED_TASKS = ("convert-data", "merge-data", "evaluate-model", "export-model", EXIT_TASK, DEPLOY_TASK)
 RETRY_BACKOFF = "60s"  # then doubling
 # Each task's pod resources on Kubeflow: the ClusterConfig.steps field.
 STEP_RESOURCES = {"resolve-config": "resolve", "plan-data": "resolve", "convert-data": "prepare",
                   "merge-data": "prepare", "train": "train", "evaluate-model": "evaluate", "export-model": "export",
-                  EXIT_TASK: "resolve"}
+                  EXIT_TASK: "resolve", DEPLOY_TASK: "resolve"}
 # The train step's launcher makes its own pod the owner of the PS job it creates, and labels that job with the
 # pipeline run it belongs to (downward API: KFP labels every pod of a run with its id), and names it after the run's
 # workflow; the exit task finds the run's objects by that label. Both act as the launcher account (LAUNCHER_TASKS:
@@ -77,6 +82,9 @@ LAUNCHER_POD_FIELDS = {"POD_NAME": "metadata.name", "POD_UID": "metadata.uid", "
                        PIPELINE_RUN_ENV: f"metadata.labels['{KFP_RUN_LABEL}']",
                        PIPELINE_RUN_NAME_ENV: f"metadata.labels['{KFP_WORKFLOW_LABEL}']"}
 LAUNCHER_TASKS = ("train", EXIT_TASK)
+# The deploy step acts as the launcher account too, in its own pod's namespace; it owns and labels nothing (the
+# InferenceService outlives the run).
+DEPLOY_POD_FIELDS = {"POD_NAMESPACE": "metadata.namespace"}
 
 # Pipeline outputs: what a local run copies into its run directory. The serving model is not one: the AUC gate
 # may skip its export (pipelines.local finds it when it was made).
@@ -96,7 +104,8 @@ def display_names(cfg: CtrConfig) -> dict[str, str]:
             "convert-data": f"Convert a group of {data}", "merge-data": "Merge the prepared groups",
             "train": f"Train: {cfg.ps.servers} PS servers + {cfg.ps.workers} workers ({cfg.cluster.backend.value})",
             "evaluate-model": "Evaluate on the test split", "export-model": "Export the serving model",
-            EXIT_TASK: f"Clean up the run's PS job objects ({cfg.cluster.backend.value})"}
+            EXIT_TASK: f"Clean up the run's PS job objects ({cfg.cluster.backend.value})",
+            DEPLOY_TASK: f"Deploy the online server (InferenceService {cfg.cluster.serving.name})"}
 
 
 def ctr_pipeline(cfg: CtrConfig):
@@ -143,7 +152,12 @@ def ctr_pipeline(cfg: CtrConfig):
             with dsl.If(scored.outputs["Output"] >= cfg.eval.min_auc, name=gate):  # evaluate-model: the test AUC
                 served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"],
                                       dataset=prep.outputs["dataset"])
-        return dict(zip(TASKS, (resolved, planned, converted, prep, fit, scored, served)))
+                # It changes the cluster (a cached run would skip the update); the config, not the version, decides
+                # what it writes: the server follows the export store.
+                deployed = (deploy_model(config=effective, serving_model=served.outputs["serving_model"])
+                            .set_caching_options(False) if cfg.cluster.serving.deploy else None)
+        tasks = dict(zip(TASKS, (resolved, planned, converted, prep, fit, scored, served)))
+        return {**tasks, DEPLOY_TASK: deployed} if deployed is not None else tasks
 
     def steps(arguments: dict) -> dict:
         """:func:`pipeline_steps` with their settings; on Kubeflow inside the exit handler, whose exit task
@@ -220,13 +234,13 @@ def add_kubeflow_settings(cfg: CtrConfig, tasks: dict) -> None:
 
 
 def add_kubernetes_settings(cluster: ClusterConfig, tasks: dict) -> None:
-    """Pod settings of the Kubeflow run: storage credentials as secret references only (not to the exit task, which
-    reads no storage), non-root, image pull secrets; and the launcher's access for :data:`LAUNCHER_TASKS`
-    (:func:`add_launcher_access`)."""
+    """Pod settings of the Kubeflow run: storage credentials as secret references only (not to the exit task nor the
+    deploy task, which read no storage: the InferenceService's pods get their own references), non-root, image pull
+    secrets; and the launcher's access for :data:`LAUNCHER_TASKS` and the deploy task (:func:`add_launcher_access`)."""
     from kfp import kubernetes
 
     for name, task in tasks.items():
-        for secret in cluster.storage_secrets if name != EXIT_TASK else ():
+        for secret in cluster.storage_secrets if name not in (EXIT_TASK, DEPLOY_TASK) else ():
             kubernetes.use_secret_as_env(task, secret_name=secret.name,
                                          secret_key_to_env={key: env for env, key in secret.keys.items()})
         kubernetes.set_security_context(task, run_as_user=cluster.run_as_user, run_as_non_root=True)
@@ -234,15 +248,18 @@ def add_kubernetes_settings(cluster: ClusterConfig, tasks: dict) -> None:
             kubernetes.set_image_pull_secrets(task, list(cluster.image_pull_secrets))
     for name in LAUNCHER_TASKS:
         add_launcher_access(cluster, tasks[name])
+    if DEPLOY_TASK in tasks:
+        add_launcher_access(cluster, tasks[DEPLOY_TASK], DEPLOY_POD_FIELDS)
 
 
-def add_launcher_access(cluster: ClusterConfig, task) -> None:
-    """What a task that acts on PS jobs needs: its own pod's identity and run (:data:`LAUNCHER_POD_FIELDS`) and,
-    mounted into it alone, the token of the account that may create and delete PS jobs (the run's pods run as
+def add_launcher_access(cluster: ClusterConfig, task, pod_fields: dict[str, str] = LAUNCHER_POD_FIELDS) -> None:
+    """What a task that acts on PS jobs (or the InferenceService) needs: what it reads of its own pod
+    (``pod_fields``, env name -> field path: :data:`LAUNCHER_POD_FIELDS`, its pod's identity and run) and, mounted
+    into it alone, the token of the account that may create and delete PS jobs (the run's pods run as
     ``cluster.pipeline_service_account``, which may not)."""
     from kfp import kubernetes
 
-    for env, field_path in LAUNCHER_POD_FIELDS.items():
+    for env, field_path in pod_fields.items():
         kubernetes.use_field_path_as_env(task, env_name=env, field_path=field_path)
     kubernetes.use_secret_as_volume(task, secret_name=launcher_token_secret(cluster), mount_path=LAUNCHER_TOKEN_DIR)
 

@@ -24,6 +24,7 @@ def run_of_committed_file():
 def test_services_start_after_their_dependencies_under_podman_compose_names():
     project, services = compose_up.load(COMPOSE_YAML)
     assert project == "ctr-ps"
+    # The serving profile's services (export, serving) are left out, as a plain `docker compose up` leaves them.
     assert [s.name for s in services] == ["prep", "ps-0", "ps-1", "worker-0", "worker-1", "evaluate"]
     assert {s.name: s.container for s in services}["ps-1"] == "ctr-ps_ps-1_1"
     worker = {s.name: s for s in services}["worker-0"]

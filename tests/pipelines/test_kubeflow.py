@@ -2,8 +2,9 @@
 results in a loopback S3 endpoint), the CLI, sweeps.
 
 The golden files ``tests/pipelines/golden/kubeflow_pipeline.yaml`` (the compiled pipeline of a fixed prod config,
-normalised for what changes with the kfp SDK release) and ``kubeflow_ps_job.yaml`` (the PS job objects written for
-review beside it, ``k8s/ps-job.yaml``) pin what a run would be given. After an intended change to the pipeline, its
+normalised for what changes with the kfp SDK release), ``kubeflow_ps_job.yaml`` (the PS job objects written for
+review beside it, ``k8s/ps-job.yaml``) and ``kubeflow_inference_service.yaml`` (the online server's, written beside
+them, ``k8s/inference-service.yaml``) pin what a run would be given. After an intended change to the pipeline, its
 components, the manifests or the config schema, regenerate them and review the diff::
 
     UPDATE_GOLDEN=1 .venv/bin/python -m pytest tests/pipelines/test_kubeflow.py -k golden
@@ -46,6 +47,7 @@ from tests.train.backends.kube_controllers import training_runtime_errors, train
 
 GOLDEN = Path(__file__).parent / "golden" / "kubeflow_pipeline.yaml"
 GOLDEN_PS_JOB = Path(__file__).parent / "golden" / "kubeflow_ps_job.yaml"
+GOLDEN_INFERENCE_SERVICE = Path(__file__).parent / "golden" / "kubeflow_inference_service.yaml"
 DIGEST = "sha256:" + "ab" * 32
 PROD = ("+cluster=prod", "checkpoint.uri=s3://ctr-bucket/golden/checkpoints")
 GOLDEN_OVERRIDES = (*PROD, "cluster.submit=false", f"cluster.pipeline_image.digest={DIGEST}",
@@ -73,8 +75,9 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
     pipelines.kubeflow.write_run_files(cfg, tmp_path / "compiled")
     text = (tmp_path / "compiled" / "pipeline.yaml").read_text()
     ps_job_text = (tmp_path / "compiled" / "k8s" / "ps-job.yaml").read_text()
+    service_text = (tmp_path / "compiled" / "k8s" / "inference-service.yaml").read_text()
     for leak in ("${", "hydra", str(run_dir), FAKE_SECRET, FAKE_KEY_ID):
-        assert leak not in text and leak not in ps_job_text, leak
+        assert leak not in text and leak not in ps_job_text and leak not in service_text, leak
     documents = list(yaml.safe_load_all(text))
     assert len(documents) == 2  # the pipeline spec, then the Kubernetes platform spec
 
@@ -148,8 +151,10 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(normalised)
         GOLDEN_PS_JOB.write_text(ps_job_text)
+        GOLDEN_INFERENCE_SERVICE.write_text(service_text)
     assert normalised == GOLDEN.read_text(), "the compiled pipeline changed: see the module docstring"
     assert ps_job_text == GOLDEN_PS_JOB.read_text(), "the PS job objects changed: see the module docstring"
+    assert service_text == GOLDEN_INFERENCE_SERVICE.read_text(), "the InferenceService changed: see the module docstring"
 
 
 def test_a_step_given_gpus_gets_an_accelerator_and_retries_can_be_turned_off(tmp_path):

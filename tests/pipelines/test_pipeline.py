@@ -226,6 +226,12 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
     assert "Training" in (run_dir / "report.md").read_text()  # the train step's summary reached the report
     assert "## Confusion matrix at threshold" in (run_dir / "report.md").read_text()
     assert re.search(rf"serving model +{re.escape(str(run_dir / 'serving_model'))}\n", out)
+    # The exact command that serves the run's export store, and a request to try it with.
+    store = str(run_dir / "checkpoint-serving")
+    assert re.search(rf"serve it +python -m components.export.serving serve --model {re.escape(store)} --host "
+                     r"127\.0\.0\.1 --port 8080 --name ctr\n", out)
+    assert re.search(r"then try +curl -s -H 'Content-Type: application/json' -d '\{\"instances\": \[\{\}\]\}' "
+                     r"http://127\.0\.0\.1:8080/v1/models/ctr:predict\n", out)
     # The exported serving model scores the test split as the evaluated checkpoint does. The evaluation scored it
     # through the servers, which hold float32 rows; the export reads the servers' saved text, whose decimals round
     # a row value by up to 5e-7 of it: the same model to within that, not bit for bit.
@@ -340,3 +346,4 @@ def test_a_local_run_below_min_auc_shows_the_confusion_matrix_and_skips_the_expo
     assert not list((run_dir / "kfp").glob("ctr-ps-training-*/export-model"))
     assert not (run_dir / "serving_model").exists()
     assert re.search(rf"serving model +not exported: test AUC {objective:.4f} < eval.min_auc 0.99\n", out)
+    assert "serve it" not in out  # nothing to serve

@@ -6,7 +6,11 @@
 Services: ``prep`` builds the dataset into the ``dataset`` volume and exits; ``ps-<i>`` servers start once it
 succeeded; ``worker-<i>`` workers start once every server is ready for them (:func:`ready_endpoints`);
 ``evaluate`` scores the last checkpoint on the test split once every server and worker exited 0, writing the
-report into the ``evaluation`` volume and ``EVALUATION.json`` into the store. Servers and workers run
+report into the ``evaluation`` volume and ``EVALUATION.json`` into the store. In the ``serving`` profile
+(``docker compose --profile serving up``; a plain ``up`` runs the job alone and ends), ``export`` then writes the
+evaluated checkpoint into the export store (the ``exports`` volume, ``export.uri`` = :data:`EXPORT_MOUNT`) when its
+test AUC passes ``eval.min_auc``, and ``serving`` runs the online server on it, published on 127.0.0.1:8080 only,
+healthy once ``/v2/health/ready`` answers. Servers and workers run
 ``python -m components.ps.role`` with exactly the environment :func:`components.ps.contract.role_env` gives
 their role (endpoints are the compose service names). The job spec is one file beside the compose file
 (:func:`spec_path`), mounted read-only into every service at :data:`SPEC_MOUNT` and named on its command line.
@@ -26,8 +30,10 @@ from typing import Optional
 
 import yaml
 
-from components.config import (ConfigError, CtrConfig, DataSource, from_dict, is_remote_uri, register_configs,
-                               to_dict, validate)
+from components.config import (ConfigError, CtrConfig, DataSource, ExportFormat, from_dict, is_remote_uri,
+                               register_configs, to_dict, validate)
+from components.export.serve_command import PUBLIC_KEY_ENV, READY_PATH, SERVING_PORT, serve_command
+from components.export.store import export_store_uri
 from components.ps.contract import ClusterLayout, JobSpec, Role, host_layout, ready_probe_command, role_env
 # The container contract the pods use too: the scratch directory and the gloo port rule.
 from components.train.backends.manifests import SCRATCH, gloo_port
@@ -37,12 +43,18 @@ PROJECT = "ctr-ps"  # the compose project name, also the job id the gloo store p
 DATA_MOUNT = "/data"
 CHECKPOINT_MOUNT = "/checkpoints"
 EVALUATION_MOUNT = "/evaluation"
+EXPORT_MOUNT = "/serving"  # the export store, written by `export`, read by `serving`
+# Where the export signing key pair is made on first use and found (`export.signing_key=auto`: the per-user key of
+# components/export/signing.py under HOME, /scratch): a volume, so that `serving` verifies with `export`'s key.
+SIGNING_MOUNT = "/scratch/.config/paddle-ps-pipelines/export-signing"
+SERVING_PROFILE = "serving"  # the services that serve: started by `--profile serving` only (they do not end)
 SPEC_MOUNT = "/etc/ctr-ps/job-spec.json"
 # A sub-directory, not the mount itself: data prep stages a sibling directory and renames it into place.
 DATA_DIR = f"{DATA_MOUNT}/dataset"
 HEALTHCHECK_INTERVAL_S = 2
 PREPARE_COMMAND = "prepare-data"
 EVALUATE_COMMAND = "evaluate"
+EXPORT_COMMAND = "export"
 REGENERATE = "python -m components.train.backends.docker_compose --out containers/docker-compose.yaml"
 
 
@@ -78,11 +90,12 @@ def _check(cfg: CtrConfig) -> None:
     if cfg.data.source is DataSource.files and _local_path(cfg.data.uri or "") is not None:
         raise ConfigError("data.uri", cfg.data.uri, "a remote fsspec URL (s3://...) in a compose file",
                           "the prep container sees no path of this machine")
-    local = _local_path(checkpoint.uri)
-    if local is not None and not PurePosixPath(local).is_relative_to(CHECKPOINT_MOUNT):
-        raise ConfigError("checkpoint.uri", checkpoint.uri,
-                          f"a path under {CHECKPOINT_MOUNT} (the shared checkpoints volume) or a remote fsspec URL",
-                          "any other local path exists in one container only")
+    for key, uri, mount, volume in (("checkpoint.uri", checkpoint.uri, CHECKPOINT_MOUNT, "checkpoints"),
+                                    ("export.uri", export_store_uri(cfg), EXPORT_MOUNT, "exports")):
+        local = _local_path(uri)
+        if local is not None and not PurePosixPath(local).is_relative_to(mount):
+            raise ConfigError(key, uri, f"a path under {mount} (the shared {volume} volume) or a remote fsspec URL",
+                              "any other local path exists in one container only")
 
 
 def _escape(value: str) -> str:
@@ -158,7 +171,34 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> 
                               for name in services if name != "prep"}
     services["evaluate"] = evaluate
     volumes = {"dataset": {}, **({"checkpoints": {}} if store else {}), "evaluation": {}}
+    # A single-file export is an artifact of the export step, not a store a server follows: nothing to serve here.
+    if cfg.export.format is ExportFormat.sharded:
+        exports = [f"exports:{EXPORT_MOUNT}"] if _local_path(export_store_uri(cfg)) is not None else []
+        export = service(image, [*module, EXPORT_COMMAND], {}, [*store, *exports, f"signing:{SIGNING_MOUNT}"])
+        export["depends_on"] = {"evaluate": {"condition": "service_completed_successfully"}}
+        services["export"] = export
+        services["serving"] = serving_service(cfg, image, credentials, [f"{v}:ro" for v in exports])
+        for name in ("export", "serving"):
+            services[name]["profiles"] = [SERVING_PROFILE]
+        volumes.update({"exports": {}} if exports else {}, signing={})
     return {"name": PROJECT, "services": services, "volumes": volumes}
+
+
+def serving_service(cfg: CtrConfig, image: str, credentials: dict, exports: list[str]) -> dict:
+    """The online server on the export store (once ``export`` exited 0), on loopback only: the job's other
+    services publish nothing. It verifies the export with ``export``'s public key (the ``signing`` volume)."""
+    ready = f"http://127.0.0.1:{SERVING_PORT}{READY_PATH}"
+    return {"image": image, "user": str(cfg.cluster.run_as_user), "init": True, "restart": "no",
+            "command": serve_command(export_store_uri(cfg), cfg.cluster.serving.name, host="0.0.0.0"),
+            "environment": {PUBLIC_KEY_ENV: f"{SIGNING_MOUNT}/key.pub", **credentials},
+            "volumes": [*exports, f"signing:{SIGNING_MOUNT}:ro"],
+            "ports": [f"127.0.0.1:{SERVING_PORT}:{SERVING_PORT}"],
+            "depends_on": {"export": {"condition": "service_completed_successfully"}},
+            # urlopen raises on a refused connection and on any status but 2xx: not ready until the model loaded.
+            "healthcheck": {"test": ["CMD", "python", "-c",
+                                     f"import urllib.request; urllib.request.urlopen({ready!r}, timeout=2)"],
+                            "interval": f"{HEALTHCHECK_INTERVAL_S}s", "timeout": f"{HEALTHCHECK_INTERVAL_S}s",
+                            "retries": 60}}
 
 
 def load_config(overrides: list[str]) -> CtrConfig:
@@ -169,7 +209,8 @@ def load_config(overrides: list[str]) -> CtrConfig:
 
     register_configs()
     with initialize_config_dir(config_dir=str(Path(conf.__file__).parent), version_base="1.3"):
-        raw = compose("config", overrides=[f"run_dir={SCRATCH}", f"checkpoint.uri={CHECKPOINT_MOUNT}", *overrides])
+        raw = compose("config", overrides=[f"run_dir={SCRATCH}", f"checkpoint.uri={CHECKPOINT_MOUNT}",
+                                           f"export.uri={EXPORT_MOUNT}", *overrides])
     cfg = from_dict(raw)
     validate(cfg)
     return cfg
@@ -215,7 +256,30 @@ def evaluate_from_spec(spec_file: str, out_dir: str = EVALUATION_MOUNT) -> str:
     return f"{line}, checkpoint {ckpt_id}; report: {out_dir}/report.html"
 
 
+def export_from_spec(spec_file: str, out_dir: str = f"{SCRATCH}/serving_model") -> str:
+    """The ``export`` service: the checkpoint ``evaluate`` scored, as the next version of the export store, when its
+    test AUC is at least ``eval.min_auc`` (the pipeline's gate); ``out_dir``: the version's copy the export step
+    leaves as its artifact (in the container's scratch here). Returns the one-line summary it prints."""
+    from components.checkpoint.evaluation import read_evaluation
+    from components.export.step import export_serving_model
+
+    spec = JobSpec.load(spec_file)
+    cfg = from_dict(spec.config)
+    evaluation = read_evaluation(cfg.checkpoint.uri)
+    if evaluation is None:
+        raise SystemExit(f"error: no evaluation in {cfg.checkpoint.uri}: the evaluate service recorded none")
+    auc = evaluation["metrics"]["auc"]
+    if auc < cfg.eval.min_auc:
+        raise SystemExit(f"error: not exported: test AUC {auc:.4f} < eval.min_auc {cfg.eval.min_auc:g}")
+    facts = export_serving_model(spec.config, "", {"uri": cfg.checkpoint.uri, "id": evaluation["checkpoint"]},
+                                 out_dir)
+    return f"version {facts['version']} ({facts['kind']}) of checkpoint {evaluation['checkpoint']} in {facts['store']}"
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] == [EXPORT_COMMAND] and len(argv) == 2:
+        print(f"export: {export_from_spec(argv[1])}", flush=True)
+        return 0
     if argv[:1] == [PREPARE_COMMAND] and len(argv) == 2:
         rows = prepare_from_spec(argv[1])["rows"]
         print(f"dataset ready: {rows['train']:,} train + {rows['test']:,} test rows", flush=True)

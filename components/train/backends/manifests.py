@@ -51,6 +51,8 @@ JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 PADDLEJOB_API = "batch.paddlepaddle.org/v1"
 TRAINER_GROUP = "trainer.kubeflow.org"
 TRAINER_API = f"{TRAINER_GROUP}/v1alpha1"
+# The online server's KServe InferenceService (components.deploy), which the launcher account may create too.
+KSERVE_API, INFERENCE_SERVICES = "serving.kserve.io/v1beta1", "inferenceservices"
 # paddle-operator exposes PADDLE_PORT .. PADDLE_PORT+19 on each pod's service and serves gloo at +18.
 PADDLEJOB_PORT = 36000
 GLOO_PORT_OFFSET = 18
@@ -186,7 +188,8 @@ def role_env_template(cfg: CtrConfig, layout: ClusterLayout, role: Role) -> list
     return env
 
 
-def _secret_env(cfg: CtrConfig) -> list[dict]:
+def storage_secret_env(cfg: CtrConfig) -> list[dict]:
+    """``cluster.storage_secrets`` as a container's env: secret references only, never the values."""
     return [{"name": env, "valueFrom": {"secretKeyRef": {"name": secret.name, "key": key}}}
             for secret in cfg.cluster.storage_secrets for env, key in secret.keys.items()]
 
@@ -232,7 +235,7 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
     env = (role_env_template(cfg, layout, role) + [restart, {"name": SPEC_ENV, "value": spec_json},
                                                    {"name": "HOME", "value": SCRATCH},
                                                    {"name": "PYTHONUNBUFFERED", "value": "1"}]
-           + _secret_env(cfg))
+           + storage_secret_env(cfg))
     ports = [{"name": "ps", "containerPort": port, "protocol": "TCP"}]
     if role is Role.SERVER:
         ports.append({"name": "gloo", "containerPort": gloo_port(cfg), "protocol": "TCP"})

@@ -3,12 +3,13 @@ apart from the job's own objects (:mod:`components.train.backends.manifests`).
 
 Two tasks of a Kubeflow run act as that account, through its token Secret, which only they mount: the train step
 (it creates, follows and deletes the PS job) and the run's exit handler (it lists what the run left by the run's
-label and deletes it: :mod:`components.train.backends.kubernetes.cleanup`)."""
+label and deletes it: :mod:`components.train.backends.kubernetes.cleanup`); with ``cluster.serving.deploy`` a third,
+the deploy step (it creates the online server's InferenceService, or reads and replaces it: :mod:`components.deploy`)."""
 
 from __future__ import annotations
 
 from components.config import ClusterBackend, ClusterConfig, CtrConfig
-from components.train.backends.manifests import JOBSET_API, PADDLEJOB_API, TRAINER_API
+from components.train.backends.manifests import INFERENCE_SERVICES, JOBSET_API, KSERVE_API, PADDLEJOB_API, TRAINER_API
 
 
 def _group(api_version: str) -> str:
@@ -44,6 +45,11 @@ def launcher_rbac(cfg: CtrConfig) -> list[dict]:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     ]
+    if cfg.cluster.serving.deploy:
+        # Create cannot be limited to a name (the object has none until it exists); reading and replacing can.
+        rules += [{"apiGroups": [_group(KSERVE_API)], "resources": [INFERENCE_SERVICES], "verbs": ["create"]},
+                  {"apiGroups": [_group(KSERVE_API)], "resources": [INFERENCE_SERVICES],
+                   "resourceNames": [cfg.cluster.serving.name], "verbs": ["get", "update"]}]
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace},
          "automountServiceAccountToken": False},

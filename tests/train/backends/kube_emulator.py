@@ -9,7 +9,10 @@ kmock 0.8 lacks:
   server could not close under an open watch);
 * what the API server sets on create: the namespace from the URL, ``uid``, ``creationTimestamp``;
 * pod logs (``pods/<name>/log``, with ``timestamps`` and ``tailLines``), which kmock answers with the pod itself;
-* custom resources validated against their CRD's schema on create (HTTP 422), as the API server does.
+* custom resources validated against their CRD's schema on create (HTTP 422), as the API server does;
+* ``resourceVersion`` (raised by every write) and ``generation`` (raised when a replace changes the spec);
+* replace (PUT), which kmock does not serve: the object replaced whole, only at the ``resourceVersion`` it holds
+  (HTTP 409 otherwise), validated, its status kept as a status subresource keeps it.
 
 Nothing plays a controller here: a test does, over HTTP too, watching the job kind (:meth:`EmulatedCluster.watch`).
 """
@@ -23,11 +26,13 @@ import threading
 import uuid
 from typing import Any, Callable, Optional
 
+import aiohttp.web
 import attrs
 import jsonschema
 import kmock
 from kubernetes import client, watch
 
+from components.deploy import inference_service
 from components.train.backends import manifests
 from components.train.backends.kubernetes.api import KubeApis
 from tests.train.backends.kube_controllers import selects
@@ -38,6 +43,7 @@ RESOURCES = {
     f"{manifests.TRAINER_API}/trainjobs": "TrainJob", f"{manifests.TRAINER_API}/trainingruntimes": "TrainingRuntime",
     f"{manifests.TRAINER_API}/clustertrainingruntimes": "ClusterTrainingRuntime",
     f"{manifests.JOBSET_API}/jobsets": "JobSet", f"{manifests.PADDLEJOB_API}/paddlejobs": "PaddleJob",
+    f"{inference_service.SERVING_API}/{inference_service.PLURAL}": inference_service.KIND,
 }
 CLUSTER_SCOPED = {"ClusterTrainingRuntime"}
 def _labels(obj: Any) -> dict:
@@ -50,6 +56,7 @@ class _Emulator(kmock.KubernetesEmulator):
     validators: dict = attrs.field(init=False)  # built once: checking a CRD's schema itself takes seconds
     logs: dict = attrs.field(factory=dict)  # (namespace, pod) -> [(RFC 3339 stamp, line)]
     closing: asyncio.Event = attrs.field(factory=asyncio.Event)
+    versions: Any = attrs.field(factory=lambda: itertools.count(1))  # resourceVersions, one per write
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -64,20 +71,51 @@ class _Emulator(kmock.KubernetesEmulator):
     async def _handle(self, request):
         if request.action == kmock.action.CREATE and isinstance(request.data, dict):
             self._admit(request)
+        elif request.action == kmock.action.UPDATE and isinstance(request.data, dict):  # a merge patch
+            request.data.setdefault("metadata", {})["resourceVersion"] = str(next(self.versions))
+        elif request.method == kmock.method.PUT and request.name and isinstance(request.data, dict):
+            return await self._replace(request)
         return await super()._handle(request)
 
-    def _admit(self, request) -> None:
-        body = request.data
+    def _validate(self, body: dict) -> None:
         validator = self.validators.get(body.get("kind"))
         error = jsonschema.exceptions.best_match(validator.iter_errors(body)) if validator else None
         if error is not None:
             raise kmock.KubernetesError(status=422, reason="Invalid",
                                         message=f"{body['kind']} is invalid: {error.message}")
+
+    def _admit(self, request) -> None:
+        body = request.data
+        self._validate(body)
         metadata = body.setdefault("metadata", {})
         if request.namespace:
             metadata["namespace"] = request.namespace
         metadata.setdefault("uid", str(uuid.uuid4()))
         metadata.setdefault("creationTimestamp", dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        metadata["resourceVersion"], metadata["generation"] = str(next(self.versions)), 1
+
+    async def _replace(self, request):
+        body, key = request.data, (request.resource, request.namespace, request.name)
+        async with self._lock:
+            if key not in self._objects or self._objects[key].deleted:
+                raise kmock.KubernetesObjectNotFoundError()
+            stored = self._objects[key]
+            current = stored.raw
+            held, sent = current["metadata"].get("resourceVersion"), body.get("metadata", {}).get("resourceVersion")
+            if sent != held:
+                raise kmock.KubernetesError(status=409, reason="Conflict", message=(
+                    f"Operation cannot be fulfilled on {request.resource.plural} \"{request.name}\": the object has "
+                    "been modified; please apply your changes to the latest version and try again"))
+            self._validate(body)
+            body["metadata"]["resourceVersion"] = str(next(self.versions))
+            body["metadata"]["generation"] = (current["metadata"].get("generation", 1)
+                                              + (body.get("spec") != current.get("spec")))
+            body.pop("status", None)
+            if "status" in current:
+                body["status"] = current["status"]
+            stored.create(body)
+            await self._buses[request.resource].put({"type": "MODIFIED", "object": body})
+        return aiohttp.web.json_response(body)
 
     async def _serve_list(self, request):
         listed = await super()._serve_list(request)
