@@ -19,7 +19,7 @@ What runs, side by side in one process tree on this machine:
 5. **Memory.** The server's RSS (anonymous and file-backed pages, from /proc) after it loaded the model, and after
    the requests above, beside the bytes of the version's shard files: the rows are memory-mapped, so the
    file-backed part follows the rows requested, not the table.
-6. **A delta while serving.** The pass-1 checkpoint exported as version 2 (a delta on version 1, with
+6. **A delta while serving.** The run's other checkpoint exported as version 2 (a delta on version 1, with
    ``--poll-seconds 0.5`` on the server) while a client keeps sending requests: seconds from the version's
    publication to the first answer from it, and requests that failed (must be 0).
 
@@ -187,10 +187,12 @@ def rows_per_second(scorers: list, instances: list) -> float:
 
 
 def delta_while_serving(server: Server, run: Path, store: Path, instance: list) -> dict[str, float]:
-    """Export the pass-1 checkpoint as the next version while a client keeps asking; when it was first served."""
+    """Export the run's other checkpoint (not version 1's) as the next version while a client keeps asking: seconds
+    from the version's publication (its serving.json written) to the first answer from it, and failed requests."""
     import httpx
 
-    checkpoints = sorted(p for p in (run / "checkpoint").iterdir() if p.is_dir() and "-e0001-" in p.name)
+    served_id = json.loads((store / "v000001" / "serving.json").read_text())["source_checkpoint"]["id"]
+    (other,) = [p for p in (run / "checkpoint").iterdir() if p.is_dir() and "-e000" in p.name and p.name != served_id]
     failures, first_new, stop = [0], [None], threading.Event()
 
     def keep_asking() -> None:
@@ -202,21 +204,21 @@ def delta_while_serving(server: Server, run: Path, store: Path, instance: list) 
                     failures[0] += 1
                     continue
                 if version == "2" and first_new[0] is None:
-                    first_new[0] = time.monotonic()
+                    first_new[0] = time.time()
 
     asker = threading.Thread(target=keep_asking)
     asker.start()
     try:
-        subprocess.run([sys.executable, "-m", "components.export.serving", "export", "--checkpoint",
-                        str(checkpoints[0]), "--out", str(store), "--dataset", str(dataset_of(run))],
+        subprocess.run([sys.executable, "-m", "components.export.serving", "export", "--checkpoint", str(other),
+                        "--out", str(store), "--dataset", str(dataset_of(run))],
                        cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
-        published = time.monotonic()
-        deadline = published + 60
-        while first_new[0] is None and time.monotonic() < deadline:
+        deadline = time.time() + 60
+        while first_new[0] is None and time.time() < deadline:
             time.sleep(0.05)
     finally:
         stop.set()
         asker.join()
+    published = (store / "v000002" / "serving.json").stat().st_mtime
     manifest = json.loads((store / "v000002" / "serving.json").read_text())
     return {"kind": manifest["kind"], "written_rows": manifest["written_rows"], "rows": manifest["rows"],
             "applied_s": (first_new[0] - published) if first_new[0] else float("nan"), "failures": failures[0]}
