@@ -8,7 +8,10 @@ Two formats (``export.format``; ``serving.json["format"]`` says which a director
   batches touch, not the table, and :meth:`ShardedModel.apply_delta` moves a loaded model to the next version.
 * ``single`` (:mod:`components.export.single`): one Paddle inference model holding every row (small tables).
 
-Every file is checked against ``serving.json``'s sha256 when a model loads (``verify=False`` skips it).
+Every export's ``serving.json`` is signed (``--signing-key``, :mod:`components.export.signing`); a model loads
+only once that signature checks out with the operator's public key (``--public-key``, else
+``$CTR_SERVING_PUBLIC_KEY``, else the per-user ``key.pub``; ``--allow-unsigned`` accepts any), then every
+file is checked against ``serving.json``'s sha256 (``verify=False`` skips that).
 
 How to run it on new data
 -------------------------
@@ -57,6 +60,7 @@ from components.config import ExportDtype, ExportFormat
 from components.export.manifest import ServingModelError, read_manifest
 from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
+from components.export.signing import AUTO, PUBLIC_KEY_ENV
 from components.export.single import export_single
 
 
@@ -95,11 +99,11 @@ def _export(args: argparse.Namespace) -> str:
     """Run the ``export`` command; returns its one-line summary."""
     dtype = ExportDtype(args.dtype)
     if args.format == ExportFormat.single.value:
-        out = export_single(args.checkpoint, args.out, dtype)
+        out = export_single(args.checkpoint, args.out, dtype, signing_key=args.signing_key)
         meta = read_manifest(out)
         return (f"serving model {meta['model_name']} ({meta['table_rows'] - 1} rows, feeds "
                 f"{', '.join(meta['feed_names'])}) -> {out}")
-    meta = export_sharded(args.checkpoint, args.out, dtype, args.base_every)
+    meta = export_sharded(args.checkpoint, args.out, dtype, args.base_every, signing_key=args.signing_key)
     on = f" on version {meta['parent']}" if meta["parent"] is not None else ""
     return (f"serving version {meta['version']} ({meta['kind']}{on}) of {meta['model_name']}: {meta['rows']} rows "
             f"in {meta['shard_num']} shards, {meta['written_rows']} written, {meta['removed_rows']} removed -> "
@@ -117,17 +121,24 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         help="of the embedding rows")
     export.add_argument("--base-every", type=int, default=8, help="sharded: a new base after this many deltas "
                         "(0: always a base)")
+    export.add_argument("--signing-key", default=AUTO, help="the PEM PKCS#8 EC P-256 private key that signs "
+                        "serving.json (export.signing_key); auto: the per-user key, made on first use; none: unsigned")
     predict = commands.add_parser("predict", help="score MultiSlot files with an exported model")
     predict.add_argument("--model", required=True, help="a model or version directory, or an export store")
     predict.add_argument("--input", required=True, nargs="+", help="MultiSlot files or globs (quote globs)")
     predict.add_argument("--output", required=True, help="file to write, one probability per line")
     predict.add_argument("--no-verify", action="store_true", help="skip checking every file's sha256 at load")
+    predict.add_argument("--public-key", help=f"the PEM public key the export was signed for (default: "
+                         f"${PUBLIC_KEY_ENV}, else the per-user key.pub)")
+    predict.add_argument("--allow-unsigned", action="store_true", help="accept an export that is unsigned or "
+                         "whose signature does not check out")
     args = parser.parse_args(argv)
     try:
         if args.command == "export":
             print(_export(args))
         else:
-            model = InferenceModel.load(args.model, verify=not args.no_verify)
+            model = InferenceModel.load(args.model, verify=not args.no_verify, public_key=args.public_key,
+                                        allow_unsigned=args.allow_unsigned)
             files = expand_inputs(args.input)
             preds = model.predict_files(files)
             write_predictions(args.output, preds)
