@@ -29,8 +29,9 @@ MODEL_PREFIX = "model"
 PROGRAM_FILES = (f"{MODEL_PREFIX}.pdmodel", f"{MODEL_PREFIX}.pdiparams")
 ROWS_FEED = "{}.rows"  # the feed of one sparse slot's rows in the sharded format's program
 # Every op the four model families (components.ps.models: dnn, wide_deep, deepfm, dcn) export, in both formats,
-# with calibration and negative downsampling on and off and float16 rows (``cast``), and no other: tests/export/test_program.py exports each
-# and holds this list equal to what they use, so an op the exporter starts writing is added here by review.
+# with calibration and negative downsampling on and off and float16 rows (``cast``), and no other:
+# tests/export/test_program.py exports each and holds this list equal to what they use, so an op the exporter
+# starts writing is added here by review.
 ALLOWED_OPS = frozenset({
     "feed", "fetch", "lookup_table_v2", "sequence_pool", "concat", "reshape2", "flatten_contiguous_range", "slice",
     "stack", "mul", "elementwise_add", "elementwise_sub", "elementwise_mul", "reduce_sum", "relu", "sigmoid",
