@@ -26,6 +26,7 @@ from components.export.single import export_single
 from components.export.store import ExportStore
 from components.ps.scoring import read_test_split
 from tests.export.checkpoints import VOCAB, commit_checkpoint, make_checkpoint
+from tests.export.keys import new_key_pair
 
 TRAVERSALS = ("../../escaped.npy", "/tmp/absolute-escape.npy")
 
@@ -229,32 +230,19 @@ def test_a_tampered_delta_in_the_chain_refuses_the_store_and_leaves_a_loaded_mod
 
 
 def test_the_public_key_comes_from_the_argument_then_the_environment(store, tmp_path, monkeypatch):
-    other = tmp_path / "other"
-    other.mkdir()
-    (other / "key.pub").write_bytes(public_pem(Signer(_new_key(other / "key.pem")).key))
-    with pytest.raises(ServingModelError, match=f"with the public key {other / 'key.pub'}"):
-        InferenceModel.load(store, public_key=other / "key.pub")
-    monkeypatch.setenv(PUBLIC_KEY_ENV, str(other / "key.pub"))
+    _, other = new_key_pair(tmp_path / "other")
+    with pytest.raises(ServingModelError, match=f"with the public key {other}"):
+        InferenceModel.load(store, public_key=other)
+    monkeypatch.setenv(PUBLIC_KEY_ENV, str(other))
     with pytest.raises(ServingModelError, match="signed with another key"):
         InferenceModel.load(store)
     assert InferenceModel.load(store, public_key=user_key_dir() / PUBLIC_KEY).version == 2  # the argument first
 
 
-def _new_key(path: Path) -> Path:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                       serialization.NoEncryption()))
-    return path
-
-
 def test_an_export_signed_with_a_key_file_loads_with_its_public_key(ckpt, tmp_path):
-    key = _new_key(tmp_path / "key.pem")
-    (tmp_path / "key.pub").write_bytes(public_pem(Signer(key).key))
+    key, public = new_key_pair(tmp_path / "keys")
     model_dir = export_single(ckpt, tmp_path / "model", signing_key=str(key))
-    assert InferenceModel.load(model_dir, public_key=tmp_path / "key.pub").meta["format"] == "single"
+    assert InferenceModel.load(model_dir, public_key=public).meta["format"] == "single"
     with pytest.raises(ServingModelError, match="signed with another key"):
         InferenceModel.load(model_dir)  # the per-user key did not sign it
 
