@@ -46,8 +46,9 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
-from components.checkpoint.format import MANIFEST, MODEL_META, CheckpointError, file_digest
-from components.safe_paths import UnsafePathError, check_rel, inside
+from components.checkpoint.format import (MANIFEST, MODEL_META, CheckpointError, checkpoint_file,
+                                          file_digest)
+from components.safe_paths import UnsafePathError, check_rel
 
 log = logging.getLogger(__name__)
 
@@ -178,14 +179,6 @@ def _check_rel(rel: str) -> str:
     what every caller of the checkpoint store already handles."""
     try:
         return check_rel(rel, "a checkpoint")
-    except UnsafePathError as err:
-        raise CheckpointError(str(err)) from None
-
-
-def _local_target(local_dir: Path, rel: str) -> Path:
-    """Where ``rel`` of a checkpoint lands under ``local_dir``: inside it, symlinks included."""
-    try:
-        return inside(local_dir, rel, f"a checkpoint downloaded into {local_dir}")
     except UnsafePathError as err:
         raise CheckpointError(str(err)) from None
 
@@ -735,7 +728,7 @@ class CheckpointStore:
         return file_digest(tmp)
 
     def _download_file(self, ckpt_id: str, rel: str, expected: dict[str, Any], local_dir: Path) -> None:
-        target = _local_target(local_dir, rel)
+        target = checkpoint_file(local_dir, rel)
         tmp = target.with_name(f".{target.name}.part")
         url = self.url(ckpt_id, rel)
         path = self.fs_path(ckpt_id, rel)
