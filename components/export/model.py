@@ -134,15 +134,9 @@ class ShardedModel(InferenceModel):
         if latest is None:
             raise ServingModelError(f"{store.display_uri} is not a serving model: it holds no {MANIFEST}, and as an "
                                     "export store no published version")
-        downloads, cache = _cache(store, cache_dir)
+        cache, downloads = _cache(store, cache_dir)
         root = store.local_dir(latest, cache)
-        manifest = verifier.manifest(root)
-        if manifest["kind"] != DELTA:
-            model = cls._open_base(root, manifest, verifier, verify)
-        else:
-            model = cls._load_chain(store, manifest["chain"][:-1], root, verifier, verify, cache)
-        model._downloads = downloads
-        return model
+        return cls._load_chain(store, root, verifier.manifest(root), verifier, verify, cache, downloads)
 
     @classmethod
     def load_version(cls, root: Path, manifest: dict[str, Any], verifier: Verifier, verify: bool = True,
@@ -152,20 +146,23 @@ class ShardedModel(InferenceModel):
         if manifest["kind"] != DELTA:
             return cls._open_base(root, manifest, verifier, verify)
         store = _delta_store(root, manifest, verifier)
-        downloads, cache = _cache(store, cache_dir)
-        model = cls._load_chain(store, manifest["chain"][:-1], root, verifier, verify, cache)
-        model._downloads = downloads
-        return model
+        return cls._load_chain(store, root, manifest, verifier, verify, *_cache(store, cache_dir))
 
     @classmethod
-    def _load_chain(cls, store: ExportStore, chain: list[int], last: Path, verifier: Verifier, verify: bool,
-                    cache: Optional[Path]) -> ShardedModel:
-        """The base ``chain[0]`` with the deltas ``chain[1:]`` applied, then the delta directory ``last``; each
-        version's signature checked as it is read."""
-        base = store.local_dir(chain[0], cache)
-        model = cls._open_base(base, verifier.manifest(base), verifier, verify)
-        for root in [store.local_dir(version, cache) for version in chain[1:]] + [last]:
-            model.apply_delta(root, verify)
+    def _load_chain(cls, store: ExportStore, root: Path, manifest: dict[str, Any], verifier: Verifier, verify: bool,
+                    cache: Optional[Path], downloads: Optional[tempfile.TemporaryDirectory]) -> ShardedModel:
+        """The version at ``root``: a base, or the chain's base from ``store`` with each delta of the chain
+        applied, then ``root``'s; each version's signature checked as it is read. The model keeps ``downloads``
+        (the directory ``cache`` that versions fetched from a remote store went to) alive."""
+        if manifest["kind"] != DELTA:
+            model = cls._open_base(root, manifest, verifier, verify)
+        else:
+            chain = manifest["chain"]
+            base = store.local_dir(chain[0], cache)
+            model = cls._open_base(base, verifier.manifest(base), verifier, verify)
+            for delta in [store.local_dir(version, cache) for version in chain[1:-1]] + [root]:
+                model.apply_delta(delta, verify)
+        model._downloads = downloads
         return model
 
     @classmethod
@@ -236,16 +233,16 @@ class ShardedModel(InferenceModel):
         return out
 
 
-def _cache(store: ExportStore, cache_dir: Optional[str | os.PathLike]) -> tuple[Optional[tempfile.TemporaryDirectory],
-                                                                                Optional[Path]]:
-    """Where versions of ``store`` are downloaded: ``cache_dir``, else (a remote store) a temporary directory
-    that the model keeps alive; a local store is read in place."""
+def _cache(store: ExportStore, cache_dir: Optional[str | os.PathLike]) -> tuple[Optional[Path],
+                                                                                Optional[tempfile.TemporaryDirectory]]:
+    """``(directory, owner)``: where versions of ``store`` are downloaded (None: a local store, read in place):
+    ``cache_dir``, else a temporary directory, whose ``owner`` the model keeps alive."""
     if cache_dir is not None:
-        return None, Path(cache_dir)
+        return Path(cache_dir), None
     if store.local:
         return None, None
     downloads = tempfile.TemporaryDirectory(prefix="serving-")
-    return downloads, Path(downloads.name)
+    return Path(downloads.name), downloads
 
 
 def _delta_store(root: Path, manifest: dict[str, Any], verifier: Verifier) -> ExportStore:
