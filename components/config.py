@@ -14,6 +14,7 @@ import math
 import re
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
@@ -242,8 +243,13 @@ class ExportConfig:
     uri: Optional[str] = None
     # A new base after this many deltas (0: every export is a base).
     base_every: int = 8
-    # On Kubernetes: the Secret holding the export signing key pair (keys key.pem and key.pub). The export step
-    # signs with key.pem; an online server mounts key.pub alone, to verify what it loads.
+    # The private key that signs each export's serving.json (components/export/signing.py), which loaders check:
+    # auto (a per-user key pair under ~/.config/paddle-ps-pipelines/export-signing, made on first use; on
+    # Kubeflow the Secret signing_secret's key.pem), a PEM PKCS#8 EC P-256 key file, or none (unsigned exports,
+    # which loaders refuse unless told --allow-unsigned).
+    signing_key: str = "auto"
+    # Kubeflow: the Secret (keys key.pem and key.pub) mounted into the export step when signing_key is auto; an
+    # online server (cluster.serving) mounts key.pub alone, to verify what it loads.
     signing_secret: str = "ctr-export-signing"
 
 
@@ -503,6 +509,7 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
             _positive(key, value)
     if cfg.export.base_every < 0:
         raise ConfigError("export.base_every", cfg.export.base_every, "a number >= 0 (0: every export is a base)")
+    _validate_signing(cfg)
     if cfg.ps.mode is Mode.geo:
         _positive("ps.geo_k_steps", cfg.ps.geo_k_steps)
     if cfg.ps.mode is Mode.sync:
@@ -754,6 +761,7 @@ def _refuse_restore(cfg: CtrConfig, condition: str, why: str) -> None:
 
 
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 # Kubernetes quantities in the forms KFP accepts for a step's resources (kfp.dsl.PipelineTask).
 _CPU = re.compile(r"^([0-9]*[.])?[0-9]+m?$")
 _MEMORY = re.compile(r"^[0-9]+(E|Ei|P|Pi|T|Ti|G|Gi|M|Mi|K|Ki)?$")
@@ -764,6 +772,25 @@ KUEUE_BACKENDS = ("trainjob", "jobset")
 def is_remote_uri(uri: Optional[str]) -> bool:
     """A URL another machine can read (s3://, hdfs://, ...): not a local path, not file://."""
     return bool(uri) and "://" in uri and not uri.startswith("file://")  # type: ignore[operator]
+
+
+def _validate_signing(cfg: CtrConfig) -> None:
+    """``export.signing_key`` names a key the export step can read: a path only where this machine's files are
+    the step's (a Kubeflow step sees the Secret ``export.signing_secret``, which ``auto`` uses there)."""
+    key, secret = cfg.export.signing_key, cfg.export.signing_secret
+    words = ("auto", "none")
+    if not _DNS_SUBDOMAIN.match(secret or ""):
+        raise ConfigError("export.signing_secret", secret, "a Kubernetes Secret name (lowercase letters, digits, "
+                          "'-' and '.')")
+    if cfg.cluster.runner is PipelineRunner.kubeflow:
+        if key not in words:
+            raise ConfigError("export.signing_key", key, "auto or none when cluster.runner=kubeflow",
+                              f"put the key in the Secret {secret} (keys key.pem and key.pub) and use auto")
+        return
+    if key not in words and not (key and Path(key).expanduser().is_file()):
+        raise ConfigError("export.signing_key", key, "auto (the per-user key), none (unsigned exports) or the path "
+                          "of a PEM PKCS#8 EC P-256 private key file",
+                          "make one with `openssl genpkey -algorithm EC -pkeyopt ec_paramgen_curve:P-256 -out key.pem`")
 
 
 def _validate_cluster(cfg: CtrConfig) -> None:

@@ -35,6 +35,7 @@ from components.data_prep.component import convert_data, merge_data, plan_data
 from components.deploy.component import deploy_model
 from components.evaluate.component import evaluate_model
 from components.export.component import export_model
+from components.export.signing import AUTO, SECRET_MOUNT
 from components.resolve.component import resolve_config
 from components.resolve.step import RUN_PARAMETERS, config_struct, day_gated, run_parameters
 from components.train.backends.manifests import (KFP_RUN_LABEL, KFP_WORKFLOW_LABEL, LAUNCHER_TOKEN_DIR,
@@ -69,6 +70,7 @@ DAY_GATE, DAY_GATE_NAME = "condition-2", "the run's day is not trained yet"
 # whole, or, the clean-up, find nothing left to delete. Not resolve-config and plan-data (their failures are the
 # config's or the input's) nor train (the PS job restarts itself).
 RETRIED_TASKS = ("convert-data", "merge-data", "evaluate-model", "export-model", EXIT_TASK, DEPLOY_TASK)
+EXPORT_TASK = "export-model"
 RETRY_BACKOFF = "60s"  # then doubling
 # Each task's pod resources on Kubeflow: the ClusterConfig.steps field.
 STEP_RESOURCES = {"resolve-config": "resolve", "plan-data": "resolve", "convert-data": "prepare",
@@ -231,6 +233,16 @@ def add_kubeflow_settings(cfg: CtrConfig, tasks: dict) -> None:
         if name in RETRIED_TASKS and cfg.cluster.step_retries:
             task.set_retry(num_retries=cfg.cluster.step_retries, backoff_duration=RETRY_BACKOFF, backoff_factor=2.0)
     add_kubernetes_settings(cfg.cluster, tasks)
+    if cfg.export.signing_key == AUTO:
+        add_signing_key(cfg.export.signing_secret, tasks[EXPORT_TASK])
+
+
+def add_signing_key(secret: str, task) -> None:
+    """The export step's signing key: the Secret ``export.signing_secret`` (``key.pem``, ``key.pub``) mounted at
+    :data:`components.export.signing.SECRET_MOUNT`, into that step alone (no other step signs)."""
+    from kfp import kubernetes
+
+    kubernetes.use_secret_as_volume(task, secret_name=secret, mount_path=SECRET_MOUNT)
 
 
 def add_kubernetes_settings(cluster: ClusterConfig, tasks: dict) -> None:

@@ -68,6 +68,18 @@ def score_serving_model(serving_dir, data_dir) -> dict:
     return {"labels": labels, "preds": preds, "metrics": binary_metrics(labels, preds)}
 
 
+@pytest.fixture(scope="session", autouse=True)
+def per_user_config_in_tmp(tmp_path_factory):
+    """``$XDG_CONFIG_HOME`` in this session's tmp dir: the per-user export signing key pair
+    (:func:`components.export.signing.user_key_dir`) is made there on first use, never in the real home, and
+    every test (and the processes it starts) signs and verifies with that one pair. Session-scoped, so it is
+    in place before any module-scoped fixture exports."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("XDG_CONFIG_HOME", str(tmp_path_factory.getbasetemp() / "xdg-config"))
+        patch.delenv("CTR_SERVING_PUBLIC_KEY", raising=False)
+        yield
+
+
 @pytest.fixture
 def composed(tmp_path):
     """``composed(*overrides, run_dir=tmp_path)``: :func:`compose_config` of this test."""

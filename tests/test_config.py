@@ -114,6 +114,11 @@ def test_closed_vocabularies_fail_at_composition(config, override, allowed):
     (["data.negative_sample_rate=1.5"], "data.negative_sample_rate", 1.5),
     (["data.min_id_count=0"], "data.min_id_count", 0),
     (["data.weight_column=weight"], "data.weight_column", "weight"),  # synthetic rows carry none
+    # Issue 33: the export signing key, a file this machine holds or, on Kubeflow, the Secret's.
+    (["export.signing_key=/no/such/key.pem"], "export.signing_key", "/no/such/key.pem"),
+    (["export.signing_key=''"], "export.signing_key", ""),
+    ([*PROD, "export.signing_key=/keys/key.pem"], "export.signing_key", "/keys/key.pem"),
+    ([*PROD, "export.signing_secret=Bad_Name"], "export.signing_secret", "Bad_Name"),
 ])
 def test_validation_names_key_value_and_allowed(config, overrides, key, value):
     cfg = config(*overrides)
@@ -241,3 +246,12 @@ def test_no_option_file_merely_repeats_a_schema_default():
                 if value == default and not distinguishes:
                     repeats.append(f"{group_dir.name}/{option}.yaml: {key}: {value!r}")
     assert not repeats, "option files repeat schema defaults:\n" + "\n".join(repeats)
+
+
+def test_the_export_signing_key_is_auto_none_or_a_key_file(config, tmp_path):
+    assert config().export.signing_key == "auto" and config().export.signing_secret == "ctr-export-signing"
+    key = tmp_path / "key.pem"
+    key.write_text("a PEM file: the export step reads it")
+    for setting in ("auto", "none", str(key)):
+        validate(config(f"export.signing_key={setting}"))
+    validate(config(*PROD, "export.signing_key=none"), check_storage=False)

@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Optional
 import numpy as np
 
 from components.config import ExportDtype
+from components.safe_paths import UnsafePathError, inside
 
 if TYPE_CHECKING:
     from components.metrics import ScoreCounts
@@ -89,6 +90,15 @@ def write_json_atomic(path: Path, payload: Any) -> None:
     os.replace(tmp, path)
 
 
+def checkpoint_file(root: str | os.PathLike, rel: str) -> Path:
+    """Where the file ``rel`` that a manifest names is under ``root``: inside it, symlinks included
+    (:func:`components.safe_paths.inside`), else a :class:`CheckpointError`, what checkpoint readers handle."""
+    try:
+        return inside(root, rel, f"the checkpoint {root}")
+    except UnsafePathError as err:
+        raise CheckpointError(str(err)) from None
+
+
 def verify(root: str | os.PathLike, parts: Optional[tuple[str, ...]] = None) -> dict[str, Any]:
     """The manifest, after checking its files (those starting with one of ``parts``, or all).
 
@@ -103,7 +113,7 @@ def verify(root: str | os.PathLike, parts: Optional[tuple[str, ...]] = None) -> 
     for name, expected in manifest["files"].items():
         if parts is not None and not name.startswith(parts):
             continue
-        path = root / name
+        path = checkpoint_file(root, name)
         if not path.is_file():
             raise CheckpointError(f"checkpoint file {path} listed in {MANIFEST} is missing")
         if file_digest(path) != (expected["size"], expected["sha256"]):

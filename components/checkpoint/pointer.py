@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, Optional
 
-from components.checkpoint.format import SCORING_PARTS
+from components.checkpoint.format import SCORING_PARTS, checkpoint_file
 from components.checkpoint.store import CheckpointStore
 
 POINTER_FORMAT = 1
@@ -45,7 +45,7 @@ def fetch_file(uri: str, ckpt_id: str, rel: str, local_dir: str | os.PathLike) -
     too): how a reader that must not hold the whole checkpoint, the serving export reading the table one shard
     file at a time, fetches it."""
     CheckpointStore(uri).download(ckpt_id, local_dir, select=lambda name: name == rel)
-    return Path(local_dir) / rel
+    return checkpoint_file(local_dir, rel)
 
 
 @contextlib.contextmanager

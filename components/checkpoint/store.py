@@ -46,7 +46,9 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable
 
-from components.checkpoint.format import MANIFEST, MODEL_META, CheckpointError, file_digest
+from components.checkpoint.format import (MANIFEST, MODEL_META, CheckpointError, checkpoint_file,
+                                          file_digest)
+from components.safe_paths import UnsafePathError, check_rel
 
 log = logging.getLogger(__name__)
 
@@ -173,12 +175,12 @@ def _reason(exc: BaseException) -> str:
 
 
 def _check_rel(rel: str) -> str:
-    """A relative file name inside a checkpoint (posix, no ``..``, not absolute)."""
-    rel = str(rel).replace("\\", "/").strip("/")
-    parts = PurePosixPath(rel).parts
-    if not rel or rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise CheckpointError(f"bad file name {rel!r} in a checkpoint: it must be a relative path without '..'")
-    return "/".join(parts)
+    """A relative file name inside a checkpoint (:func:`components.safe_paths.check_rel`), as a CheckpointError:
+    what every caller of the checkpoint store already handles."""
+    try:
+        return check_rel(rel, "a checkpoint")
+    except UnsafePathError as err:
+        raise CheckpointError(str(err)) from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -726,7 +728,7 @@ class CheckpointStore:
         return file_digest(tmp)
 
     def _download_file(self, ckpt_id: str, rel: str, expected: dict[str, Any], local_dir: Path) -> None:
-        target = local_dir / rel
+        target = checkpoint_file(local_dir, rel)
         tmp = target.with_name(f".{target.name}.part")
         url = self.url(ckpt_id, rel)
         path = self.fs_path(ckpt_id, rel)

@@ -12,7 +12,6 @@ or mixes versions. A version that fails a check (sha256, parent, layout, signatu
 
 from __future__ import annotations
 
-import inspect
 import logging
 import tempfile
 import threading
@@ -36,21 +35,12 @@ class LoadOptions:
     allow_unsigned: bool = False
 
     def load(self, path: str) -> InferenceModel:
-        return InferenceModel.load(path, verify=self.verify, **self._signing(InferenceModel.load))
+        return InferenceModel.load(path, verify=self.verify, public_key=self.public_key,
+                                   allow_unsigned=self.allow_unsigned)
 
     def with_delta(self, model: ShardedModel, delta_dir: Path) -> ShardedModel:
-        return model.with_delta(delta_dir, verify=self.verify, **self._signing(model.with_delta))
-
-    def _signing(self, loader: Callable) -> dict:
-        """The signature options for ``loader``, which takes them once exports are signed
-        (:mod:`components.export.signing`); one it does not take may not be set."""
-        options = {"public_key": self.public_key, "allow_unsigned": self.allow_unsigned}
-        taken = inspect.signature(loader).parameters
-        unsupported = [name for name, value in options.items() if value and name not in taken]
-        if unsupported:
-            raise ServingModelError(f"{loader.__qualname__} takes no {', '.join(unsupported)}: this build does not "
-                                    "check export signatures")
-        return {name: value for name, value in options.items() if name in taken}
+        """The delta's signature is checked with the key ``model`` was loaded with."""
+        return model.with_delta(delta_dir, verify=self.verify)
 
 
 def followed_store(model_uri: str, model: InferenceModel) -> Optional[str]:

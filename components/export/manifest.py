@@ -13,14 +13,16 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from components.checkpoint.format import file_digest
 from components.data_prep.hashing import HASH_FUNCTION, check_hash_function
 from components.data_prep.transform import ID_COUNTS_FILE, TRANSFORM_DIR, TRANSFORM_FILE, Transform, TransformError
 from components.ps.scoring import DOWNSAMPLING_CORRECTION, negative_sample_rate
+from components.safe_paths import UnsafePathError, check_rel, inside
 
 MANIFEST = "serving.json"
+SIGNATURE = f"{MANIFEST}.sig"  # beside it: components.export.signing
 FORMAT_VERSION = 1
 FORMATS = ("single", "sharded")  # export.format
 
@@ -84,13 +86,30 @@ def load_transform(root: Path, manifest: dict[str, Any]) -> Optional[Transform]:
     if manifest.get("transform") is None:
         return None
     try:
-        transform = Transform.load(root / TRANSFORM_DIR)
+        transform = Transform.load(local_file(root, TRANSFORM_DIR))
     except (TransformError, ValueError) as err:
         raise ServingModelError(f"{root}: {err}") from None
     if transform.to_dict() != manifest["transform"] or transform.schema.to_dict() != manifest["schema"]:
         raise ServingModelError(f"{root}: {TRANSFORM_DIR}/{TRANSFORM_FILE} is not the transform {MANIFEST} "
                                 "describes: altered, refusing it")
     return transform
+
+
+def store_rel(rel: str, where: str) -> str:
+    """``rel``, a file name a manifest gave, checked to stay inside its version (:func:`check_rel`) as a
+    :class:`ServingModelError`: a store's writer controls ``serving.json``, a reader must not follow it out."""
+    try:
+        return check_rel(rel, f"{MANIFEST} of {where}")
+    except UnsafePathError as err:
+        raise ServingModelError(str(err)) from None
+
+
+def local_file(root: Path, rel: str) -> Path:
+    """``root/rel`` on this machine, refused unless it stays inside ``root``, symlinks followed (:func:`inside`)."""
+    try:
+        return inside(root, rel, f"{MANIFEST} of {root}")
+    except UnsafePathError as err:
+        raise ServingModelError(str(err)) from None
 
 
 def file_entries(root: Path, rels: Iterable[str]) -> dict[str, dict[str, Any]]:
@@ -102,19 +121,33 @@ def file_entries(root: Path, rels: Iterable[str]) -> dict[str, dict[str, Any]]:
     return entries
 
 
-def write_manifest(root: Path, manifest: dict[str, Any]) -> None:
-    (root / MANIFEST).write_text(json.dumps(manifest, indent=2, sort_keys=True))
+def write_manifest(root: Path, manifest: dict[str, Any], sign: Optional[Callable[[bytes], bytes]] = None) -> None:
+    """``root/serving.json`` and, with ``sign`` (:class:`components.export.signing.Signer`), its signature of
+    those exact bytes, written first: a reader that sees ``serving.json`` sees its signature too."""
+    data = json.dumps(manifest, indent=2, sort_keys=True).encode()
+    if sign is not None:
+        (root / SIGNATURE).write_bytes(sign(data))
+    (root / MANIFEST).write_bytes(data)
 
 
 def read_manifest(root: str | os.PathLike) -> dict[str, Any]:
-    """``root/serving.json``, checked to be a format and version this code reads, with a hash function it implements."""
+    """``root/serving.json`` as :func:`parse_manifest` checks it, its signature unchecked (the exporter's and
+    the loader's own reads; a loader of a store goes through :class:`components.export.signing.Verifier`)."""
     path = Path(root) / MANIFEST
     if not path.is_file():
         raise ServingModelError(f"{root} is not a serving model: {MANIFEST} is missing")
+    return parse_manifest(path, path.read_bytes())
+
+
+def parse_manifest(path: Path, data: bytes) -> dict[str, Any]:
+    """``data`` (the bytes of ``path``), checked to be a format and version this code reads, with a hash
+    function it implements."""
     try:
-        manifest = json.loads(path.read_text())
+        manifest = json.loads(data)
     except ValueError as err:
         raise ServingModelError(f"{path} is not valid JSON ({err}): truncated or altered") from None
+    if not isinstance(manifest, dict):
+        raise ServingModelError(f"{path} holds no JSON object: truncated or altered")
     if manifest.get("format") not in FORMATS or manifest.get("format_version") != FORMAT_VERSION:
         raise ServingModelError(f"{path}: format {manifest.get('format')!r} version "
                                 f"{manifest.get('format_version')!r}; this code reads {' and '.join(FORMATS)} "
@@ -139,7 +172,7 @@ def verify_file(path: Path, expected: dict[str, Any]) -> None:
 def verify_files(root: Path, manifest: dict[str, Any]) -> None:
     """Check every file ``manifest`` lists under ``root`` (:func:`verify_file`)."""
     for rel, expected in sorted(manifest["files"].items()):
-        verify_file(root / rel, expected)
+        verify_file(local_file(root, rel), expected)
 
 
 def check_replaceable(out: Path) -> None:

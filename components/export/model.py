@@ -5,9 +5,10 @@
   id-sorted shards; :meth:`ShardedModel.apply_delta` moves a loaded model to the next version, and
   :meth:`ShardedModel.with_delta` makes the next version's model beside it (what a server swaps in while serving).
 
-:meth:`InferenceModel.load` reads either, checking every file against ``serving.json``'s sha256. A model exported
-with its dataset holds the training data's transform (:attr:`InferenceModel.transform`), so it scores raw records
-and serving instances as well as MultiSlot shards.
+:meth:`InferenceModel.load` reads either, checking each version's signature (:mod:`components.export.signing`)
+before anything else, then every file against ``serving.json``'s sha256. A model exported with its dataset holds
+the training data's transform (:attr:`InferenceModel.transform`), so it scores raw records and serving instances as
+well as MultiSlot shards.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components.data_prep.parsed import WeightError
 from components.data_prep.transform import Transform
 from components.export.delta import DELTA, LAYOUT_KEYS
-from components.export.manifest import MANIFEST, ServingModelError, load_transform, read_manifest, verify_files
+from components.export.manifest import MANIFEST, ServingModelError, load_transform, verify_files
 from components.export.program import LoadedProgram, load_program
 from components.export.shards import ShardedTable
+from components.export.signing import Verifier
 from components.export.single import IDS_FILE
 from components.export.store import ExportStore
 from components.ps.models import EMBEDDING_TABLE
@@ -37,11 +39,11 @@ class InferenceModel:
     """An exported model loaded for scoring: ``predict(dense, sparse) -> probabilities``; :meth:`load` reads
     either format."""
 
-    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram):
+    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram, verifier: Verifier):
         if program.feed_names != list(meta["feed_names"]):
             raise ServingModelError(f"{root}: the program feeds {program.feed_names}, {MANIFEST} says "
                                     f"{meta['feed_names']}")
-        self.root, self.meta, self.program = root, meta, program
+        self.root, self.meta, self.program, self.verifier = root, meta, program, verifier
         self.version: Optional[int] = meta.get("version")  # a sharded export's; None for a single-file model
         self.schema = Schema.from_dict(meta["schema"])
         # None: exported without its dataset; such a model scores shards only.
@@ -51,20 +53,25 @@ class InferenceModel:
         self.sparse_names = feeds[1:] if self.schema.dense_dim else list(feeds)
 
     @classmethod
-    def load(cls, path: str | os.PathLike, verify: bool = True,
-             cache_dir: Optional[str | os.PathLike] = None) -> InferenceModel:
+    def load(cls, path: str | os.PathLike, verify: bool = True, public_key: Optional[str | os.PathLike] = None,
+             allow_unsigned: bool = False, cache_dir: Optional[str | os.PathLike] = None) -> InferenceModel:
         """The model at ``path``: a single-file model, a sharded version directory (a delta: its chain is loaded
         from the export store its ``serving.json`` names) or an export store (any fsspec URL: its latest
         version). Versions of a store that is not local are downloaded into ``cache_dir`` (default: a
-        temporary directory that lives as long as the model). Raises :class:`ServingModelError` for an
-        incomplete, inconsistent or (``verify``: sha256) altered model."""
+        temporary directory that lives as long as the model).
+
+        Each version's signature is checked first (:class:`~components.export.signing.Verifier`: the key
+        ``public_key``, else ``$CTR_SERVING_PUBLIC_KEY``, else the per-user ``key.pub``; ``allow_unsigned``
+        skips it), then (``verify``) every file's sha256. Raises :class:`ServingModelError` for an unsigned,
+        incomplete, inconsistent or altered model."""
+        verifier = Verifier(public_key, allow_unsigned)
         local = None if "://" in str(path) else Path(path)
         if local is None or not (local / MANIFEST).is_file():
-            return ShardedModel.load_store(str(path), verify, cache_dir)
-        manifest = read_manifest(local)
+            return ShardedModel.load_store(str(path), verifier, verify, cache_dir)
+        manifest = verifier.manifest(local)
         if manifest["format"] == ExportFormat.single.value:
-            return SingleModel.open(local, manifest, verify)
-        return ShardedModel.load_version(local, manifest, verify, cache_dir)
+            return SingleModel.open(local, manifest, verifier, verify)
+        return ShardedModel.load_version(local, manifest, verifier, verify, cache_dir)
 
     def predict(self, dense: Optional[np.ndarray], sparse: Sequence[RaggedIds]) -> np.ndarray:
         """Click probabilities (float32 ``[n]``) of ``n`` examples.
@@ -117,12 +124,14 @@ class InferenceModel:
 class SingleModel(InferenceModel):
     """A single-file model (:mod:`components.export.single`): the program looks rows up in its own table."""
 
-    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram, ids: np.ndarray):
-        super().__init__(root, meta, program)
+    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram, verifier: Verifier,
+                 ids: np.ndarray):
+        super().__init__(root, meta, program, verifier)
         self.ids = ids
 
     @classmethod
-    def open(cls, root: Path, meta: dict[str, Any], verify: bool = True) -> SingleModel:
+    def open(cls, root: Path, meta: dict[str, Any], verifier: Verifier, verify: bool = True) -> SingleModel:
+        """The model at ``root`` whose ``meta`` ``verifier`` read."""
         if verify:
             verify_files(root, meta)
         ids = np.load(root / IDS_FILE)
@@ -132,7 +141,7 @@ class SingleModel(InferenceModel):
         if rows != len(ids) + 1:
             raise ServingModelError(f"{root}: the embedding table has {rows} rows, {IDS_FILE} holds {len(ids)} ids "
                                     "(expected one more row: the zero row of unseen ids)")
-        return cls(root, meta, program, ids)
+        return cls(root, meta, program, verifier, ids)
 
     def _predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
         return predict_batches(self.program.run, self.ids, self.dense_name, self.sparse_names, dense, sparse)[:, 0]
@@ -143,56 +152,70 @@ class ShardedModel(InferenceModel):
     shards (:class:`~components.export.shards.ShardedTable`). The version's directories must stay in place
     while it is loaded."""
 
-    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram, table: ShardedTable):
-        super().__init__(root, meta, program)
+    def __init__(self, root: Path, meta: dict[str, Any], program: LoadedProgram, verifier: Verifier,
+                 table: ShardedTable):
+        super().__init__(root, meta, program, verifier)
         self.table = table
         self.on_lookup: Optional[Callable[[int], None]] = None  # told how many rows each batch looks up
         self._downloads: Optional[tempfile.TemporaryDirectory] = None  # versions fetched from a remote store
 
     @classmethod
-    def load_store(cls, uri: str, verify: bool = True,
+    def load_store(cls, uri: str, verifier: Verifier, verify: bool = True,
                    cache_dir: Optional[str | os.PathLike] = None) -> ShardedModel:
-        """The latest version of the export store ``uri``."""
+        """The latest version of the export store ``uri``: its chain is the one its signed ``serving.json``
+        names, not the store's unchecked copy."""
         store = ExportStore(uri)
         latest = store.latest()
         if latest is None:
             raise ServingModelError(f"{store.display_uri} is not a serving model: it holds no {MANIFEST}, and as an "
                                     "export store no published version")
-        return cls._load_chain(store, store.manifest(latest)["chain"], None, verify, cache_dir)
+        cache, downloads = _cache(store, cache_dir)
+        root = store.local_dir(latest, cache)
+        return cls._load_chain(store, root, verifier.manifest(root), verifier, verify, cache, downloads)
 
     @classmethod
-    def load_version(cls, root: Path, manifest: dict[str, Any], verify: bool = True,
+    def load_version(cls, root: Path, manifest: dict[str, Any], verifier: Verifier, verify: bool = True,
                      cache_dir: Optional[str | os.PathLike] = None) -> ShardedModel:
-        """The version at ``root``: a base, or a delta whose chain's other versions come from its store."""
+        """The version at ``root`` (``manifest``: its ``serving.json`` as ``verifier`` read it): a base, or a
+        delta whose chain's other versions come from its store (:func:`_delta_store`)."""
         if manifest["kind"] != DELTA:
-            return cls._open_base(root, manifest, verify)
-        return cls._load_chain(ExportStore(manifest["store"]), manifest["chain"][:-1], root, verify, cache_dir)
+            return cls._open_base(root, manifest, verifier, verify)
+        store = _delta_store(root, manifest, verifier)
+        return cls._load_chain(store, root, manifest, verifier, verify, *_cache(store, cache_dir))
 
     @classmethod
-    def _load_chain(cls, store: ExportStore, chain: list[int], last: Optional[Path], verify: bool,
-                    cache_dir: Optional[str | os.PathLike]) -> ShardedModel:
-        """The base ``chain[0]`` with the deltas ``chain[1:]`` applied, then the delta directory ``last``, if any."""
-        downloads = tempfile.TemporaryDirectory(prefix="serving-") if cache_dir is None and not store.local else None
-        cache = Path(downloads.name) if downloads else (Path(cache_dir) if cache_dir else None)
-        base = store.local_dir(chain[0], cache)
-        model = cls._open_base(base, read_manifest(base), verify)
+    def _load_chain(cls, store: ExportStore, root: Path, manifest: dict[str, Any], verifier: Verifier, verify: bool,
+                    cache: Optional[Path], downloads: Optional[tempfile.TemporaryDirectory]) -> ShardedModel:
+        """The version at ``root``: a base, or the chain's base from ``store`` with each delta of the chain
+        applied, then ``root``'s; each version's signature checked as it is read. The model keeps ``downloads``
+        (the directory ``cache`` that versions fetched from a remote store went to) alive."""
+        if manifest["kind"] != DELTA:
+            model = cls._open_base(root, manifest, verifier, verify)
+        else:
+            chain = manifest["chain"]
+            base = store.local_dir(chain[0], cache)
+            model = cls._open_base(base, verifier.manifest(base), verifier, verify)
+            for delta in [store.local_dir(version, cache) for version in chain[1:-1]] + [root]:
+                model.apply_delta(delta, verify)
         model._downloads = downloads
-        for root in [store.local_dir(version, cache) for version in chain[1:]] + ([last] if last else []):
-            model.apply_delta(root, verify)
         return model
 
     @classmethod
-    def _open_base(cls, root: Path, manifest: dict[str, Any], verify: bool) -> ShardedModel:
+    def _open_base(cls, root: Path, manifest: dict[str, Any], verifier: Verifier, verify: bool) -> ShardedModel:
+        if manifest["kind"] == DELTA:
+            raise ServingModelError(f"{root}: version {manifest['version']} is a delta where its chain names a base: "
+                                    "the store is altered")
         if verify:
             verify_files(root, manifest)
         table = ShardedTable(manifest["shard_num"], manifest["embedding_dim"])
         table.push(root, manifest)
-        return cls(root, manifest, load_program(root), table)
+        return cls(root, manifest, load_program(root), verifier, table)
 
     def apply_delta(self, delta_dir: str | os.PathLike, verify: bool = True) -> None:
         """Move the loaded model to the delta at ``delta_dir``: its dense program, and its rows and tombstones on
-        top of the loaded ones. A delta whose parent is not the loaded version is refused, naming both. In place:
-        for a model no other thread is using (a server uses :meth:`with_delta`)."""
+        top of the loaded ones. A delta whose parent is not the loaded version, or whose signature does not
+        check out with the key the model was loaded with, is refused, naming both. In place: for a model no other
+        thread is using (a server uses :meth:`with_delta`)."""
         root, manifest, program = self._checked_delta(Path(delta_dir), verify)
         transform = load_transform(root, manifest)  # each version its own (a new day's counts)
         self.table.push(root, manifest)
@@ -206,13 +229,14 @@ class ShardedModel(InferenceModel):
         root, manifest, program = self._checked_delta(Path(delta_dir), verify)
         table = self.table.copy()
         table.push(root, manifest)
-        model = type(self)(root, manifest, program, table)
+        model = type(self)(root, manifest, program, self.verifier, table)
         model.on_lookup, model._downloads = self.on_lookup, self._downloads
         return model
 
     def _checked_delta(self, root: Path, verify: bool) -> tuple[Path, dict[str, Any], LoadedProgram]:
-        """The delta at ``root`` (its manifest and program) once it is known to apply to this model."""
-        manifest = read_manifest(root)
+        """The delta at ``root`` (its manifest, read through the signature check, and program) once it is known
+        to apply to this model."""
+        manifest = self.verifier.manifest(root)
         if manifest["format"] != ExportFormat.sharded.value or manifest["kind"] != DELTA:
             raise ServingModelError(f"{root} is not a delta of a sharded export ({manifest['format']} "
                                     f"{manifest.get('kind', '')}): load it instead")
@@ -263,3 +287,30 @@ class ShardedModel(InferenceModel):
                 at += hi - lo
             out[start:stop] = np.asarray(self.program.run(feed), np.float32).reshape(-1)
         return out
+
+
+def _cache(store: ExportStore, cache_dir: Optional[str | os.PathLike]) -> tuple[Optional[Path],
+                                                                                Optional[tempfile.TemporaryDirectory]]:
+    """``(directory, owner)``: where versions of ``store`` are downloaded (None: a local store, read in place):
+    ``cache_dir``, else a temporary directory, whose ``owner`` the model keeps alive."""
+    if cache_dir is not None:
+        return Path(cache_dir), None
+    if store.local:
+        return None, None
+    downloads = tempfile.TemporaryDirectory(prefix="serving-")
+    return Path(downloads.name), downloads
+
+
+def _delta_store(root: Path, manifest: dict[str, Any], verifier: Verifier) -> ExportStore:
+    """The store a delta's chain is read from: the one its ``serving.json`` names, followed only when it is the
+    directory the delta sits in, or when the signature vouched for the name (a copy of a signed delta, such as
+    the run's ``serving_model``, whose chain is then checked version by version with the same key). An unsigned
+    delta accepted with ``allow_unsigned`` never leads the loader elsewhere."""
+    named = ExportStore(manifest["store"])
+    if named.local and Path(named.root).resolve() == root.resolve().parent:
+        return named
+    if verifier.checks:
+        return named
+    raise ServingModelError(f"{root}: an unsigned delta names the export store {named.display_uri}, not the "
+                            f"directory it sits in ({root.resolve().parent}): refusing to follow it; load the "
+                            "store itself, or sign the export with export.signing_key")

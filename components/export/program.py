@@ -5,6 +5,10 @@ The sharded format saves :func:`rows_program`: the same network (:func:`componen
 whose lookup is a feed, per sparse slot, of the rows already looked up (``<slot>.rows``: float32
 ``[total_ids, dim]``, one LoD sequence per example), so everything after the lookup is the single-file model's,
 the negative-downsampling correction and the calibration included.
+
+A loaded program runs whatever ops its file holds, and Paddle has ops that read and write files (``save``,
+``load``, ``print``...). :func:`load_program` parses the file first and refuses any op outside
+:data:`ALLOWED_OPS` (what the exporter writes) before a parameter is loaded or anything runs.
 """
 
 from __future__ import annotations
@@ -19,11 +23,21 @@ import numpy as np
 from components.checkpoint.format import CheckpointError
 from components.config import from_dict
 from components.data_prep.multislot import Schema
+from components.export.manifest import ServingModelError
 from components.ps.scoring import negative_sample_rate, network_program
 
 MODEL_PREFIX = "model"
 PROGRAM_FILES = (f"{MODEL_PREFIX}.pdmodel", f"{MODEL_PREFIX}.pdiparams")
 ROWS_FEED = "{}.rows"  # the feed of one sparse slot's rows in the sharded format's program
+# Every op the four model families (components.ps.models: dnn, wide_deep, deepfm, dcn) export, in both formats,
+# with calibration and negative downsampling on and off and float16 rows (``cast``), and no other:
+# tests/export/test_program.py exports each and holds this list equal to what they use, so an op the exporter
+# starts writing is added here by review.
+ALLOWED_OPS = frozenset({
+    "feed", "fetch", "lookup_table_v2", "sequence_pool", "concat", "reshape2", "flatten_contiguous_range", "slice",
+    "stack", "mul", "elementwise_add", "elementwise_sub", "elementwise_mul", "reduce_sum", "relu", "sigmoid",
+    "scale", "cast",
+})
 
 
 @dataclass
@@ -57,13 +71,32 @@ def save_inference(staging: Path, feeds: list, prob: Any, program: Any, scope: A
 
 
 def load_program(root: Path) -> LoadedProgram:
+    """The program saved under ``root``, loaded only when :func:`check_ops` accepts it. The bytes checked are the
+    bytes loaded (each file is read once), so a file swapped in between cannot slip past the check."""
     import paddle
 
     paddle.enable_static()
+    model_file = root / PROGRAM_FILES[0]
+    model_bytes, params_bytes = model_file.read_bytes(), (root / PROGRAM_FILES[1]).read_bytes()
+    check_ops(paddle.static.deserialize_program(model_bytes), model_file)
     scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
     with paddle.static.scope_guard(scope):
-        program, feed_names, fetch_targets = paddle.static.load_inference_model(str(root / MODEL_PREFIX), exe)
+        program, feed_names, fetch_targets = paddle.static.load_inference_model(
+            None, exe, model_filename=model_bytes, params_filename=params_bytes)
     return LoadedProgram(program, list(feed_names), fetch_targets, scope, exe)
+
+
+def program_ops(program: Any) -> set[str]:
+    """The op types of every block of ``program``."""
+    return {op.type for block in program.blocks for op in block.ops}
+
+
+def check_ops(program: Any, path: Path) -> None:
+    """Refuse a program holding an op the exporter never writes (:data:`ALLOWED_OPS`), naming it, in one line."""
+    foreign = sorted(program_ops(program) - ALLOWED_OPS)
+    if foreign:
+        raise ServingModelError(f"{path} holds op(s) {', '.join(foreign)} that no export writes: refusing to load "
+                                "it (altered, or written by other code); re-export the checkpoint")
 
 
 @dataclass

@@ -8,7 +8,10 @@ Two formats (``export.format``; ``serving.json["format"]`` says which a director
   batches touch, not the table, and :meth:`ShardedModel.apply_delta` moves a loaded model to the next version.
 * ``single`` (:mod:`components.export.single`): one Paddle inference model holding every row (small tables).
 
-Every file is checked against ``serving.json``'s sha256 when a model loads (``verify=False`` skips it).
+Every export's ``serving.json`` is signed (``--signing-key``, :mod:`components.export.signing`); a model loads
+only once that signature checks out with the operator's public key (``--public-key``, else
+``$CTR_SERVING_PUBLIC_KEY``, else the per-user ``key.pub``; ``--allow-unsigned`` accepts any), then every
+file is checked against ``serving.json``'s sha256 (``verify=False`` skips that).
 
 How to run it on new data
 -------------------------
@@ -73,6 +76,7 @@ from components.data_prep.sources import Unit, list_inputs, read_blocks
 from components.export.manifest import ServingModelError, read_manifest
 from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
+from components.export.signing import AUTO, PUBLIC_KEY_ENV
 from components.export.single import export_single
 
 INPUT_FORMATS = ("records", "shards")  # predict --input-format
@@ -126,11 +130,12 @@ def _export(args: argparse.Namespace) -> str:
     """Run the ``export`` command; returns its one-line summary."""
     dtype = ExportDtype(args.dtype)
     if args.format == ExportFormat.single.value:
-        out = export_single(args.checkpoint, args.out, dtype, dataset_dir=args.dataset)
+        out = export_single(args.checkpoint, args.out, dtype, dataset_dir=args.dataset, signing_key=args.signing_key)
         meta = read_manifest(out)
         return (f"serving model {meta['model_name']} ({meta['table_rows'] - 1} rows, feeds "
                 f"{', '.join(meta['feed_names'])}) -> {out}")
-    meta = export_sharded(args.checkpoint, args.out, dtype, args.base_every, dataset_dir=args.dataset)
+    meta = export_sharded(args.checkpoint, args.out, dtype, args.base_every, dataset_dir=args.dataset,
+                          signing_key=args.signing_key)
     on = f" on version {meta['parent']}" if meta["parent"] is not None else ""
     return (f"serving version {meta['version']} ({meta['kind']}{on}) of {meta['model_name']}: {meta['rows']} rows "
             f"in {meta['shard_num']} shards, {meta['written_rows']} written, {meta['removed_rows']} removed -> "
@@ -172,6 +177,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                         "(0: always a base)")
     export.add_argument("--dataset", help="the prepared dataset the checkpoint trained on: its transform goes "
                         "with the model, which then scores raw records (without it: MultiSlot shards only)")
+    export.add_argument("--signing-key", default=AUTO, help="the PEM PKCS#8 EC P-256 private key that signs "
+                        "serving.json (export.signing_key); auto: the per-user key, made on first use; none: unsigned")
     predict = commands.add_parser("predict", help="score raw records or MultiSlot files with an exported model")
     predict.add_argument("--model", required=True, help="a model or version directory, or an export store")
     predict.add_argument("--input", required=True, nargs="+", help="files, globs (quote them), directories or "
@@ -180,14 +187,20 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                          "data's format (the default when the model has a transform); shards: MultiSlot files")
     predict.add_argument("--output", required=True, help="file to write, one probability per line")
     predict.add_argument("--no-verify", action="store_true", help="skip checking every file's sha256 at load")
+    predict.add_argument("--public-key", help=f"the PEM public key the export was signed for (default: "
+                         f"${PUBLIC_KEY_ENV}, else the per-user key.pub)")
+    predict.add_argument("--allow-unsigned", action="store_true", help="accept an export that is unsigned or "
+                         "whose signature does not check out")
     serve = commands.add_parser("serve", help="serve a model online (KServe v1 and v2), following its export store")
     serve.add_argument("--model", required=True, help="an export store (any fsspec URL) or a version or model "
                        "directory (a sharded version follows the store it names)")
     serve.add_argument("--host", default="127.0.0.1", help="0.0.0.0 in a container")
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--name", default="ctr", help="the model name in the request paths")
-    serve.add_argument("--public-key", help="the exporter's PEM public key that signs serving.json")
-    serve.add_argument("--allow-unsigned", action="store_true", help="serve exports that are not signed")
+    serve.add_argument("--public-key", help=f"the PEM public key the exports are signed for (default: "
+                       f"${PUBLIC_KEY_ENV}, else the per-user key.pub)")
+    serve.add_argument("--allow-unsigned", action="store_true", help="serve exports that are unsigned or whose "
+                       "signature does not check out")
     serve.add_argument("--poll-seconds", type=float, default=10.0, help="how often to look for a new version "
                        "(0: never)")
     serve.add_argument("--max-batch", type=int, default=1024, help="the most instances one request may hold")
@@ -198,7 +211,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         elif args.command == "serve":
             _serve(args)
         else:
-            model = InferenceModel.load(args.model, verify=not args.no_verify)
+            model = InferenceModel.load(args.model, verify=not args.no_verify, public_key=args.public_key,
+                                        allow_unsigned=args.allow_unsigned)
             input_format = args.input_format or ("records" if model.transform is not None else "shards")
             if input_format == "records":
                 preds, count = predict_record_files(model, args.input)

@@ -32,6 +32,7 @@ from components.config import ExportDtype
 from components.data_prep.multislot import Schema
 from components.export.delta import DELTA, diff_shard, plan_version, rebuilt_shard
 from components.export.manifest import checkpoint_facts, copy_transform, file_entries, write_manifest
+from components.export.signing import AUTO, signer
 from components.export.program import PROGRAM_FILES, rows_program, save_inference
 from components.export.shards import IDS, ROWS, TOMBSTONES, narrowed, write_shard
 from components.export.store import ExportStore
@@ -41,20 +42,22 @@ from components.ps.models import EMBEDDING_TABLE
 
 def export_sharded(checkpoint_dir: str | os.PathLike, store_uri: str, dtype: ExportDtype = ExportDtype.float32,
                    base_every: int = 8, source: Optional[dict] = None,
-                   fetch: Optional[FetchFile] = None,
-                   dataset_dir: Optional[str | os.PathLike] = None) -> dict[str, Any]:
+                   fetch: Optional[FetchFile] = None, dataset_dir: Optional[str | os.PathLike] = None,
+                   signing_key: str = AUTO) -> dict[str, Any]:
     """Export the committed checkpoint at ``checkpoint_dir`` (its table files through ``fetch``, see
     :class:`~components.export.table.CheckpointTable`) as the next version of the export store ``store_uri``:
     a base, or a delta on the latest version (:func:`components.export.delta.plan_version`). ``source`` is
     recorded as where the checkpoint lives (default ``{"path": checkpoint_dir}``). ``dataset_dir``: the dataset the
     checkpoint trained on, whose transform the version holds (every version its own: a new day's dataset may map
-    ids by new counts; :func:`components.export.manifest.copy_transform`). Returns the version's
-    ``serving.json``; a failure leaves no version behind.
+    ids by new counts; :func:`components.export.manifest.copy_transform`). ``signing_key`` is
+    ``export.signing_key`` (:func:`components.export.signing.signer`). Returns the version's ``serving.json``; a
+    failure leaves no version behind.
     """
     import paddle
 
     if base_every < 0:
         raise ValueError(f"export.base_every must be >= 0 (0: every export is a base), got {base_every}")
+    sign = signer(signing_key)  # a key that cannot sign fails before any work
     table = CheckpointTable(checkpoint_dir, fetch)  # verifies the manifest first
     store = ExportStore(store_uri)
     latest = store.latest()
@@ -104,7 +107,7 @@ def export_sharded(checkpoint_dir: str | os.PathLike, store_uri: str, dtype: Exp
                                             *(entry[kind] for entry in shards for kind in (IDS, ROWS, TOMBSTONES)
                                               if kind in entry)]),
         }
-        write_manifest(staging, manifest)
+        write_manifest(staging, manifest, sign)
     return manifest
 
 

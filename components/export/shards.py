@@ -22,6 +22,7 @@ from typing import Any, Optional
 import numpy as np
 
 from components.config import ExportDtype
+from components.export.manifest import local_file
 
 SHARDS = "shards"
 IDS, ROWS, TOMBSTONES = "ids", "rows", "tombstones"
@@ -98,10 +99,11 @@ class ShardedTable:
         return table
 
     def push(self, root: Path, manifest: dict[str, Any]) -> None:
-        """Add the version at ``root``: a base replaces every layer, a delta goes on top."""
+        """Add the version at ``root``: a base replaces every layer, a delta goes on top. The file names come
+        from ``serving.json``: each must stay inside ``root``."""
         delta = manifest["kind"] == "delta"
         for index, entry in enumerate(manifest["shards"]):
-            layer = ShardLayer.read({kind: root / entry[kind] for kind in shard_files(index, delta)})
+            layer = ShardLayer.read({kind: local_file(root, entry[kind]) for kind in shard_files(index, delta)})
             self.layers[index] = [*self.layers[index], layer] if delta else [layer]
 
     def lookup(self, ids: np.ndarray) -> np.ndarray:

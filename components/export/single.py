@@ -37,6 +37,7 @@ from components.config import ExportDtype
 from components.data_prep.multislot import Schema
 from components.export.manifest import (check_replaceable, checkpoint_facts, copy_transform, file_entries, swap_in,
                                         write_manifest)
+from components.export.signing import AUTO, signer
 from components.export.program import PROGRAM_FILES, save_inference
 from components.export.shards import narrowed
 from components.export.table import CheckpointTable, FetchFile
@@ -47,7 +48,8 @@ IDS_FILE = "ids.npy"
 
 def export_single(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike,
                   dtype: ExportDtype = ExportDtype.float32, source: Optional[dict] = None,
-                  fetch: Optional[FetchFile] = None, dataset_dir: Optional[str | os.PathLike] = None) -> Path:
+                  fetch: Optional[FetchFile] = None, dataset_dir: Optional[str | os.PathLike] = None,
+                  signing_key: str = AUTO) -> Path:
     """Export the committed checkpoint at ``checkpoint_dir`` (its table files through ``fetch``, see
     :class:`~components.export.table.CheckpointTable`) as a single-file serving model ``out_dir``.
 
@@ -55,10 +57,12 @@ def export_single(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike,
     store, "id": checkpoint id}``), by default ``{"path": checkpoint_dir}``. ``out_dir`` may be absent, empty or
     an earlier serving model (replaced as a whole); any other existing path is refused. ``dataset_dir``: the
     dataset the checkpoint trained on, whose transform the model then holds (``transform/``, raw records in:
-    :func:`components.export.manifest.copy_transform`). Returns ``out_dir``.
+    :func:`components.export.manifest.copy_transform`). ``signing_key`` is ``export.signing_key``
+    (:func:`components.export.signing.signer`). Returns ``out_dir``.
     """
     import paddle
 
+    sign = signer(signing_key)  # a key that cannot sign fails before any work
     table = CheckpointTable(checkpoint_dir, fetch)  # verifies the manifest first
     out = Path(out_dir).absolute()
     check_replaceable(out)
@@ -91,7 +95,7 @@ def export_single(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike,
             "paddle_version": paddle.__version__,
             "transform": transform,
             "files": file_entries(staging, [*PROGRAM_FILES, IDS_FILE, *transform_files]),
-        })
+        }, sign)
         swap_in(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -9,7 +9,11 @@
 * ``single``: one Paddle inference model holding every row (:func:`components.export.single.export_single`),
   the artifact itself; the step's memory grows with the table.
 
-Both hold the transform of the dataset the checkpoint trained on (``transform/``), so the model scores raw records.
+Both hold the transform of the dataset the checkpoint trained on (``transform/``), so the model scores raw records,
+and both sign ``serving.json`` with ``export.signing_key`` (on Kubeflow, ``auto`` is the key of the Secret
+``export.signing_secret`` mounted into this step: :func:`components.export.signing.step_signing_key`); the
+artifact carries the signature.
+
 The artifact's metadata names the format, version, kind, parent, rows and shards, the checkpoint it came from, and
 whether it has a transform.
 """
@@ -18,9 +22,10 @@ from pathlib import Path
 from typing import Any, Optional
 
 from components.checkpoint.pointer import fetch_file, fetched_checkpoint
-from components.config import ExportFormat, from_dict
+from components.config import ExportFormat, PipelineRunner, from_dict
 from components.export.manifest import read_manifest
 from components.export.sharded import export_sharded
+from components.export.signing import step_signing_key
 from components.export.single import export_single
 from components.export.store import ExportStore, export_store_uri
 
@@ -47,6 +52,7 @@ def export_serving_model(config: Any, checkpoint_path: str, checkpoint_metadata:
     (``dataset_dir``; None: an export that scores shards only); ``out_dir`` gets the model (or version) written.
     Returns the artifact metadata."""
     cfg = from_dict(config)
+    signing_key = step_signing_key(cfg.export.signing_key, cfg.cluster.runner is PipelineRunner.kubeflow)
     with fetched_checkpoint(checkpoint_path, checkpoint_metadata) as (uri, ckpt_id, local):
         source = {"uri": uri, "id": ckpt_id}
 
@@ -54,11 +60,12 @@ def export_serving_model(config: Any, checkpoint_path: str, checkpoint_metadata:
             return fetch_file(uri, ckpt_id, rel, local.parent / "tables")
 
         if cfg.export.format is ExportFormat.single:
-            serving = read_manifest(export_single(local, out_dir, cfg.export.dtype, source, fetch, dataset_dir))
+            serving = read_manifest(export_single(local, out_dir, cfg.export.dtype, source, fetch, dataset_dir,
+                                                  signing_key))
         else:
             store_uri = export_store_uri(cfg)
             serving = export_sharded(local, store_uri, cfg.export.dtype, cfg.export.base_every, source, fetch,
-                                     dataset_dir)
+                                     dataset_dir, signing_key)
             ExportStore(store_uri).copy_to(serving["version"], Path(out_dir))
     what = (f"version {serving['version']} ({serving['kind']}) in {serving['store']}"
             if serving["format"] == ExportFormat.sharded.value else "single-file model")

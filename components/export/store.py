@@ -7,7 +7,8 @@ Layout under the store URI (a local path, ``s3://bucket/prefix``, any fsspec URL
 
 A version is a directory named by its number (:data:`VERSION_NAME`; :mod:`components.export.sharded` writes
 it). It is staged and published by :meth:`ExportStore.publishing`: on a local filesystem the staging directory
-is renamed into place, elsewhere its files are uploaded with ``serving.json`` last. A version without
+is renamed into place, elsewhere its files are uploaded with ``serving.json`` last (after its signature,
+:mod:`components.export.signing`). A version without
 ``serving.json`` (an upload that died) is invisible: never listed, and replaced by the next export of that
 number.
 """
@@ -24,7 +25,8 @@ from typing import Any, Iterator, Optional
 
 from components.checkpoint.store import redact
 from components.config import CtrConfig
-from components.export.manifest import MANIFEST, ServingModelError, check_replaceable, swap_in
+from components.export.manifest import (MANIFEST, SIGNATURE, ServingModelError, check_replaceable, local_file,
+                                        store_rel, swap_in)
 
 VERSION_NAME = "v{:06d}"
 _VERSION = re.compile(r"^v(\d{6,})$")
@@ -56,7 +58,9 @@ class ExportStore:
         return redact(self.uri)
 
     def path(self, version: Optional[int] = None, rel: str = "") -> str:
-        """A path in the store for ``self.fs`` calls."""
+        """A path in the store for ``self.fs`` calls; ``rel`` (a name a manifest gave) must stay inside the
+        version (:func:`~components.export.manifest.store_rel`)."""
+        rel = store_rel(rel, self.display_uri) if rel else ""
         return "/".join([self.root] + ([VERSION_NAME.format(version)] if version is not None else [])
                         + ([rel] if rel else []))
 
@@ -124,7 +128,7 @@ class ExportStore:
         """A file of a version at a local path for the block: in place on a local store, else a downloaded copy
         removed after."""
         if self.local:
-            yield Path(self.path(version, rel))
+            yield local_file(Path(self.path(version)), rel)
             return
         with tempfile.TemporaryDirectory() as scratch:
             local = Path(scratch) / Path(rel).name
@@ -140,10 +144,12 @@ class ExportStore:
         return self.download(version, Path(cache_dir) / VERSION_NAME.format(version))
 
     def download(self, version: int, out: Path) -> Path:
-        """Every file of ``version`` into ``out`` (``serving.json`` last); the loader checks their digests."""
+        """Every file of ``version`` into ``out``, its signature (when it has one) and ``serving.json`` last; the
+        loader checks them. Every name ``serving.json`` gives stays inside ``out``."""
         manifest = self.manifest(version)
-        for rel in sorted(manifest["files"]) + [MANIFEST]:
-            target = Path(out) / rel
+        signed = [SIGNATURE] if self.fs.exists(self.path(version, SIGNATURE)) else []
+        for rel in sorted(manifest["files"]) + signed + [MANIFEST]:
+            target = local_file(Path(out), rel)
             target.parent.mkdir(parents=True, exist_ok=True)
             self.fs.get_file(self.path(version, rel), str(target))
         return Path(out)

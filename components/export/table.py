@@ -119,7 +119,7 @@ class CheckpointTable:
             finally:
                 path.unlink(missing_ok=True)
             return
-        path = self.root / rel
+        path = ckpt_io.checkpoint_file(self.root, rel)
         expected = self.manifest["files"][rel]
         if not path.is_file() or ckpt_io.file_digest(path) != (expected["size"], expected["sha256"]):
             raise ckpt_io.CheckpointError(f"checkpoint file {path} is missing or does not match its checksum in "

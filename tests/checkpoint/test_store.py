@@ -404,3 +404,29 @@ def test_probe_fails_in_one_line_naming_the_store(tmp_path, moto_endpoint):
     assert "s3://no-such-bucket-for-the-probe/ctr/_probe-" in message and "FileNotFoundError" in message
     assert "failed after" not in message  # a missing bucket is not retried
     assert FAKE_SECRET not in message and FAKE_KEY_ID not in message
+
+
+@pytest.mark.parametrize("name", ["../../escaped.gz", "/tmp/escaped-absolute.gz", "tables/../../escaped.gz"])
+def test_a_manifest_naming_a_file_outside_the_checkpoint_is_refused_at_download(src, tmp_path, name):
+    store = CheckpointStore(str(tmp_path / "store"))
+    ckpt_id = save(store, src, 0)
+    manifest_path = store.fs_path(ckpt_id, ckpt_io.MANIFEST)
+    manifest = json.loads(store.fs.cat_file(manifest_path))
+    manifest["files"][name] = manifest["files"]["tables/000/part-002-00000.gz"]
+    store.fs.pipe_file(manifest_path, json.dumps(manifest).encode())
+    with pytest.raises(ckpt_io.CheckpointError) as err:  # the checkpoint store's own error type, still
+        store.download(ckpt_id, tmp_path / "deep" / "restored")
+    assert "\n" not in str(err.value) and f"bad file name {name!r} in a checkpoint" in str(err.value)
+    assert not (tmp_path / "escaped.gz").exists() and not Path("/tmp/escaped-absolute.gz").exists()
+
+
+def test_a_symlink_out_of_the_download_directory_is_refused(src, tmp_path):
+    store = CheckpointStore(str(tmp_path / "store"))
+    ckpt_id = save(store, src, 0)
+    restored, elsewhere = tmp_path / "restored", tmp_path / "elsewhere"
+    restored.mkdir()
+    elsewhere.mkdir()
+    (restored / "tables").symlink_to(elsewhere)  # left there by someone else: downloads must not follow it out
+    with pytest.raises(ckpt_io.CheckpointError, match="outside"):
+        store.download(ckpt_id, restored)
+    assert not any(elsewhere.rglob("*"))

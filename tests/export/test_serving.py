@@ -17,12 +17,13 @@ from components.config import ExportDtype
 from components.data_prep.hashing import HASH_FUNCTION
 from components.data_prep.multislot import RaggedIds, Schema, format_line, read_shards
 from components.data_prep.prepare import prepare_synthetic
-from components.export.manifest import MANIFEST, ServingModelError
+from components.export.manifest import MANIFEST, ServingModelError, write_manifest
 from components.export.model import InferenceModel, ShardedModel, SingleModel
 from components.export.serving import main
 from components.export.sharded import export_sharded
 from components.export.shards import SHARDS
 from components.export.single import IDS_FILE, export_single
+from components.export.signing import AUTO, signer
 from components.export.store import VERSION_NAME, ExportStore
 from components.metrics import binary_metrics
 from components.ps.scoring import Scorer, read_test_split, row_indices
@@ -67,7 +68,7 @@ def exported(request, data_dir, tmp_path_factory) -> Exported:
 def test_single_export_writes_the_paddle_inference_format(exported):
     serving = exported.single
     assert sorted(p.name for p in serving.iterdir()) == ["ids.npy", "model.pdiparams", "model.pdmodel",
-                                                         "serving.json"]
+                                                         "serving.json", "serving.json.sig"]
     assert not [p for p in serving.parent.iterdir() if p.name.startswith(".")]  # no staging left behind
     meta = json.loads((serving / MANIFEST).read_text())
     checkpoint = exported.checkpoint
@@ -313,7 +314,8 @@ def test_serving_names_the_id_function_and_refuses_one_it_does_not_implement(exp
     assert meta["hash_function"] == HASH_FUNCTION  # what maps raw values to the ids it looks up
     other = tmp_path / "other"
     shutil.copytree(root, other)
-    (other / MANIFEST).write_text(json.dumps({**meta, "hash_function": "murmur3_32(value) mod vocab_size"}))
+    # Signed as the exporter would sign it: the hash function check is what refuses it, not the signature.
+    write_manifest(other, {**meta, "hash_function": "murmur3_32(value) mod vocab_size"}, signer(AUTO))
     with pytest.raises(ServingModelError, match="'murmur3_32.*which this code does not implement"):
         InferenceModel.load(other)
 

@@ -10,11 +10,13 @@ import pytest
 from components.config import from_dict, to_dict
 from components.data_prep.prepare import prepare_synthetic
 from components.export import step
-from components.export.manifest import MANIFEST
+from components.export import signing
+from components.export.manifest import MANIFEST, SIGNATURE, ServingModelError
 from components.export.model import InferenceModel
 from components.export.store import ExportStore, export_store_uri
 from components.ps.scoring import read_test_split
 from tests.export.checkpoints import SHARD_NUM, TABLE_DIR, VOCAB, commit_checkpoint, make_checkpoint
+from tests.export.keys import new_key_pair
 from tests.export.test_delta import evolved
 
 
@@ -76,3 +78,21 @@ def test_single_step_writes_the_whole_model_into_the_artifact(data_dir, tmp_path
     assert metadata["transform"] is False  # no dataset given: a model that scores shards only
     assert type(InferenceModel.load(tmp_path / "artifact")).__name__ == "SingleModel"
     assert not Path(f"{ckpt.parent}-serving").exists()  # no export store for a single-file model
+
+
+def test_on_kubeflow_the_step_signs_with_the_mounted_secret_and_none_leaves_the_export_unsigned(data_dir, tmp_path,
+                                                                                                monkeypatch):
+    ckpt = commit_checkpoint(tmp_path / "c0", make_checkpoint(data_dir, "dnn"))
+    secret = tmp_path / "secret"  # stands for export.signing_secret mounted at SECRET_MOUNT
+    _, public = new_key_pair(secret)
+    monkeypatch.setattr(signing, "SECRET_MOUNT", str(secret))
+    single = {"checkpoint": {"uri": str(ckpt.parent)}, "export": {"format": "single"}}
+    config = to_dict(from_dict({**single, "cluster": {"runner": "kubeflow"}}))
+    step.export_serving_model(config, "unused", _pointer(ckpt), str(tmp_path / "kubeflow"))
+    assert InferenceModel.load(tmp_path / "kubeflow", public_key=public).meta["format"] == "single"
+    with pytest.raises(ServingModelError, match="signed with another key"):
+        InferenceModel.load(tmp_path / "kubeflow")  # not the per-user key
+    config = to_dict(from_dict({**single, "export": {"format": "single", "signing_key": "none"}}))
+    step.export_serving_model(config, "unused", _pointer(ckpt), str(tmp_path / "unsigned"))
+    assert not (tmp_path / "unsigned" / SIGNATURE).exists()
+

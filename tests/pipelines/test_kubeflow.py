@@ -33,6 +33,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 from components.checkpoint.store import make_id
 from components.config import from_dict
 from components.checkpoint.evaluation import record_evaluation
+from components.export.signing import SECRET_MOUNT
 from components.resolve.step import RUN_PARAMETERS, config_struct, run_parameters
 import pipelines.kubeflow
 from pipelines.ctr import run
@@ -137,7 +138,9 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
         assert pod_fields == (LAUNCHER_POD_FIELDS if name in launchers else {}), name
         # Only the train step and the clean-up carry the token of the account that may create and delete PS jobs.
         volumes = [(v.secret_name, v.mount_path) for v in k8s.secret_as_volume]
-        assert volumes == ([("ctr-ps-launcher-token", manifests.LAUNCHER_TOKEN_DIR)] if name in launchers else [])
+        # The export step alone carries the key that signs serving.json (export.signing_key=auto on Kubeflow).
+        assert volumes == ([("ctr-ps-launcher-token", manifests.LAUNCHER_TOKEN_DIR)] if name in launchers else
+                           [("ctr-export-signing", SECRET_MOUNT)] if name == "exec-export-model" else []), name
 
     # The PS job objects written for review: its pods opt out of sidecars and pull with the secrets.
     runtime, trainjob = [obj for obj in yaml.safe_load_all(ps_job_text) if obj["kind"] != "NetworkPolicy"]
