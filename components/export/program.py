@@ -13,6 +13,7 @@ A loaded program runs whatever ops its file holds, and Paddle has ops that read 
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,9 +81,16 @@ def load_program(root: Path) -> LoadedProgram:
     model_bytes, params_bytes = model_file.read_bytes(), (root / PROGRAM_FILES[1]).read_bytes()
     check_ops(paddle.static.deserialize_program(model_bytes), model_file)
     scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
-    with paddle.static.scope_guard(scope):
-        program, feed_names, fetch_targets = paddle.static.load_inference_model(
-            None, exe, model_filename=model_bytes, params_filename=params_bytes)
+    # Paddle warns at every load from memory that the path form is preferred; the bytes are loaded on purpose.
+    paddle_io_log = logging.getLogger("paddle.static.io")
+    level = paddle_io_log.level
+    paddle_io_log.setLevel(logging.ERROR)
+    try:
+        with paddle.static.scope_guard(scope):
+            program, feed_names, fetch_targets = paddle.static.load_inference_model(
+                None, exe, model_filename=model_bytes, params_filename=params_bytes)
+    finally:
+        paddle_io_log.setLevel(level)
     return LoadedProgram(program, list(feed_names), fetch_targets, scope, exe)
 
 

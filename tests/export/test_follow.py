@@ -17,9 +17,10 @@ import pytest
 from components.data_prep.multislot import RaggedIds
 from components.data_prep.prepare import prepare_synthetic
 from components.export.follow import LoadOptions, ModelFollower, followed_store
-from components.export.manifest import MANIFEST
+from components.export.manifest import MANIFEST, write_manifest
 from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
+from components.export.signing import AUTO, signer
 from components.ps.scoring import read_test_split
 from tests.export.checkpoints import VOCAB, commit_checkpoint, make_checkpoint
 from tests.export.test_delta import evolved
@@ -141,10 +142,11 @@ def test_a_tampered_delta_is_refused_in_one_log_line_and_the_old_version_keeps_s
 
 def test_a_delta_on_another_parent_is_refused_in_one_log_line(source, served, caplog):
     follower = ModelFollower(InferenceModel.load(served), str(served), LoadOptions(), poll_seconds=60)
-    # Version 3 (a delta on 2) published with a chain that skips 2, as a store writer could claim.
+    # Version 3 (a delta on 2) published with a chain that skips 2, signed with the exporter's own key: the parent
+    # check refuses what the signature vouches for.
     delta = publish(source, served, 3)
     manifest = json.loads((delta / MANIFEST).read_text())
-    (delta / MANIFEST).write_text(json.dumps({**manifest, "chain": [1, 3]}))
+    write_manifest(delta, {**manifest, "chain": [1, 3]}, signer(AUTO))
     with caplog.at_level(logging.INFO, logger="components.export.follow"):
         assert follower.poll() is None
     (line,) = [r.getMessage() for r in caplog.records]
