@@ -17,7 +17,7 @@ import pytest
 from components.data_prep.multislot import RaggedIds
 from components.data_prep.prepare import prepare_synthetic
 from components.export.follow import LoadOptions, ModelFollower, followed_store
-from components.export.manifest import MANIFEST, write_manifest
+from components.export.manifest import MANIFEST, SIGNATURE, write_manifest
 from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
 from components.export.signing import AUTO, signer
@@ -244,3 +244,25 @@ def test_a_delta_published_under_concurrent_clients_is_applied_with_no_failed_re
         assert switch > 0 and set(versions[:switch]) == {1} and set(versions[switch:]) == {2}
     for version, rows, predictions in (answer for mine in answers for answer in mine):
         assert np.max(np.abs(np.asarray(predictions) - expected[version][rows])) <= 1e-6
+
+
+@pytest.mark.parametrize("damage", ["unsigned", "path outside the version"])
+def test_an_unsigned_or_escaping_delta_is_refused_in_one_log_line_and_the_old_version_keeps_serving(
+        source, served, caplog, damage):
+    follower = ModelFollower(InferenceModel.load(served), str(served), LoadOptions(), poll_seconds=60)
+    delta = publish(source, served, 2)
+    if damage == "unsigned":
+        (delta / SIGNATURE).unlink()
+        expected = "unsigned"
+    else:  # signed with the exporter's own key: the path check refuses what the signature vouches for
+        manifest = json.loads((delta / MANIFEST).read_text())
+        files = dict(manifest["files"])
+        files["../../escaped.npy"] = files.pop(next(iter(files)))
+        write_manifest(delta, {**manifest, "files": files}, signer(AUTO))
+        expected = "../../escaped.npy"
+    with caplog.at_level(logging.INFO, logger="components.export.follow"):
+        assert follower.poll() is None
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "components.export.follow"]
+    assert "\n" not in line and line.startswith(f"refused version 2 of {served}, still serving version 1: ")
+    assert expected in line
+    assert follower.model.version == 1 and not (served.parent / "escaped.npy").exists()
