@@ -507,9 +507,10 @@ class CheckpointStore:
 
     def list_files(self, ckpt_id: str, prefix: str = "") -> list[str]:
         """Relative names of the files stored under ``<uri>/<ckpt_id>/<prefix>`` (committed or not)."""
-        return sorted(self._stored(ckpt_id, prefix))
+        return sorted(self.stored_sizes(ckpt_id, prefix))
 
-    def _stored(self, ckpt_id: str, prefix: str = "") -> dict[str, int]:
+    def stored_sizes(self, ckpt_id: str, prefix: str = "") -> dict[str, int]:
+        """Relative name -> size in bytes of the files stored under ``<uri>/<ckpt_id>/<prefix>`` (one listing)."""
         base = self.fs_path(ckpt_id)
         top = self.fs_path(ckpt_id, _check_rel(prefix)) if prefix.strip("/") else base
 
@@ -542,7 +543,7 @@ class CheckpointStore:
         files = {_check_rel(rel): {"size": int(e["size"]), "sha256": str(e["sha256"])} for rel, e in files.items()}
         files.pop(MANIFEST, None)
         files[MODEL_META] = self.write_json(ckpt_id, MODEL_META, meta)
-        stored = self._stored(ckpt_id)
+        stored = self.stored_sizes(ckpt_id)
         for rel, entry in sorted(files.items()):
             if rel not in stored:
                 raise CheckpointStoreError(f"cannot commit {self.url(ckpt_id)}: {self.url(ckpt_id, rel)} was "
@@ -711,6 +712,24 @@ class CheckpointStore:
         if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), dict):
             raise CheckpointError(f"{self.url(ckpt_id, MANIFEST)} has no file list: altered")
         return manifest, raw
+
+    def digest(self, ckpt_id: str, rel: str) -> tuple[int, str]:
+        """``(bytes, sha256 hex)`` of a stored file, streamed in blocks (nothing is written locally);
+        :class:`CheckpointError` when it is missing."""
+        path, url = self.fs_path(ckpt_id, _check_rel(rel)), self.url(ckpt_id, rel)
+
+        def read() -> tuple[int, str]:
+            digest, size = hashlib.sha256(), 0
+            try:
+                with self.fs.open(path, "rb", block_size=CHUNK) as f:
+                    for block in iter(lambda: f.read(CHUNK), b""):
+                        digest.update(block)
+                        size += len(block)
+            except FileNotFoundError:
+                raise CheckpointError(f"checkpoint file {url} listed in {MANIFEST} is missing") from None
+            return size, digest.hexdigest()
+
+        return self._retry(f"reading {url}", read)
 
     def _get_once(self, path: str, tmp: Path, url: str, size: int) -> tuple[int, str]:
         """One try at fetching ``path`` into ``tmp``; returns the size and sha256 of what arrived."""
