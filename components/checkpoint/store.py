@@ -34,6 +34,7 @@ read it like a locally committed one.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import json
 import logging
@@ -71,6 +72,11 @@ _sleep = time.sleep
 
 class CheckpointStoreError(CheckpointError):
     """A transport failure (after retries) or an unusable store URI; names the file and URL, never credentials."""
+
+
+class StoreRefused(CheckpointStoreError):
+    """The store refused an operation for a reason no retry fixes: no space left, no permission, no credentials, no
+    such file or bucket."""
 
 
 def make_id(epoch: int, step: int, *, now: _dt.datetime | None = None) -> str:
@@ -133,9 +139,22 @@ def _transient_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def _no_credentials_types() -> tuple[type[BaseException], ...]:
+    try:
+        import botocore.exceptions as bce
+    except ImportError:  # pragma: no cover
+        return ()
+    return bce.NoCredentialsError, bce.PartialCredentialsError
+
+
 _TRANSIENT = _transient_types()
 # OSErrors that retrying cannot fix (missing bucket/key, access denied, a directory where a file goes).
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+# ... and by errno: a full disk or quota, a read-only filesystem; left alone they would be retried until a job's
+# lease ran out, and blamed on an unreachable store.
+_PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+# No credentials found (botocore): an S3 store the environment holds no keys for.
+_NO_CREDENTIALS = _no_credentials_types()
 _SECRET_NAME = re.compile(r"secret|token|passw|credential|access_key|accesskey|api_key|apikey|private|^key$",
                           re.IGNORECASE)
 _URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
@@ -169,6 +188,10 @@ def redact(text: str, storage_options: dict | None = None) -> str:
 
 def _reason(exc: BaseException) -> str:
     message = str(exc).strip()
+    if isinstance(exc, OSError) and exc.errno in errno.errorcode:  # the symbol people search for: ENOSPC, EACCES
+        message = f"{message} ({errno.errorcode[exc.errno]})"
+    if isinstance(exc, _NO_CREDENTIALS):
+        message += ": set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for this store"
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
@@ -250,10 +273,12 @@ class CheckpointStore:
                 return fn()
             except CheckpointError:
                 raise
-            except _PERMANENT as e:
-                raise CheckpointStoreError(self._redact(f"{what} failed: {_reason(e)}")) from None
+            except (*_PERMANENT, *_NO_CREDENTIALS) as e:
+                raise StoreRefused(self._redact(f"{what} failed: {_reason(e)}")) from None
             except _TRANSIENT as e:
                 reason = self._redact(_reason(e))
+                if isinstance(e, OSError) and e.errno in _PERMANENT_ERRNOS:
+                    raise StoreRefused(self._redact(f"{what} failed: {reason}")) from None
                 if attempt + 1 >= self.retries:
                     raise CheckpointStoreError(
                         self._redact(f"{what} failed after {self.retries} tries: {reason}")) from None
@@ -393,8 +418,11 @@ class CheckpointStore:
             self.ensure_parent(path)
             if self._local:  # rename: a reader never sees half a file
                 tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-                self.fs.pipe_file(tmp, data)
-                os.replace(tmp, path)
+                try:
+                    self.fs.pipe_file(tmp, data)
+                    os.replace(tmp, path)
+                finally:  # a failed write (a full disk) leaves no temporary file behind
+                    _remove_quietly(tmp)
             else:  # object stores: a PUT is atomic
                 self.fs.pipe_file(path, data)
 
@@ -416,11 +444,11 @@ class CheckpointStore:
             try:
                 if self._local:  # link(2) fails if the name exists: the whole file appears at once, or not
                     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-                    self.fs.pipe_file(tmp, data)
                     try:
+                        self.fs.pipe_file(tmp, data)
                         os.link(tmp, path)
                     finally:
-                        os.unlink(tmp)
+                        _remove_quietly(tmp)
                 else:
                     self.fs.pipe_file(path, data, mode="create")
             except FileExistsError:
@@ -451,17 +479,20 @@ class CheckpointStore:
         payload = {"probe": rel}
         # A local store's directories that do not exist yet: made by the write, removed again afterwards.
         missing = [p for p in (Path(self.root), *Path(self.root).parents) if not p.exists()] if self._local else []
+        failed = True
         try:
             self.write_json(None, rel, payload)
             back = self.read_json(None, rel)
             if back != payload:
                 raise CheckpointStoreError(f"checkpoint store {self.display_uri}: a file written to "
                                            f"{self.url(None, rel)} read back as {back!r}")
+            failed = False
         finally:
             try:
                 self.remove(rel)
             except CheckpointStoreError as e:
-                log.warning("cannot delete the probe file: %s", e)
+                if not failed:  # else the error on its way out names what is wrong with the store, in one line
+                    log.warning("cannot delete the probe file: %s", e)
             for directory in missing:  # deepest first
                 try:
                     directory.rmdir()
@@ -783,6 +814,14 @@ class CheckpointStore:
         tmp.write_bytes(raw)
         os.replace(tmp, local_dir / MANIFEST)
         return local_dir
+
+
+def _remove_quietly(path: str) -> None:
+    """Remove a local file if it is there (gone already after a rename)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _open_fs(uri: str, storage_options: dict) -> tuple[Any, str]:
