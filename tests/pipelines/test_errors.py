@@ -4,6 +4,7 @@ Each case fails before any training starts (the data case inside a step fails in
 Kubeflow submission (exit status 3) is tests/pipelines/test_kubeflow.py's test_cli_reports_an_unreachable_host_in_one_line.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 from pipelines.errors import ExitStatus, user_error
 from pipelines.local import PipelineRunError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, commit_staged_checkpoint, job_processes
 
 
 def _cli(tmp_path, *overrides, env=None):
@@ -24,6 +25,19 @@ def _binary_file(tmp_path):
     path = tmp_path / "day_0.tsv"
     path.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4)
     return path
+
+
+def _corrupt_checkpoint(tmp_path):
+    """A store whose one checkpoint has a changed byte in a file: ``(store path, checkpoint id)``."""
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    (staged / "state.json").write_text(json.dumps({"epoch": 1, "history": []}))
+    (staged / "tables").mkdir()
+    (staged / "tables" / "part-000").write_bytes(bytes(range(256)) * 16)
+    committed = commit_staged_checkpoint(staged, {"rows": 0})
+    table = committed / "tables" / "part-000"
+    table.write_bytes(b"\x01" + table.read_bytes()[1:])
+    return committed.parent, committed.name
 
 
 def _malformed_tsv(tmp_path):
@@ -46,6 +60,15 @@ CASES = {
         ["step merge-data: 50 of 50 lines", "malformed", "max_malformed_fraction"]),
     "checkpoint store": (lambda tmp: [f"checkpoint.uri={tmp / 'file'}/checkpoint"],
                          ["'checkpoint.uri'", "a store this machine can write"]),
+    "a corrupt checkpoint named explicitly": (
+        lambda tmp: (lambda store, ckpt: [f"checkpoint.uri={store}", f"checkpoint.resume={ckpt}"])(
+            *_corrupt_checkpoint(tmp)),
+        ["'checkpoint.resume'", "is corrupt (tables/part-000 does not match its sha256 in MANIFEST.json"]),
+    "no intact checkpoint to resume": (
+        lambda tmp: [f"checkpoint.uri={_corrupt_checkpoint(tmp)[0]}", "checkpoint.resume=latest"],
+        ["'checkpoint.resume'", "is corrupt", "no committed checkpoint there is intact"]),
+    "ps.host not on this machine": (lambda tmp: ["ps.host=192.0.2.1"],  # TEST-NET-1: no machine's own
+                                    ["'ps.host' has value '192.0.2.1'", "cannot listen on it"]),
     "cluster": (lambda tmp: ["+cluster=prod", "checkpoint.uri=s3://bucket/ctr"],
                 ["'cluster.host'", "cluster.submit=false"]),
 }
@@ -79,3 +102,44 @@ def test_internal_errors_are_not_user_errors():
     assert user_error(PipelineRunError(failed, "components.train.job.PsJobError: worker-0 exited")) is None
     status, line = user_error(PipelineRunError(failed, "components.data_prep.sources.DataPrepError: no rows\nin x"))
     assert (status, line) == (ExitStatus.USER_ERROR, "step train: no rows | in x")
+
+
+def test_an_s3_store_without_credentials_is_one_line(tmp_path):
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    # Nothing to find anywhere, and nothing may leave loopback even if botocore tried.
+    env.update(AWS_CONFIG_FILE="/dev/null", AWS_SHARED_CREDENTIALS_FILE="/dev/null", AWS_EC2_METADATA_DISABLED="true",
+               AWS_ENDPOINT_URL="http://127.0.0.1:9", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "pipelines.ctr", "experiment=tiny", "checkpoint.uri=s3://ckpt-bucket/run",
+                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300, env=env)
+    assert proc.returncode == ExitStatus.USER_ERROR, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: config key 'checkpoint.uri' has value 's3://ckpt-bucket/run'")
+    assert "s3://ckpt-bucket/run/_probe-" in line and "NoCredentialsError" in line and "AWS_ACCESS_KEY_ID" in line
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 1 MiB tmpfs (root only): room for the store's probe and lease, not for a checkpoint."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield disk
+    finally:
+        subprocess.run(["umount", "-l", str(disk)], check=True)
+
+
+def test_a_full_disk_under_the_store_is_one_line_naming_enospc_with_nothing_half_written(tmp_path, full_disk):
+    proc = _cli(tmp_path, "experiment=tiny", f"checkpoint.uri={full_disk / 'ckpt'}")
+    assert proc.returncode == ExitStatus.USER_ERROR, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: step train: ") and "No space left on device (ENOSPC)" in line
+    assert f"file://{full_disk / 'ckpt'}/" in line
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert sorted(p.name for p in full_disk.rglob("*.tmp-*")) == []
+    assert not (full_disk / "ckpt" / "LATEST").exists()  # the partial checkpoint is nobody's latest
+    assert not list(full_disk.glob("ckpt/*/MANIFEST.json"))
+    assert job_processes(str(tmp_path)) == []
