@@ -143,3 +143,12 @@ def test_a_full_disk_under_the_store_is_one_line_naming_enospc_with_nothing_half
     assert not (full_disk / "ckpt" / "LATEST").exists()  # the partial checkpoint is nobody's latest
     assert not list(full_disk.glob("ckpt/*/MANIFEST.json"))
     assert job_processes(str(tmp_path)) == []
+
+
+def test_a_step_failing_on_a_corrupt_checkpoint_file_is_one_line_naming_it():
+    failed = "Pipeline 'p' finished with status FAILURE. Inner task failed: 'evaluate-model'."
+    step_error = ("components.checkpoint.format.CheckpointError: checkpoint file file:///s/c/scores/test.npz does not "
+                  "match MANIFEST.json (sha256 differs): truncated or altered")
+    assert user_error(PipelineRunError(failed, step_error)) == (
+        ExitStatus.USER_ERROR, "step evaluate-model: checkpoint file file:///s/c/scores/test.npz does not match "
+                               "MANIFEST.json (sha256 differs): truncated or altered")
