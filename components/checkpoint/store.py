@@ -21,7 +21,9 @@ foreign data).
 
 Every remote operation is retried on transient errors (``OSError``, botocore/aiohttp connection errors,
 timeouts) with exponential backoff ``backoff_s * 2**attempt``; when the tries run out it raises
-:class:`CheckpointStoreError` naming the file and URL. Credentials come only from the environment (or
+:class:`CheckpointStoreError` naming the file and URL. What no wait fixes (a full disk, a read-only filesystem,
+no permission, no credentials, no such bucket) raises :class:`StoreRefused` at once, naming the cause (``ENOSPC``,
+``EACCES``) and the file; a failed write leaves no temporary file behind. Credentials come only from the environment (or
 ``storage_options``, never from config); messages and log lines are scrubbed of secret values (credential
 environment variables, secret-looking ``storage_options``, ``user:password@`` in URLs).
 
