@@ -49,9 +49,14 @@ def checkpoint_problem(store: "CheckpointStore", ckpt_id: str) -> Optional[str]:
             return f"{rel}, listed in {MANIFEST}, is missing"
         if stored[rel] != size:
             return f"{rel} holds {stored[rel]:,} bytes, {MANIFEST} says {size:,}: truncated or altered"
-    with ThreadPoolExecutor(max_workers=max(1, min(store.workers, len(files))),
-                            thread_name_prefix="ckpt-verify") as pool:
-        digests = dict(zip(sorted(files), pool.map(lambda rel: store.digest(ckpt_id, rel), sorted(files))))
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(store.workers, len(files))),
+                                thread_name_prefix="ckpt-verify") as pool:
+            digests = dict(zip(sorted(files), pool.map(lambda rel: store.digest(ckpt_id, rel), sorted(files))))
+    except CheckpointStoreError:
+        raise
+    except CheckpointError as err:  # a file gone since the listing
+        return str(err)
     for rel, (size, sha) in sorted(files.items()):
         if digests[rel] != (size, sha):
             return f"{rel} does not match its sha256 in {MANIFEST}: altered"
