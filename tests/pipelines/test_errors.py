@@ -118,18 +118,36 @@ def test_an_s3_store_without_credentials_is_one_line(tmp_path):
     assert "s3://ckpt-bucket/run/_probe-" in line and "NoCredentialsError" in line and "AWS_ACCESS_KEY_ID" in line
 
 
-@pytest.fixture
-def full_disk(tmp_path):
-    """A 1 MiB tmpfs (root only): room for the store's probe and lease, not for a checkpoint."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)], capture_output=True)
+def _tmpfs(path, options):
+    """A tmpfs mounted at ``path`` (root only; the test is skipped elsewhere), unmounted afterwards."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:
-        yield disk
+        yield path
     finally:
-        subprocess.run(["umount", "-l", str(disk)], check=True)
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """1 MiB: room for the store's probe and lease, not for a checkpoint."""
+    yield from _tmpfs(tmp_path / "disk", "size=1m")
+
+
+@pytest.fixture
+def read_only_disk(tmp_path):
+    yield from _tmpfs(tmp_path / "ro", "size=1m,ro")
+
+
+def test_a_store_that_refuses_writes_is_one_line_naming_the_cause_and_the_file(tmp_path, read_only_disk):
+    proc = _cli(tmp_path, "experiment=tiny", f"checkpoint.uri={read_only_disk / 'ckpt'}")
+    assert proc.returncode == ExitStatus.USER_ERROR, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: config key 'checkpoint.uri' has value '{read_only_disk / 'ckpt'}'")
+    assert "Read-only file system" in line and "(EROFS)" in line
+    assert not (tmp_path / "run" / "kfp").exists()  # before data prep
 
 
 def test_a_full_disk_under_the_store_is_one_line_naming_enospc_with_nothing_half_written(tmp_path, full_disk):
