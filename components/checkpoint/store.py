@@ -23,9 +23,9 @@ Every remote operation is retried on transient errors (``OSError``, botocore/aio
 timeouts) with exponential backoff ``backoff_s * 2**attempt``; when the tries run out it raises
 :class:`CheckpointStoreError` naming the file and URL. What no wait fixes (a full disk, a read-only filesystem,
 no permission, no credentials, no such bucket) raises :class:`StoreRefused` at once, naming the cause (``ENOSPC``,
-``EACCES``) and the file; a failed write leaves no temporary file behind. Credentials come only from the environment (or
-``storage_options``, never from config); messages and log lines are scrubbed of secret values (credential
-environment variables, secret-looking ``storage_options``, ``user:password@`` in URLs).
+``EACCES``) and the file; a failed write leaves no temporary file behind. Credentials come only from the
+environment (or ``storage_options``, never from config); messages and log lines are scrubbed of secret values
+(credential environment variables, secret-looking ``storage_options``, ``user:password@`` in URLs).
 
 Every file is hashed while it is uploaded (one read of the local file), and checked against the manifest
 (size and sha256) when it is downloaded. A downloaded checkpoint directory holds ``MANIFEST.json`` and
@@ -152,9 +152,9 @@ def _no_credentials_types() -> tuple[type[BaseException], ...]:
 _TRANSIENT = _transient_types()
 # OSErrors that retrying cannot fix (missing bucket/key, access denied, a directory where a file goes).
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
-# ... and by errno: a full disk or quota, a read-only filesystem; left alone they would be retried until a job's
-# lease ran out, and blamed on an unreachable store.
-_PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM}
+# ... and by errno (plain OSErrors): a full disk or quota, a read-only filesystem; retried, they would be blamed on
+# an unreachable store once a job's lease ran out.
+_PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 # No credentials found (botocore): an S3 store the environment holds no keys for.
 _NO_CREDENTIALS = _no_credentials_types()
 _SECRET_NAME = re.compile(r"secret|token|passw|credential|access_key|accesskey|api_key|apikey|private|^key$",

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import OmegaConf
 
-from components.config import ClusterBackend, ConfigError, CtrConfig, DataSource, PipelineRunner, from_dict, to_dict, validate
+from components.config import (ClusterBackend, ConfigError, CtrConfig, DataSource, PipelineRunner, from_dict, to_dict,
+                               validate)
 from components.days import is_daily, scheduled_day
 
 # Run parameter -> the config key it sets.

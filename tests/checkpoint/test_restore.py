@@ -63,7 +63,8 @@ CORRUPTIONS = {
     "one byte of a table file": (lambda s, i: _flip_a_byte(s, i, "tables/000/part-000-00000"),
                                  "tables/000/part-000-00000 does not match its sha256"),
     "a truncated MANIFEST": (lambda s, i: _truncate(s, i, "MANIFEST.json"), "MANIFEST.json is not valid JSON"),
-    "a missing file": (lambda s, i: s.fs.rm_file(s.fs_path(i, STATE_FILE)), "state.json, listed in MANIFEST.json, is missing"),
+    "a missing file": (lambda s, i: s.fs.rm_file(s.fs_path(i, STATE_FILE)),
+                       "state.json, listed in MANIFEST.json, is missing"),
     "a truncated table file": (lambda s, i: _truncate(s, i, "tables/000/part-000-00000"),
                                "holds 8,192 bytes, MANIFEST.json says 16,385"),
 }

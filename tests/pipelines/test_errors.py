@@ -109,9 +109,9 @@ def test_an_s3_store_without_credentials_is_one_line(tmp_path):
     # Nothing to find anywhere, and nothing may leave loopback even if botocore tried.
     env.update(AWS_CONFIG_FILE="/dev/null", AWS_SHARED_CREDENTIALS_FILE="/dev/null", AWS_EC2_METADATA_DISABLED="true",
                AWS_ENDPOINT_URL="http://127.0.0.1:9", PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-m", "pipelines.ctr", "experiment=tiny", "checkpoint.uri=s3://ckpt-bucket/run",
-                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env=env)
+    proc = subprocess.run([sys.executable, "-m", "pipelines.ctr", "experiment=tiny",
+                           "checkpoint.uri=s3://ckpt-bucket/run", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == ExitStatus.USER_ERROR, proc.stderr
     [line] = proc.stderr.strip().splitlines()
     assert line.startswith("error: config key 'checkpoint.uri' has value 's3://ckpt-bucket/run'")

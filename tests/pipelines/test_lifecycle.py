@@ -163,7 +163,8 @@ def test_a_run_resuming_a_corrupt_newest_checkpoint_warns_once_and_trains_on_fro
     assert second.returncode == 0, second.stderr
     warnings = [line for line in (second.stdout + second.stderr).splitlines() if "warning: checkpoint" in line]
     assert len(warnings) == 1, warnings
-    assert f"checkpoint {newest} in {store} is corrupt ({table.relative_to(store / newest)} does not match" in warnings[0]
+    damaged = table.relative_to(store / newest)
+    assert f"checkpoint {newest} in {store} is corrupt ({damaged} does not match" in warnings[0]
     assert f"resuming from {older} instead" in warnings[0]
     assert "epoch 2:" in second.stdout and "epoch 3:" in second.stdout  # pass 1's checkpoint, then passes 2 and 3
     assert not job_processes(str(tmp_path))

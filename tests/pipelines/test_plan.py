@@ -131,8 +131,8 @@ def test_plan_says_a_corrupt_newest_checkpoint_gives_way_to_the_intact_one_befor
     newest = commit_staged_checkpoint(staged, {"rows": 0})
     manifest = newest / "MANIFEST.json"
     manifest.write_bytes(manifest.read_bytes()[:100])  # half-written
-    lines = _plan_lines(tmp_path, capsys, "experiment=tiny", f"checkpoint.uri={intact.parent}", "checkpoint.resume=latest",
-                        "ps.epochs=3")
+    lines = _plan_lines(tmp_path, capsys, "experiment=tiny", f"checkpoint.uri={intact.parent}",
+                        "checkpoint.resume=latest", "ps.epochs=3")
     [warning] = [line for line in lines if "warning" in line]
     assert warning.startswith(f"warning: checkpoint {newest.name} in {intact.parent} is corrupt (")
     assert "MANIFEST.json is not valid JSON" in warning and f"resuming from {intact.name} instead" in warning
