@@ -4,6 +4,7 @@ and leaves nothing half-written: no temporary file, and no partial checkpoint th
 from __future__ import annotations
 
 import errno
+import time
 
 import pytest
 
@@ -71,7 +72,7 @@ def test_a_lease_on_a_full_disk_is_lost_at_its_first_renewal_naming_the_cause(tm
         for _ in range(100):
             if lease.lost:
                 break
-            lease._stop.wait(0.05)
+            time.sleep(0.05)
     finally:
         monkeypatch.undo()
         lease.release()
