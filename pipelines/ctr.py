@@ -21,7 +21,7 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from components.config import CtrConfig, PipelineRunner, from_dict, register_configs, to_dict, validate
-from components.resolve.step import check_checkpoint_store
+from components.resolve.step import check_checkpoint_store, check_local_host
 from pipelines.errors import reported_in_one_line, run_main
 from pipelines.help import register_help
 
@@ -37,6 +37,7 @@ def run(cfg: DictConfig) -> float:
     # The data and a resume target in the cluster's storage are checked by the run's first step, which
     # holds the cluster's credentials; this machine may have none.
     validate(typed, check_storage=not on_kubeflow)
+    check_local_host(typed)
     if typed.plan:
         return print_plan(typed)
     if on_kubeflow:
@@ -46,7 +47,7 @@ def run(cfg: DictConfig) -> float:
     from pipelines.local import local_config, run_pipeline_locally
 
     typed = local_config(typed)
-    check_checkpoint_store(typed)
+    typed = check_checkpoint_store(typed)  # the checkpoint it names is the one every step starts from
     run_dir = Path(typed.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))))
@@ -64,8 +65,7 @@ def print_plan(cfg: CtrConfig) -> float:
     from pipelines.plan import plan_lines_of
 
     if cfg.cluster.runner is PipelineRunner.local:
-        cfg = local_config(cfg)
-        check_checkpoint_store(cfg, probe=False)
+        cfg = check_checkpoint_store(local_config(cfg), probe=False)
     print("\n".join(plan_lines_of(cfg)), flush=True)
     return math.nan
 

@@ -1,7 +1,7 @@
 """Which errors are the user's to fix, and how the command reports them: one line on stderr and an exit status.
 
-A user error (a config value, the input data, the checkpoint store, the cluster, an override Hydra cannot
-compose) is reported as ``error: <message>`` in one line, with :attr:`ExitStatus.USER_ERROR`, or
+A user error (a config value, the input data, the checkpoint store or a checkpoint in it, the cluster, an override
+Hydra cannot compose) is reported as ``error: <message>`` in one line, with :attr:`ExitStatus.USER_ERROR`, or
 :attr:`ExitStatus.SUBMIT_ERROR` for a Kubeflow submission (or awaited run) that failed. Any other exception is
 an internal error and keeps its traceback; ``HYDRA_FULL_ERROR=1`` shows the traceback of user errors too.
 
@@ -38,13 +38,13 @@ class ExitStatus(enum.IntEnum):
 def _user_error_classes() -> dict[type, ExitStatus]:
     from hydra.errors import CompactHydraException
 
-    from components.checkpoint.store import CheckpointStoreError
+    from components.checkpoint.format import CheckpointError
     from components.config import ConfigError
     from components.data_prep.sources import DataPrepError
     from pipelines.kubeflow import SubmitError
 
     return {ConfigError: ExitStatus.USER_ERROR, DataPrepError: ExitStatus.USER_ERROR,
-            CheckpointStoreError: ExitStatus.USER_ERROR, CompactHydraException: ExitStatus.USER_ERROR,
+            CheckpointError: ExitStatus.USER_ERROR, CompactHydraException: ExitStatus.USER_ERROR,
             SubmitError: ExitStatus.SUBMIT_ERROR}
 
 

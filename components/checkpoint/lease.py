@@ -8,8 +8,9 @@ keeps it until it ends:
   a second job finds the file and is refused, in one line naming the holder;
 * the holder renews it every ``renew_s``; a lease not renewed for ``ttl_s`` has expired, and so has one whose
   holder ran on this host and no longer exists (a job killed with SIGKILL), and the next job takes it over;
-* a holder that cannot renew it for ``ttl_s / 2`` (the store is unreachable) or finds another holder's lease
-  has lost it: :meth:`StoreLease.check` raises, and the launcher stops the job naming the store's error.
+* a holder that cannot renew it for ``ttl_s / 2`` (the store is unreachable), whose store refuses the renewal (a
+  full disk, a revoked permission: no wait makes it work) or that finds another holder's lease has lost it:
+  :meth:`StoreLease.check` raises, and the launcher stops the job naming the store's error.
 
 Times are the holders' wall clocks: hosts whose clocks differ by more than a few seconds shorten or
 lengthen the expiry by as much.
@@ -25,7 +26,7 @@ import time
 import uuid
 from typing import Any, Optional
 
-from components.checkpoint.store import CheckpointStore, CheckpointStoreError
+from components.checkpoint.store import CheckpointStore, CheckpointStoreError, StoreRefused
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,9 @@ class StoreLease:
                     return
                 self.store.write_json(None, LEASE, self._record())
                 renewed = time.monotonic()
+            except StoreRefused as err:
+                self.lost = f"checkpoint store {self.store.display_uri} refused this run's lease: {err}"
+                return
             except CheckpointStoreError as err:
                 if time.monotonic() - renewed > self.ttl_s / 2:
                     self.lost = (f"checkpoint store {self.store.display_uri} unreachable for "

@@ -10,6 +10,10 @@ each server downloads the table files and loads them with ``fleet.init_server(di
 :func:`restore_dense`); every worker continues with the training state (:func:`resume_state`). A job continuing its
 own store's checkpoint also continues the dense optimizer: each server loads its part of the dense tables, Adam's
 moments with the parameters (:func:`components.ps.strategy.load_dense_tables`).
+
+Before any work the target is checked whole (:mod:`components.checkpoint.verify`, which says what that costs): a
+corrupt or half-written newest checkpoint gives way to the newest intact one before it, with one warning line; a
+checkpoint the user named is an error instead, as falling back would train from something they did not ask for.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ from __future__ import annotations
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Any, Callable, Optional
 
 import numpy as np
 
@@ -57,14 +61,33 @@ class RestoreTarget:
         return f"{how} checkpoint {self.id} in {CheckpointStore(self.uri).display_uri}"
 
 
-def restore_target(store: "CheckpointStore", resume: str, warm_start: Optional[str],
-                   day: Optional[str] = None) -> Optional[RestoreTarget]:
+def warning(message: str) -> None:
+    """A restore warning as the run's console shows a step's warnings: one ``warning:`` line."""
+    print(f"warning: {message}", flush=True)
+
+
+def newest_key(key: Optional[str]) -> bool:
+    """Whether a resume (or warm-start) key asks for the newest checkpoint rather than naming one."""
+    return (key or "auto").strip().lower() in ("latest", "auto")
+
+
+def restore_target(store: "CheckpointStore", resume: str, warm_start: Optional[str], day: Optional[str] = None, *,
+                   verify: bool = True, warn: Callable[[str], None] = warning) -> Optional[RestoreTarget]:
     """What a job on ``store`` starts from: its own checkpoint to continue (``resume``; a ``day``'s job:
     :func:`day_restore_target`), else another run's weights (``warm_start``), else nothing. Raises CheckpointError
-    for a target that names no committed checkpoint."""
+    for a target that names no committed checkpoint.
+
+    ``verify``: the target is checked whole first (:mod:`components.checkpoint.verify`). The newest checkpoint
+    (``latest``, ``auto``, a day's) that is not gives way to the newest intact one before it, with one ``warn``
+    line naming what is wrong; a CheckpointError when none is intact, or when the user named the checkpoint."""
     from components.checkpoint.store import CheckpointStore
 
-    ckpt_id = day_restore_target(store, day) if day is not None else store.resolve(resume)
+    if day is not None:
+        ckpt_id = day_restore_target(store, day, verify=verify, warn=warn)
+    else:
+        ckpt_id = store.resolve(resume)
+        if ckpt_id and verify:
+            ckpt_id = _intact(store, ckpt_id, newest_key(resume), "checkpoint.resume", "resuming from", warn)
     if ckpt_id:
         return RestoreTarget(store.uri, ckpt_id, resume=True, shard_num=saved_shard_num(store, ckpt_id))
     if not warm_start:
@@ -77,24 +100,80 @@ def restore_target(store: "CheckpointStore", resume: str, warm_start: Optional[s
         raise CheckpointError(f"checkpoint.warm_start: {err}") from None
     if ckpt_id is None:
         raise CheckpointError(f"checkpoint.warm_start: {source.display_uri} holds no committed checkpoint")
+    if verify:
+        ckpt_id = _intact(source, ckpt_id, newest_key(wanted), "checkpoint.warm_start", "warm start from", warn)
     return RestoreTarget(uri, ckpt_id, resume=False, shard_num=saved_shard_num(source, ckpt_id))
 
 
-def day_restore_target(store: "CheckpointStore", day: str) -> Optional[str]:
+def _intact(store: "CheckpointStore", ckpt_id: str, newest: bool, key: str, how: str,
+            warn: Callable[[str], None]) -> str:
+    """``ckpt_id`` when it is intact; for the ``newest``, else the newest intact committed checkpoint before it
+    (one ``warn`` line); else a CheckpointError starting with ``key``."""
+    from components.checkpoint.verify import checkpoint_problem, describe_skipped, newest_intact
+
+    if not newest:
+        problem = checkpoint_problem(store, ckpt_id)
+        if problem is not None:
+            raise CheckpointError(f"{key}: checkpoint {ckpt_id} in {store.display_uri} is corrupt ({problem}): name "
+                                  "an intact one, or 'latest' for the newest intact one")
+        return ckpt_id
+    older = [i for i in reversed(store.committed()) if i <= ckpt_id]
+    chosen, skipped = newest_intact(store, older)
+    if chosen is None:
+        raise CheckpointError(f"{key}: {describe_skipped(store, skipped)}: no committed checkpoint there is "
+                              "intact; point it at another store, or start fresh (checkpoint.resume=none)")
+    if skipped:
+        warn(f"{describe_skipped(store, skipped)}; {how} {chosen} instead, the newest intact checkpoint before it")
+    return chosen
+
+
+def day_restore_target(store: "CheckpointStore", day: str, *, verify: bool = True,
+                       warn: Callable[[str], None] = warning) -> Optional[str]:
     """The checkpoint a job training ``day`` continues: the day's own latest (a job killed mid-day resumes it), else
-    the checkpoint the last trained day delivered (:mod:`components.checkpoint.days`), else none (the first day)."""
+    the checkpoint the last trained day delivered (:mod:`components.checkpoint.days`), else none (the first day).
+
+    ``verify``: a corrupt checkpoint of the day gives way to the day's newest intact one, else to the one the last
+    day delivered (one ``warn`` line); that one corrupt is a CheckpointError (an older one would skip a day)."""
     from components.checkpoint.days import DayLedger
+    from components.checkpoint.verify import checkpoint_problem, describe_skipped, newest_intact
 
     latest = store.latest()
-    if latest is not None and (store.read_json(latest, STATE_FILE) or {}).get("day") == str(day):
-        return latest
+    if latest is not None and _day_of(store, latest) == str(day):
+        if not verify:
+            return latest
+        same_day = [i for i in reversed(store.committed()) if i <= latest and _day_of(store, i) == str(day)]
+        chosen, skipped = newest_intact(store, same_day)
+        if chosen is not None:
+            if skipped:
+                warn(f"{describe_skipped(store, skipped)}; resuming day {day!r} from {chosen} instead, the newest "
+                     "intact checkpoint of that day")
+            return chosen
+        warn(f"{describe_skipped(store, skipped)}; day {day!r} starts again from the checkpoint the day before "
+             "delivered")
     last = DayLedger(store).last()
     if last is None:
         return None
     if last["checkpoint"] not in store.committed():
         raise CheckpointError(f"{store.display_uri}: checkpoint {last['checkpoint']}, which day {last['day']!r} "
                               "delivered, is not committed there any more: the next day has nothing to continue")
+    problem = checkpoint_problem(store, last["checkpoint"]) if verify else None
+    if problem is not None:
+        raise CheckpointError(f"{describe_skipped(store, [(last['checkpoint'], problem)])}: it is what day "
+                              f"{last['day']!r} delivered, which day {day!r} continues; an older checkpoint would "
+                              "skip a day of training")
     return last["checkpoint"]
+
+
+def _day_of(store: "CheckpointStore", ckpt_id: str) -> Optional[str]:
+    """The day a checkpoint was trained on (its state.json), None when it says none or is not JSON (altered)."""
+    from components.checkpoint.store import CheckpointStoreError
+
+    try:
+        return (store.read_json(ckpt_id, STATE_FILE) or {}).get("day")
+    except CheckpointStoreError:  # the store cannot be read: that says nothing about this checkpoint
+        raise
+    except CheckpointError:
+        return None
 
 
 def saved_shard_num(store: "CheckpointStore", ckpt_id: str) -> Optional[int]:

@@ -21,9 +21,11 @@ foreign data).
 
 Every remote operation is retried on transient errors (``OSError``, botocore/aiohttp connection errors,
 timeouts) with exponential backoff ``backoff_s * 2**attempt``; when the tries run out it raises
-:class:`CheckpointStoreError` naming the file and URL. Credentials come only from the environment (or
-``storage_options``, never from config); messages and log lines are scrubbed of secret values (credential
-environment variables, secret-looking ``storage_options``, ``user:password@`` in URLs).
+:class:`CheckpointStoreError` naming the file and URL. What no wait fixes (a full disk, a read-only filesystem,
+no permission, no credentials, no such bucket) raises :class:`StoreRefused` at once, naming the cause (``ENOSPC``,
+``EACCES``) and the file; a failed write leaves no temporary file behind. Credentials come only from the
+environment (or ``storage_options``, never from config); messages and log lines are scrubbed of secret values
+(credential environment variables, secret-looking ``storage_options``, ``user:password@`` in URLs).
 
 Every file is hashed while it is uploaded (one read of the local file), and checked against the manifest
 (size and sha256) when it is downloaded. A downloaded checkpoint directory holds ``MANIFEST.json`` and
@@ -34,6 +36,7 @@ read it like a locally committed one.
 from __future__ import annotations
 
 import datetime as _dt
+import errno
 import hashlib
 import json
 import logging
@@ -73,6 +76,11 @@ _sleep = time.sleep
 
 class CheckpointStoreError(CheckpointError):
     """A transport failure (after retries) or an unusable store URI; names the file and URL, never credentials."""
+
+
+class StoreRefused(CheckpointStoreError):
+    """The store refused an operation for a reason no retry fixes: no space left, no permission, no credentials, no
+    such file or bucket."""
 
 
 def make_id(epoch: int, step: int, *, now: _dt.datetime | None = None) -> str:
@@ -135,9 +143,22 @@ def _transient_types() -> tuple[type[BaseException], ...]:
     return tuple(types)
 
 
+def _no_credentials_types() -> tuple[type[BaseException], ...]:
+    try:
+        import botocore.exceptions as bce
+    except ImportError:  # pragma: no cover
+        return ()
+    return bce.NoCredentialsError, bce.PartialCredentialsError
+
+
 _TRANSIENT = _transient_types()
 # OSErrors that retrying cannot fix (missing bucket/key, access denied, a directory where a file goes).
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError)
+# ... and by errno (plain OSErrors): a full disk or quota, a read-only filesystem; retried, they would be blamed on
+# an unreachable store once a job's lease ran out.
+_PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+# No credentials found (botocore): an S3 store the environment holds no keys for.
+_NO_CREDENTIALS = _no_credentials_types()
 _SECRET_NAME = re.compile(r"secret|token|passw|credential|access_key|accesskey|api_key|apikey|private|^key$",
                           re.IGNORECASE)
 _URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
@@ -171,6 +192,10 @@ def redact(text: str, storage_options: dict | None = None) -> str:
 
 def _reason(exc: BaseException) -> str:
     message = str(exc).strip()
+    if isinstance(exc, OSError) and exc.errno in errno.errorcode:  # the symbol people search for: ENOSPC, EACCES
+        message = f"{message} ({errno.errorcode[exc.errno]})"
+    if isinstance(exc, _NO_CREDENTIALS):
+        message += ": set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY (or AWS_PROFILE) for this store"
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
@@ -252,10 +277,12 @@ class CheckpointStore:
                 return fn()
             except CheckpointError:
                 raise
-            except _PERMANENT as e:
-                raise CheckpointStoreError(self._redact(f"{what} failed: {_reason(e)}")) from None
+            except (*_PERMANENT, *_NO_CREDENTIALS) as e:
+                raise StoreRefused(self._redact(f"{what} failed: {_reason(e)}")) from None
             except _TRANSIENT as e:
                 reason = self._redact(_reason(e))
+                if isinstance(e, OSError) and e.errno in _PERMANENT_ERRNOS:
+                    raise StoreRefused(self._redact(f"{what} failed: {reason}")) from None
                 if attempt + 1 >= self.retries:
                     raise CheckpointStoreError(
                         self._redact(f"{what} failed after {self.retries} tries: {reason}")) from None
@@ -395,8 +422,11 @@ class CheckpointStore:
             self.ensure_parent(path)
             if self._local:  # rename: a reader never sees half a file
                 tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-                self.fs.pipe_file(tmp, data)
-                os.replace(tmp, path)
+                try:
+                    self.fs.pipe_file(tmp, data)
+                    os.replace(tmp, path)
+                finally:  # a failed write (a full disk) leaves no temporary file behind
+                    _remove_quietly(tmp)
             else:  # object stores: a PUT is atomic
                 self.fs.pipe_file(path, data)
 
@@ -418,11 +448,11 @@ class CheckpointStore:
             try:
                 if self._local:  # link(2) fails if the name exists: the whole file appears at once, or not
                     tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-                    self.fs.pipe_file(tmp, data)
                     try:
+                        self.fs.pipe_file(tmp, data)
                         os.link(tmp, path)
                     finally:
-                        os.unlink(tmp)
+                        _remove_quietly(tmp)
                 else:
                     self.fs.pipe_file(path, data, mode="create")
             except FileExistsError:
@@ -453,17 +483,20 @@ class CheckpointStore:
         payload = {"probe": rel}
         # A local store's directories that do not exist yet: made by the write, removed again afterwards.
         missing = [p for p in (Path(self.root), *Path(self.root).parents) if not p.exists()] if self._local else []
+        failed = True
         try:
             self.write_json(None, rel, payload)
             back = self.read_json(None, rel)
             if back != payload:
                 raise CheckpointStoreError(f"checkpoint store {self.display_uri}: a file written to "
                                            f"{self.url(None, rel)} read back as {back!r}")
+            failed = False
         finally:
             try:
                 self.remove(rel)
             except CheckpointStoreError as e:
-                log.warning("cannot delete the probe file: %s", e)
+                if not failed:  # else the error on its way out names what is wrong with the store, in one line
+                    log.warning("cannot delete the probe file: %s", e)
             for directory in missing:  # deepest first
                 try:
                     directory.rmdir()
@@ -509,9 +542,10 @@ class CheckpointStore:
 
     def list_files(self, ckpt_id: str, prefix: str = "") -> list[str]:
         """Relative names of the files stored under ``<uri>/<ckpt_id>/<prefix>`` (committed or not)."""
-        return sorted(self._stored(ckpt_id, prefix))
+        return sorted(self.stored_sizes(ckpt_id, prefix))
 
-    def _stored(self, ckpt_id: str, prefix: str = "") -> dict[str, int]:
+    def stored_sizes(self, ckpt_id: str, prefix: str = "") -> dict[str, int]:
+        """Relative name -> size in bytes of the files stored under ``<uri>/<ckpt_id>/<prefix>`` (one listing)."""
         base = self.fs_path(ckpt_id)
         top = self.fs_path(ckpt_id, _check_rel(prefix)) if prefix.strip("/") else base
 
@@ -544,7 +578,7 @@ class CheckpointStore:
         files = {_check_rel(rel): {"size": int(e["size"]), "sha256": str(e["sha256"])} for rel, e in files.items()}
         files.pop(MANIFEST, None)
         files[MODEL_META] = self.write_json(ckpt_id, MODEL_META, meta)
-        stored = self._stored(ckpt_id)
+        stored = self.stored_sizes(ckpt_id)
         for rel, entry in sorted(files.items()):
             if rel not in stored:
                 raise CheckpointStoreError(f"cannot commit {self.url(ckpt_id)}: {self.url(ckpt_id, rel)} was "
@@ -714,6 +748,24 @@ class CheckpointStore:
             raise CheckpointError(f"{self.url(ckpt_id, MANIFEST)} has no file list: altered")
         return manifest, raw
 
+    def digest(self, ckpt_id: str, rel: str) -> tuple[int, str]:
+        """``(bytes, sha256 hex)`` of a stored file, streamed in blocks (nothing is written locally);
+        :class:`CheckpointError` when it is missing."""
+        path, url = self.fs_path(ckpt_id, _check_rel(rel)), self.url(ckpt_id, rel)
+
+        def read() -> tuple[int, str]:
+            digest, size = hashlib.sha256(), 0
+            try:
+                with self.fs.open(path, "rb", block_size=CHUNK) as f:
+                    for block in iter(lambda: f.read(CHUNK), b""):
+                        digest.update(block)
+                        size += len(block)
+            except FileNotFoundError:
+                raise CheckpointError(f"checkpoint file {url} listed in {MANIFEST} is missing") from None
+            return size, digest.hexdigest()
+
+        return self._retry(f"reading {url}", read)
+
     def _get_once(self, path: str, tmp: Path, url: str, size: int) -> tuple[int, str]:
         """One try at fetching ``path`` into ``tmp``; returns the size and sha256 of what arrived."""
         tmp.parent.mkdir(parents=True, exist_ok=True)
@@ -766,6 +818,14 @@ class CheckpointStore:
         tmp.write_bytes(raw)
         os.replace(tmp, local_dir / MANIFEST)
         return local_dir
+
+
+def _remove_quietly(path: str) -> None:
+    """Remove a local file if it is there (gone already after a rename)."""
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
 
 
 def _open_fs(uri: str, storage_options: dict) -> tuple[Any, str]:

@@ -18,7 +18,8 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import OmegaConf
 
-from components.config import ConfigError, CtrConfig, DataSource, PipelineRunner, from_dict, to_dict, validate
+from components.config import (ClusterBackend, ConfigError, CtrConfig, DataSource, PipelineRunner, from_dict, to_dict,
+                               validate)
 from components.days import is_daily, scheduled_day
 
 # Run parameter -> the config key it sets.
@@ -78,15 +79,17 @@ def config_struct(cfg: CtrConfig) -> dict:
     return _drop_nones(to_dict(cfg))
 
 
-def check_checkpoint_store(cfg: CtrConfig, probe: bool = True) -> None:
+def check_checkpoint_store(cfg: CtrConfig, probe: bool = True) -> CtrConfig:
     """Before anything starts: the checkpoint store takes a write, a read and a delete (a missing bucket, no
     permission, a read-only directory fail here, not after a pass), no other run holds it, and a resume or
-    warm-start target names a committed checkpoint (``resume=latest`` on an empty store included).
+    warm-start target names a committed checkpoint that is intact (``resume=latest`` on an empty store included).
 
+    Returns ``cfg``, or, when the newest checkpoint was corrupt and an older one taken instead (one warning line),
+    ``cfg`` naming that one (:func:`pinned`): the later steps start from it without checking the newest again.
     ``probe=False`` (``plan=true``) writes nothing: the store is only read."""
     from components.checkpoint.format import CheckpointError
     from components.checkpoint.lease import in_use_message, live_holder
-    from components.checkpoint.restore import restore_target
+    from components.checkpoint.restore import restore_target, warning
     from components.checkpoint.store import CheckpointStore, CheckpointStoreError, redact
 
     uri = cfg.checkpoint.uri
@@ -101,14 +104,46 @@ def check_checkpoint_store(cfg: CtrConfig, probe: bool = True) -> None:
     if holder is not None:
         raise ConfigError("checkpoint.uri", store.display_uri, "a store no other run is using",
                           in_use_message(store, holder))
+    fell_back: list[str] = []
+    daily = is_daily(cfg.data.uri)
     try:
-        target = restore_target(store, cfg.checkpoint.resume, cfg.checkpoint.warm_start)
+        # A daily run's target is the day's, which the train step resolves and checks; resume only says where to look.
+        target = restore_target(store, cfg.checkpoint.resume, cfg.checkpoint.warm_start, verify=not daily,
+                                warn=lambda message: (fell_back.append(message), warning(message)))
+    except CheckpointStoreError as err:
+        raise ConfigError("checkpoint.uri", store.display_uri, "a store this machine can read", str(err)) from None
     except CheckpointError as err:
         key, value = (("checkpoint.warm_start", cfg.checkpoint.warm_start) if "warm_start" in str(err)
                       else ("checkpoint.resume", cfg.checkpoint.resume))
         raise ConfigError(key, value, "none, latest, auto or a committed checkpoint id", str(err)) from None
-    if target is not None and target.resume and not is_daily(cfg.data.uri):
+    if target is not None and target.resume and not daily:
         check_passes_left(cfg, store, target.id)
+    return pinned(cfg, target) if fell_back else cfg
+
+
+def pinned(cfg: CtrConfig, target: Any) -> CtrConfig:
+    """``cfg`` naming the checkpoint ``target`` (a RestoreTarget) is: its resume id, or its warm start's."""
+    checkpoint = (dataclasses.replace(cfg.checkpoint, resume=target.id) if target.resume
+                  else dataclasses.replace(cfg.checkpoint, warm_start=f"{target.uri}#{target.id}"))
+    return dataclasses.replace(cfg, checkpoint=checkpoint)
+
+
+def check_local_host(cfg: CtrConfig) -> None:
+    """The local backend's ``ps.host`` is an address of this machine: every role binds it (a ConfigError now, not
+    an OSError in the train step after data prep)."""
+    import socket
+
+    if cfg.cluster.backend is not ClusterBackend.local:
+        return
+    host = cfg.ps.host
+    try:
+        family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+    except OSError as err:
+        reason = err.strerror or str(err)
+        raise ConfigError("ps.host", host, "an address of this machine (127.0.0.1, or one of its interfaces')",
+                          f"the local backend's servers and workers cannot listen on it: {reason}") from None
 
 
 def check_passes_left(cfg: CtrConfig, store: Any, ckpt_id: str) -> None:
@@ -193,7 +228,8 @@ def effective_config(config: Any, schedule_time: str = "", **run_parameters: Any
     if daily:
         cfg = with_run_day(cfg, schedule_time)
     validate(cfg)
-    check_checkpoint_store(cfg)
+    check_local_host(cfg)
+    cfg = check_checkpoint_store(cfg)
     trained = trained_day(cfg) if daily else None
     resolved = config_struct(cfg)
     print("effective config:\n" + OmegaConf.to_yaml(OmegaConf.create(resolved)), flush=True)

@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 from components.checkpoint.lease import new_run_id
 from components.checkpoint.protocol import clear_scores
 from components.checkpoint.restore import RestoreTarget, restore_target
-from components.checkpoint.store import CheckpointStore
+from components.checkpoint.store import CheckpointStore, CheckpointStoreError
 from components.config import CtrConfig, to_dict
 from components.days import day_of
 from components.ps.contract import CHECKPOINT, DAY_EVAL, EPOCH, HEARTBEAT, PROGRESS, JobSpec, Role, parse_event
@@ -37,6 +37,11 @@ class PsJobError(RuntimeError):
     def __init__(self, role: str, message: str):
         self.role = role
         super().__init__(message)
+
+
+class PsJobStoreError(PsJobError, CheckpointStoreError):
+    """A PS job stopped because its checkpoint store failed it (a full disk, no permission, unreachable): the
+    user's to fix, so reported in one line (:mod:`pipelines.errors`)."""
 
 
 @dataclass

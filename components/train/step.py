@@ -13,7 +13,9 @@ from typing import Any, Callable, Optional
 from components.checkpoint.days import DayLedger, describe_day
 from components.checkpoint.lease import StoreLease, new_run_id
 from components.checkpoint.pointer import write_pointer
+from components.checkpoint.restore import warning
 from components.checkpoint.store import CheckpointStore
+from components.checkpoint.verify import checkpoint_problem, describe_skipped
 from components.config import ClusterBackend, CtrConfig, from_dict
 from components.days import day_of
 from components.ps.liveness import driver_from_env, stop_when_gone
@@ -74,12 +76,24 @@ def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[
 
 def delivered_checkpoint(result: JobResult, checkpoint_uri: str) -> str:
     """The checkpoint the run delivers: the best on the validation split (the store's ``BEST``, which may predate a
-    resume) when the job validated its checkpoints, else the last."""
+    resume) when the job validated its checkpoints, else the last.
+
+    A best that predates this job is checked whole first: corrupt since (a changed byte in its scores), it would
+    fail the evaluation after the job trained; this job's last checkpoint, just committed, is delivered instead,
+    with one warning line."""
+    last = result.checkpoints[-1]["id"]
     if any(c.get("validation") for c in result.checkpoints):
-        best = CheckpointStore(checkpoint_uri).best()
+        store = CheckpointStore(checkpoint_uri)
+        best = store.best()
+        if best and best not in {c["id"] for c in result.checkpoints}:
+            problem = checkpoint_problem(store, best)
+            if problem is not None:
+                warning(f"{describe_skipped(store, [(best, problem)])}: delivering {last}, this job's last "
+                        "checkpoint, instead of that best on the validation split")
+                return last
         if best:
             return best
-    return result.checkpoints[-1]["id"]
+    return last
 
 
 def training_summary(result: JobResult, checkpoint_uri: str) -> dict:

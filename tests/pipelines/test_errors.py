@@ -4,6 +4,7 @@ Each case fails before any training starts (the data case inside a step fails in
 Kubeflow submission (exit status 3) is tests/pipelines/test_kubeflow.py's test_cli_reports_an_unreachable_host_in_one_line.
 """
 
+import json
 import os
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import pytest
 
 from pipelines.errors import ExitStatus, user_error
 from pipelines.local import PipelineRunError
-from tests.conftest import ROOT
+from tests.conftest import ROOT, commit_staged_checkpoint, job_processes
 
 
 def _cli(tmp_path, *overrides, env=None):
@@ -24,6 +25,19 @@ def _binary_file(tmp_path):
     path = tmp_path / "day_0.tsv"
     path.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(256)) * 4)
     return path
+
+
+def _corrupt_checkpoint(tmp_path):
+    """A store whose one checkpoint has a changed byte in a file: ``(store path, checkpoint id)``."""
+    staged = tmp_path / "staged"
+    staged.mkdir()
+    (staged / "state.json").write_text(json.dumps({"epoch": 1, "history": []}))
+    (staged / "tables").mkdir()
+    (staged / "tables" / "part-000").write_bytes(bytes(range(256)) * 16)
+    committed = commit_staged_checkpoint(staged, {"rows": 0})
+    table = committed / "tables" / "part-000"
+    table.write_bytes(b"\x01" + table.read_bytes()[1:])
+    return committed.parent, committed.name
 
 
 def _malformed_tsv(tmp_path):
@@ -46,6 +60,15 @@ CASES = {
         ["step merge-data: 50 of 50 lines", "malformed", "max_malformed_fraction"]),
     "checkpoint store": (lambda tmp: [f"checkpoint.uri={tmp / 'file'}/checkpoint"],
                          ["'checkpoint.uri'", "a store this machine can write"]),
+    "a corrupt checkpoint named explicitly": (
+        lambda tmp: (lambda store, ckpt: [f"checkpoint.uri={store}", f"checkpoint.resume={ckpt}"])(
+            *_corrupt_checkpoint(tmp)),
+        ["'checkpoint.resume'", "is corrupt (tables/part-000 does not match its sha256 in MANIFEST.json"]),
+    "no intact checkpoint to resume": (
+        lambda tmp: [f"checkpoint.uri={_corrupt_checkpoint(tmp)[0]}", "checkpoint.resume=latest"],
+        ["'checkpoint.resume'", "is corrupt", "no committed checkpoint there is intact"]),
+    "ps.host not on this machine": (lambda tmp: ["ps.host=192.0.2.1"],  # TEST-NET-1: no machine's own
+                                    ["'ps.host' has value '192.0.2.1'", "cannot listen on it"]),
     "cluster": (lambda tmp: ["+cluster=prod", "checkpoint.uri=s3://bucket/ctr"],
                 ["'cluster.host'", "cluster.submit=false"]),
 }
@@ -79,3 +102,71 @@ def test_internal_errors_are_not_user_errors():
     assert user_error(PipelineRunError(failed, "components.train.job.PsJobError: worker-0 exited")) is None
     status, line = user_error(PipelineRunError(failed, "components.data_prep.sources.DataPrepError: no rows\nin x"))
     assert (status, line) == (ExitStatus.USER_ERROR, "step train: no rows | in x")
+
+
+def test_an_s3_store_without_credentials_is_one_line(tmp_path):
+    env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
+    # Nothing to find anywhere, and nothing may leave loopback even if botocore tried.
+    env.update(AWS_CONFIG_FILE="/dev/null", AWS_SHARED_CREDENTIALS_FILE="/dev/null", AWS_EC2_METADATA_DISABLED="true",
+               AWS_ENDPOINT_URL="http://127.0.0.1:9", PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-m", "pipelines.ctr", "experiment=tiny",
+                           "checkpoint.uri=s3://ckpt-bucket/run", f"hydra.run.dir={tmp_path / 'run'}"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == ExitStatus.USER_ERROR, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: config key 'checkpoint.uri' has value 's3://ckpt-bucket/run'")
+    assert "s3://ckpt-bucket/run/_probe-" in line and "NoCredentialsError" in line and "AWS_ACCESS_KEY_ID" in line
+
+
+def _tmpfs(path, options):
+    """A tmpfs mounted at ``path`` (root only; the test is skipped elsewhere), unmounted afterwards."""
+    path.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(path)], capture_output=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", "-l", str(path)], check=True)
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """1 MiB: room for the store's probe and lease, not for a checkpoint."""
+    yield from _tmpfs(tmp_path / "disk", "size=1m")
+
+
+@pytest.fixture
+def read_only_disk(tmp_path):
+    yield from _tmpfs(tmp_path / "ro", "size=1m,ro")
+
+
+def test_a_store_that_refuses_writes_is_one_line_naming_the_cause_and_the_file(tmp_path, read_only_disk):
+    proc = _cli(tmp_path, "experiment=tiny", f"checkpoint.uri={read_only_disk / 'ckpt'}")
+    assert proc.returncode == ExitStatus.USER_ERROR, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: config key 'checkpoint.uri' has value '{read_only_disk / 'ckpt'}'")
+    assert "Read-only file system" in line and "(EROFS)" in line
+    assert not (tmp_path / "run" / "kfp").exists()  # before data prep
+
+
+def test_a_full_disk_under_the_store_is_one_line_naming_enospc_with_nothing_half_written(tmp_path, full_disk):
+    proc = _cli(tmp_path, "experiment=tiny", f"checkpoint.uri={full_disk / 'ckpt'}")
+    assert proc.returncode == ExitStatus.USER_ERROR, proc.stderr
+    [line] = proc.stderr.strip().splitlines()
+    assert line.startswith("error: step train: ") and "No space left on device (ENOSPC)" in line
+    assert f"file://{full_disk / 'ckpt'}/" in line
+    assert "Traceback" not in proc.stdout + proc.stderr
+    assert sorted(p.name for p in full_disk.rglob("*.tmp-*")) == []
+    assert not (full_disk / "ckpt" / "LATEST").exists()  # the partial checkpoint is nobody's latest
+    assert not list(full_disk.glob("ckpt/*/MANIFEST.json"))
+    assert job_processes(str(tmp_path)) == []
+
+
+def test_a_step_failing_on_a_corrupt_checkpoint_file_is_one_line_naming_it():
+    failed = "Pipeline 'p' finished with status FAILURE. Inner task failed: 'evaluate-model'."
+    step_error = ("components.checkpoint.format.CheckpointError: checkpoint file file:///s/c/scores/test.npz does not "
+                  "match MANIFEST.json (sha256 differs): truncated or altered")
+    assert user_error(PipelineRunError(failed, step_error)) == (
+        ExitStatus.USER_ERROR, "step evaluate-model: checkpoint file file:///s/c/scores/test.npz does not match "
+                               "MANIFEST.json (sha256 differs): truncated or altered")

@@ -141,3 +141,30 @@ def test_a_store_another_run_holds_is_refused_before_anything_starts(tmp_path, c
     assert err.value.key == "checkpoint.uri" and "allowed: a store no other run is using" in str(err.value)
     assert f"is in use by run run-first (pid {os.getpid()}" in str(err.value)
     check_checkpoint_store(cfg)  # given back
+
+
+@pytest.mark.slow
+def test_a_run_resuming_a_corrupt_newest_checkpoint_warns_once_and_trains_on_from_the_intact_one_before(tmp_path):
+    """The issue's case, end to end: one byte changed in a table file of LATEST. The fast twins check the resolve
+    step and plan=true (tests/pipelines/test_pipeline.py, test_plan.py) and every kind of damage
+    (tests/checkpoint/test_restore.py)."""
+    store = tmp_path / "ckpt"
+    first = subprocess.run([*CLI, "experiment=tiny", f"checkpoint.uri={store}", f"hydra.run.dir={tmp_path / 'run-1'}"],
+                           cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stderr
+    older, newest = sorted(p.parent.name for p in store.glob("*/MANIFEST.json"))
+    table = sorted((store / newest / "tables").rglob("part-*"))[0]
+    data = bytearray(table.read_bytes())
+    data[len(data) // 2] ^= 1
+    table.write_bytes(bytes(data))
+    second = subprocess.run([*CLI, "experiment=tiny", "ps.epochs=3", f"checkpoint.uri={store}",
+                             "checkpoint.resume=latest", f"hydra.run.dir={tmp_path / 'run-2'}"],
+                            cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stderr
+    warnings = [line for line in (second.stdout + second.stderr).splitlines() if "warning: checkpoint" in line]
+    assert len(warnings) == 1, warnings
+    damaged = table.relative_to(store / newest)
+    assert f"checkpoint {newest} in {store} is corrupt ({damaged} does not match" in warnings[0]
+    assert f"resuming from {older} instead" in warnings[0]
+    assert "epoch 2:" in second.stdout and "epoch 3:" in second.stdout  # pass 1's checkpoint, then passes 2 and 3
+    assert not job_processes(str(tmp_path))

@@ -30,7 +30,7 @@ from components.checkpoint.store import CheckpointStore
 from pipelines.ctr import run
 from pipelines.local import PipelineRunError, step_error
 from pipelines.pipeline import DEPENDENCIES, EXPORT_GATE, PREP_LOOP, TASKS, compile_pipeline
-from tests.conftest import CRITEO, compose_config, needs_criteo, score_serving_model
+from tests.conftest import CRITEO, commit_staged_checkpoint, compose_config, needs_criteo, score_serving_model
 from tests.pipelines.spec import pipeline_tasks
 
 
@@ -128,6 +128,25 @@ def test_run_parameters_override_the_compiled_config(tmp_path, capsys):
     # An empty data_uri means synthetic data, whatever the compiled config read.
     back = from_dict(effective_config(config_struct(resolved), **{**parameters, "data_uri": ""}).config)
     assert (back.data.source, back.data.uri) == (DataSource.synthetic, None)
+
+
+def test_resolve_step_names_the_intact_checkpoint_it_fell_back_to_so_later_steps_start_from_it(tmp_path, capsys):
+    staged = tmp_path / "staged"
+    (staged / "tables").mkdir(parents=True)
+    (staged / "state.json").write_text('{"epoch": 1, "history": []}')
+    (staged / "tables" / "part-000").write_bytes(bytes(range(256)) * 16)
+    intact = commit_staged_checkpoint(staged, {"rows": 0})
+    newest = commit_staged_checkpoint(staged, {"rows": 0})
+    (newest / "tables" / "part-000").unlink()
+    compiled = from_dict(compose_config(tmp_path, "checkpoint.resume=latest", "ps.epochs=3"))
+    parameters = {**run_parameters(compiled), "checkpoint_uri": str(intact.parent)}
+    resolved = from_dict(effective_config(config_struct(compiled), **parameters).config)
+    assert resolved.checkpoint.resume == intact.name  # the train step starts from it, and checks no other
+    [warning] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("warning:")]
+    assert f"checkpoint {newest.name} in {intact.parent} is corrupt (tables/part-000, listed in MANIFEST.json, is " \
+           f"missing); resuming from {intact.name} instead" in warning
+    again = from_dict(effective_config(config_struct(resolved), **{**parameters, "resume": intact.name}).config)
+    assert again.checkpoint.resume == intact.name and "warning:" not in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("parameter, value, key", [

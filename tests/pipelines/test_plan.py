@@ -12,7 +12,7 @@ from components.train import planner, process_plan
 from components.train.job import plan_lines, prepare_job
 from pipelines.ctr import run
 from pipelines.local import local_config
-from tests.conftest import compose_config
+from tests.conftest import commit_staged_checkpoint, compose_config
 
 
 @pytest.fixture
@@ -120,3 +120,21 @@ def test_kubeflow_steps_request_the_larger_of_the_config_and_the_plan(tmp_path, 
         resources = executors["exec-export-model"]["container"]["resources"]
         assert resources["resourceMemoryRequest"] == resources["resourceMemoryLimit"] == expected
         assert executors["exec-evaluate-model"]["container"]["resources"]["resourceMemoryLimit"] == "8Gi"
+
+
+def test_plan_says_a_corrupt_newest_checkpoint_gives_way_to_the_intact_one_before_it(tmp_path, capsys, no_process):
+    staged = tmp_path / "staged"
+    (staged / "tables").mkdir(parents=True)
+    (staged / "state.json").write_text('{"epoch": 1, "history": []}')
+    (staged / "tables" / "part-000").write_bytes(bytes(range(256)) * 16)
+    intact = commit_staged_checkpoint(staged, {"rows": 0})
+    newest = commit_staged_checkpoint(staged, {"rows": 0})
+    manifest = newest / "MANIFEST.json"
+    manifest.write_bytes(manifest.read_bytes()[:100])  # half-written
+    lines = _plan_lines(tmp_path, capsys, "experiment=tiny", f"checkpoint.uri={intact.parent}",
+                        "checkpoint.resume=latest", "ps.epochs=3")
+    [warning] = [line for line in lines if "warning" in line]
+    assert warning.startswith(f"warning: checkpoint {newest.name} in {intact.parent} is corrupt (")
+    assert "MANIFEST.json is not valid JSON" in warning and f"resuming from {intact.name} instead" in warning
+    [checkpoint] = [line for line in lines if line.startswith("  checkpoint  ")]
+    assert f"resuming from checkpoint {intact.name}" in checkpoint

@@ -29,7 +29,7 @@ from components.checkpoint.lease import LeaseLost, StoreLease
 from components.ps.contract import HEARTBEAT, ClusterLayout, Role, endpoint_accepts, role_env
 from components.ps.liveness import PARENT_PID_ENV, process_state
 from components.train.backends.base import JobBackend, StepInputs
-from components.train.job import JobResult, PreparedJob, PsJobError, StopSignals
+from components.train.job import JobResult, PreparedJob, PsJobError, PsJobStoreError, StopSignals
 
 TAIL_LINES = 30
 POLL_S = 0.2
@@ -232,7 +232,7 @@ class LocalJob(JobBackend):
         try:
             self.lease.check()
         except LeaseLost as err:
-            raise PsJobError("checkpoint store", f"PS job {self.job_id}: {err}") from None
+            raise PsJobStoreError("checkpoint store", f"PS job {self.job_id}: {err}") from None
 
     def _check_stalls(self) -> None:
         """A process that reports nothing for ps.stall_timeout_s fails the job (a stopped one is named first)."""
