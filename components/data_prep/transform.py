@@ -15,7 +15,9 @@ export copies it into every version, so an old export keeps serving with its own
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import math
 import os
 import shutil
@@ -224,11 +226,15 @@ class Transform:
         if not data.strip():  # no line at all (Arrow's CSV reader refuses an empty block): no rows
             _, dense, sparse, _ = read_shard_bytes(b"", self.schema, name)
             return Records(dense, sparse, [])
+        parsed = self._parser.parse(data)
+        return Records(parsed.dense, parsed.sparse(), parsed.malformed)
+
+    @functools.cached_property
+    def _parser(self) -> BlockParser:
+        """Data prep's parser of this transform's blocks, asked for the rows' arrays rather than their text."""
         id_counts = IdCounts(self.id_counts, self.min_id_count, self.vocab_size) if self.id_counts else None
-        parsed = BlockParser(self.fmt, self.schema, self.vocab_size, self.weight_column, id_counts).parse(data)
-        text = bytes(text_bytes(parsed.text)) if len(parsed.labels) else b""
-        _, dense, sparse, _ = read_shard_bytes(text, self.schema, name)
-        return Records(dense, sparse, parsed.malformed)
+        return BlockParser(self.fmt, self.schema, self.vocab_size, self.weight_column, id_counts, with_text=False,
+                           with_dense=True)
 
     def rows_of_instances(self, instances: list) -> Records:
         """Serving instances (each a list of the :attr:`columns`' values in order, or an object keyed by column;
@@ -244,7 +250,7 @@ class Transform:
 
     def _fields(self, index: int, instance: Any) -> dict[str, Any]:
         """The instance's values by column (absent: missing), checked to be columns and of a usable type."""
-        columns = self.columns
+        columns = self._columns
         if isinstance(instance, list):
             if len(instance) > len(columns):
                 raise InstanceError(f"instance {index}, field {len(columns)}: too many fields, the {self.fmt} "
@@ -254,16 +260,38 @@ class Transform:
                                     f"holds all {len(columns)} fields (null or \"\" for a missing value)")
             values = dict(zip(columns, instance))
         elif isinstance(instance, dict):
-            unknown = [key for key in instance if key not in columns]
+            unknown = [key for key in instance if key not in self._column_set]
             if unknown:
                 raise InstanceError(f"instance {index}, field {unknown[0]}: unknown column; the {self.fmt} input's "
                                     f"columns are {columns[0]}..{columns[-1]}")
             values = dict(instance)
         else:
             raise InstanceError(f"instance {index}: expected a list or an object, got {type(instance).__name__}")
+        check, forbidden, dense = self._check_value, self._forbidden.search, self._dense_columns
         for column, value in values.items():
-            self._check_value(index, column, value)
+            # A plain text value that passes every check below, at the cost of one search (the common case).
+            if type(value) is str and column != _SLOT_DENSE and (
+                    not value or (forbidden(value) is None and (column not in dense or _is_finite_number(value)))):
+                continue
+            check(index, column, value)
         return values
+
+    @functools.cached_property
+    def _columns(self) -> tuple[str, ...]:
+        return tuple(self.columns)
+
+    @functools.cached_property
+    def _column_set(self) -> frozenset[str]:
+        return frozenset(self.columns)
+
+    @functools.cached_property
+    def _dense_columns(self) -> frozenset[str]:
+        return frozenset(column for column in self.columns if self._is_dense(column))
+
+    @functools.cached_property
+    def _forbidden(self) -> re.Pattern:
+        """What a value may not hold: a raw field no tab or newline, a token's value no whitespace."""
+        return re.compile("[\t\n\r]" if self.fmt == "raw" else r"\s")
 
     def _check_value(self, index: int, column: str, value: Any) -> None:
         several = self.fmt != "raw" and column != _SLOT_DENSE  # a token slot may hold several values
@@ -279,11 +307,11 @@ class Transform:
                 raise InstanceError(f"instance {index}, field {column}: expected {kind}, got "
                                     f"{type(item).__name__ if not isinstance(item, list) else 'a list'}")
             text = str(item)
-            if self.fmt == "raw" and any(ch in text for ch in "\t\n\r"):
+            if self.fmt == "raw" and self._forbidden.search(text):
                 raise InstanceError(f"instance {index}, field {column}: a tab or newline inside a value")
-            if self.fmt != "raw" and any(ch.isspace() for ch in text):
+            if self.fmt != "raw" and self._forbidden.search(text):
                 raise InstanceError(f"instance {index}, field {column}: whitespace inside a value")
-            if self._is_dense(column) and not _is_finite_number(text):
+            if column in self._dense_columns and not _is_finite_number(text):
                 raise InstanceError(f"instance {index}, field {column}: not a finite number: {text!r}")
 
     def _is_dense(self, column: str) -> bool:
@@ -296,16 +324,17 @@ class Transform:
             items = value if isinstance(value, list) else [value]
             return [str(item) for item in items if item is not None and item != ""]
 
-        if self.fmt == "raw":
-            fields = ["0", *("".join(texts(column)) for column in self.columns)]
+        if self.fmt == "raw":  # a raw value is never a list (checked)
+            fields = ["0", *("" if (value := values.get(column)) is None or value == "" else str(value)
+                             for column in self._columns)]
             if self.weight_column is not None:
                 fields += [""] * (int(self.weight_column) - len(RAW_COLUMNS)) + ["1"]
             return "\t".join(fields)
         weight = [f"{self.weight_column}:1"] if self.weight_column is not None else []
         if self.fmt == "slot":
-            tokens = [f"{_SLOT_LABEL}:0", *(f"{column}:{text}" for column in self.columns for text in texts(column))]
+            tokens = [f"{_SLOT_LABEL}:0", *(f"{column}:{text}" for column in self._columns for text in texts(column))]
         else:
-            tokens = [f"0:{FEASIGN_LABEL_SLOT}", *(f"{text}:{column}" for column in self.columns
+            tokens = [f"0:{FEASIGN_LABEL_SLOT}", *(f"{text}:{column}" for column in self._columns
                                                    for text in texts(column))]
         return " ".join(tokens + weight)
 
