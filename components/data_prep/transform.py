@@ -1,9 +1,10 @@
 """The transform: a raw record (or a serving instance) -> dense values and slot ids, exactly as data prep made them.
 
-There is one implementation: data prep's own parser (:class:`~components.data_prep.formats.BlockParser`) turns
-lines of the training format into MultiSlot text, and the MultiSlot reader
-(:func:`~components.data_prep.multislot.read_shard_bytes`) reads that text as the trainer reads a shard. Serving
-goes through both, so its ids are the shards' ids by construction (not by a second parser kept in step by a test).
+There is one implementation: data prep's own parser (:class:`~components.data_prep.formats.BlockParser`). Data
+prep asks it for MultiSlot text; the transform asks the same parse for the rows as arrays instead
+(``with_text=False, with_dense=True``): the float32 dense values the text is formatted from and the slot ids it
+holds (:class:`~components.data_prep.parsed.ParsedBlock`), so serving's ids are the shards' ids by construction
+(not by a second parser kept in step by a test), without formatting text and reading it back.
 
 A serving instance (no label, no weight) is first written as a line of the training format with a placeholder label
 (and weight 1 when the dataset is weighted), after its values are checked (:class:`InstanceError`).
@@ -30,7 +31,7 @@ import numpy as np
 from components.data_prep.formats import BlockParser
 from components.data_prep.hashing import HASH_FUNCTION, check_hash_function, slot_prefix
 from components.data_prep.id_counts import DEPTH, OOV_VALUE, WIDTH, CountSketch, IdCounts, oov_id
-from components.data_prep.multislot import RaggedIds, Schema, read_shard_bytes, text_bytes
+from components.data_prep.multislot import RaggedIds, Schema, read_shard_bytes
 from components.data_prep.parsed import CRITEO_DENSE_DIM, CRITEO_SLOTS, MISSING_VALUE
 from components.data_prep.plan import SYNTHETIC, DataPlan
 from components.data_prep.raw_format import DENSE_LOG_CAP, RAW_COLUMNS
