@@ -242,12 +242,43 @@ class Transform:
         a missing key, ``None`` or ``""`` is a missing value) -> their rows; raises :class:`InstanceError`."""
         if not isinstance(instances, list):
             raise InstanceError(f"instances must be a list, got {type(instances).__name__}")
-        lines = [self._line(index, self._fields(index, instance)) for index, instance in enumerate(instances)]
+        plain = self._plain_raw_line if self.fmt == "raw" else (lambda instance: None)
+        lines = [line if (line := plain(instance)) is not None else self._line(index, self._fields(index, instance))
+                 for index, instance in enumerate(instances)]
         records = self.rows_of_records(("\n".join(lines) + "\n").encode() if lines else b"", "instances")
         if records.malformed:  # every instance is one non-blank line: line i is instance i
             line, reason = records.malformed[0]
             raise InstanceError(f"instance {line}: {reason}")
         return records
+
+    def _plain_raw_line(self, instance: Any) -> Optional[str]:
+        """The line of a raw list instance whose every field is text that passes :meth:`_fields`' checks as a whole
+        (the common case: one join and one search per instance, a few calls for its dense fields), the line
+        :meth:`_line` makes of it; None: any other instance, checked (and refused) field by field."""
+        if type(instance) is not list or len(instance) != len(self._columns):
+            return None
+        try:
+            text = "\t".join(instance)
+        except TypeError:  # a value that is not text: a number, None, ...
+            return None
+        if text.count("\t") != len(instance) - 1 or "\n" in text or "\r" in text:
+            return None
+        for position in self._dense_positions:
+            value = instance[position]
+            if value and not (value.isdigit() and value.isascii()) and not _is_finite_number(value):
+                return None
+        return "0\t" + text + self._raw_weight_fields
+
+    @functools.cached_property
+    def _dense_positions(self) -> tuple[int, ...]:
+        return tuple(position for position, column in enumerate(self._columns) if column in self._dense_columns)
+
+    @functools.cached_property
+    def _raw_weight_fields(self) -> str:
+        """What a raw instance's line ends with after its fields: the fields up to its weight 1 (weighted input)."""
+        if self.weight_column is None:
+            return ""
+        return "\t" + "\t".join([""] * (int(self.weight_column) - len(RAW_COLUMNS)) + ["1"])
 
     def _fields(self, index: int, instance: Any) -> dict[str, Any]:
         """The instance's values by column (absent: missing), checked to be columns and of a usable type."""

@@ -62,6 +62,11 @@ def test_records_and_instances_give_the_rows_data_prep_wrote(case):
         numeric = [[int(v) if column.startswith("I") and v else v for column, v in zip(transform.columns, row)]
                    for row in as_lists]
         assert_same_rows(transform.rows_of_instances(numeric), dense, sparse)
+        # Every field text, missing ones "": the plain instances' path makes the line the field checks make.
+        texts = [[v or "" for v in row] for row in as_lists]
+        assert [transform._plain_raw_line(row) for row in texts] == [
+            transform._line(i, transform._fields(i, row)) for i, row in enumerate(texts)]
+        assert_same_rows(transform.rows_of_instances(texts), dense, sparse)
 
 
 def test_the_count_filter_travels_with_the_transform(case):
