@@ -83,7 +83,10 @@ def _fnv1a(hashes: np.ndarray, data: np.ndarray, starts: np.ndarray, lengths: np
     if not len(lengths):
         return np.array(hashes, dtype=np.uint64)
     prime = np.uint64(_FNV_PRIME)
-    order = np.argsort(-lengths, kind="stable")
+    longest = int(lengths.max())
+    # Longest first; the distance to the longest key as uint16 (keys are short) sorts by radix, in linear time.
+    shortfall = longest - lengths
+    order = np.argsort(shortfall.astype(np.uint16) if longest < (1 << 16) else shortfall, kind="stable")
     state = np.array(hashes, dtype=np.uint64)[order]
     starts, lengths = starts[order], lengths[order]
     active = np.searchsorted(-lengths, -np.arange(int(lengths[0])), side="left")  # keys longer than each position

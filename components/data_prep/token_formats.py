@@ -136,7 +136,11 @@ def parse_tokens(parser: ParseSettings, block: bytes, starts: np.ndarray, blank:
     missing_slot, missing_row = np.divmod(np.flatnonzero(per_row == 0), max(row_count, 1))
     missing_rows = np.bincount(missing_slot, minlength=slot_count).astype(np.int64)
     key = np.concatenate([token_slot * row_count + token_row, missing_slot * row_count + missing_row])
-    order = np.argsort(key, kind="stable")
+    # Sorted by row (the tokens are already, the missing values per slot: a merge of sorted runs), then by slot as
+    # uint16 (a radix sort), both stable: by slot, then row, a row's values in line order.
+    by_row = np.argsort(np.concatenate([token_row, missing_row]), kind="stable")
+    slot_of = np.concatenate([token_slot, missing_slot])[by_row]
+    order = by_row[np.argsort(slot_of.astype(np.uint16) if slot_count < (1 << 16) else slot_of, kind="stable")]
     raw = pa.concat_arrays([pc.cast(pc.filter(values, pa.array(usable)), pa.binary()),
                             pa.array([MISSING_VALUE.encode()] * len(missing_slot), pa.binary())])
     rows = (key % max(row_count, 1))[order]
