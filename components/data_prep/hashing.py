@@ -75,6 +75,9 @@ def hash64_many(keys: Sequence[bytes]) -> np.ndarray:
     return mix64(_fnv1a(np.full(len(keys), _FNV_OFFSET, dtype=np.uint64), matrix.ravel(), starts, lengths))
 
 
+_FNV_CHUNK = 1 << 15  # keys hashed together
+
+
 def _fnv1a(hashes: np.ndarray, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """FNV-1a of ``data[starts[i]:starts[i] + lengths[i]]`` continued from ``hashes[i]``, for every i.
 
@@ -82,6 +85,9 @@ def _fnv1a(hashes: np.ndarray, data: np.ndarray, starts: np.ndarray, lengths: np
     order: each byte position updates only them, in place (no masking of the keys that have ended)."""
     if not len(lengths):
         return np.array(hashes, dtype=np.uint64)
+    if len(lengths) > _FNV_CHUNK:  # a chunk's arrays stay in the cache while its bytes are taken
+        return np.concatenate([_fnv1a(hashes[i:i + _FNV_CHUNK], data, starts[i:i + _FNV_CHUNK],
+                                      lengths[i:i + _FNV_CHUNK]) for i in range(0, len(lengths), _FNV_CHUNK)])
     prime = np.uint64(_FNV_PRIME)
     longest = int(lengths.max())
     # Longest first; the distance to the longest key as uint16 (keys are short) sorts by radix, in linear time.

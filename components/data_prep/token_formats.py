@@ -133,19 +133,24 @@ def parse_tokens(parser: ParseSettings, block: bytes, starts: np.ndarray, blank:
     slot_count, row_count = len(schema.sparse_slots), len(keep)
     token_slot, token_row = slot_index[usable].astype(np.int64), row_of_line[tokens.parent[usable]]
     per_row = np.bincount(token_slot * row_count + token_row, minlength=slot_count * row_count)
-    missing_slot, missing_row = np.divmod(np.flatnonzero(per_row == 0), max(row_count, 1))
-    missing_rows = np.bincount(missing_slot, minlength=slot_count).astype(np.int64)
-    key = np.concatenate([token_slot * row_count + token_row, missing_slot * row_count + missing_row])
-    # Sorted by row (the tokens are already, the missing values per slot: a merge of sorted runs), then by slot as
-    # uint16 (a radix sort), both stable: by slot, then row, a row's values in line order.
-    by_row = np.argsort(np.concatenate([token_row, missing_row]), kind="stable")
-    slot_of = np.concatenate([token_slot, missing_slot])[by_row]
-    order = by_row[np.argsort(slot_of.astype(np.uint16) if slot_count < (1 << 16) else slot_of, kind="stable")]
+    missing_rows = (per_row == 0).reshape(slot_count, row_count).sum(axis=1).astype(np.int64)
+    # The tokens are in row order: a stable radix sort by slot (uint16) puts them in (slot, row) order, a row's
+    # values in line order; each (slot, row) then takes its place among the groups, a missing value its own.
+    counts = np.maximum(per_row, 1)  # per slot, per row: its values (a missing value is one)
+    group_start = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=group_start[1:])
+    token_start = np.zeros(len(per_row) + 1, np.int64)
+    np.cumsum(per_row, out=token_start[1:])
+    by_slot = np.argsort(token_slot.astype(np.uint16) if slot_count < (1 << 16) else token_slot, kind="stable")
+    group = (token_slot * row_count + token_row)[by_slot]
+    missing_groups = np.flatnonzero(per_row == 0)
+    order = np.empty(len(by_slot) + len(missing_groups), np.int64)
+    order[group_start[group] + np.arange(len(group)) - token_start[group]] = by_slot
+    order[group_start[missing_groups]] = len(by_slot) + np.arange(len(missing_groups))
     raw = pa.concat_arrays([pc.cast(pc.filter(values, pa.array(usable)), pa.binary()),
-                            pa.array([MISSING_VALUE.encode()] * len(missing_slot), pa.binary())])
-    rows = (key % max(row_count, 1))[order]
-    sizes = np.bincount(key[order] // max(row_count, 1), minlength=slot_count) if row_count else np.zeros(
-        slot_count, np.int64)
+                            pa.array([MISSING_VALUE.encode()] * len(missing_groups), pa.binary())])
+    rows = np.repeat(np.tile(np.arange(row_count), slot_count), counts)
+    sizes = counts.reshape(slot_count, row_count).sum(axis=1)
     bounds = np.concatenate([[0], np.cumsum(sizes)])
     slot_ids, id_texts, _ = hashed_slots(parser, list(schema.sparse_slots), raw.take(pa.array(order)), sizes,
                                          [np.arange(size) for size in sizes],
@@ -160,7 +165,6 @@ def parse_tokens(parser: ParseSettings, block: bytes, starts: np.ndarray, blank:
             dense_lists = pa.ListArray.from_arrays(
                 pa.array(np.arange(0, len(floats) + 1, CRITEO_DENSE_DIM, dtype=np.int32)), floats)
             texts.append(pc.binary_join_element_wise(str(CRITEO_DENSE_DIM), pc.binary_join(dense_lists, " "), " "))
-        counts = np.maximum(per_row, 1)  # per slot, per row: its values (a missing value is one)
         lists = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)),
                                          id_texts)
         slot_texts = pc.binary_join_element_wise(pc.cast(pa.array(counts), pa.string()), pc.binary_join(lists, " "),
