@@ -27,9 +27,11 @@ fails (in the order the format lists its fields).
 
 How it is fast (README: data prep): Arrow parses the block (its CSV reader for ``raw``, its string kernels for
 the token formats); every column is dictionary-encoded, so each *distinct* value of a block is parsed, hashed
-(:func:`components.data_prep.hashing.hash_arrow_values`) and formatted once; rows get their text by ``take`` and
-one element-wise join builds the MultiSlot lines (:mod:`components.data_prep.multislot`), never value by value
-in Python.
+(:func:`components.data_prep.hashing.hash_arrow_values`, every slot of the block in one pass) and formatted once;
+rows get their text by ``take`` and one element-wise join builds the MultiSlot lines
+(:mod:`components.data_prep.multislot`), never value by value in Python. The transform
+(:mod:`components.data_prep.transform`) asks the same parse for the rows as arrays instead of text
+(``with_text=False, with_dense=True``): a small block costs a few Arrow calls, not a few per slot.
 """
 
 from __future__ import annotations

@@ -26,6 +26,7 @@ and a serving model's ``serving.json``; code that maps raw values to ids refuses
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Sequence
 from typing import Optional
 
@@ -74,13 +75,33 @@ def hash64_many(keys: Sequence[bytes]) -> np.ndarray:
     return mix64(_fnv1a(np.full(len(keys), _FNV_OFFSET, dtype=np.uint64), matrix.ravel(), starts, lengths))
 
 
+_FNV_CHUNK = 1 << 15  # keys hashed together
+
+
 def _fnv1a(hashes: np.ndarray, data: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-    """FNV-1a of ``data[starts[i]:starts[i] + lengths[i]]`` continued from ``hashes[i]``, for every i."""
+    """FNV-1a of ``data[starts[i]:starts[i] + lengths[i]]`` continued from ``hashes[i]``, for every i.
+
+    The keys are taken longest first, so the keys still being hashed at byte ``position`` are a prefix of that
+    order: each byte position updates only them, in place (no masking of the keys that have ended)."""
+    if not len(lengths):
+        return np.array(hashes, dtype=np.uint64)
+    if len(lengths) > _FNV_CHUNK:  # a chunk's arrays stay in the cache while its bytes are taken
+        return np.concatenate([_fnv1a(hashes[i:i + _FNV_CHUNK], data, starts[i:i + _FNV_CHUNK],
+                                      lengths[i:i + _FNV_CHUNK]) for i in range(0, len(lengths), _FNV_CHUNK)])
     prime = np.uint64(_FNV_PRIME)
-    last = max(len(data) - 1, 0)
-    for position in range(int(lengths.max()) if len(lengths) else 0):
-        byte = data[np.minimum(starts + position, last)].astype(np.uint64)
-        hashes = np.where(position < lengths, (hashes ^ byte) * prime, hashes)
+    longest = int(lengths.max())
+    # Longest first; the distance to the longest key as uint16 (keys are short) sorts by radix, in linear time.
+    shortfall = longest - lengths
+    order = np.argsort(shortfall.astype(np.uint16) if longest < (1 << 16) else shortfall, kind="stable")
+    state = np.array(hashes, dtype=np.uint64)[order]
+    starts, lengths = starts[order], lengths[order]
+    active = np.searchsorted(-lengths, -np.arange(int(lengths[0])), side="left")  # keys longer than each position
+    for position, count in enumerate(active.tolist()):
+        head = state[:count]
+        head ^= data[starts[:count] + position]
+        head *= prime
+    hashes = np.empty_like(state)
+    hashes[order] = state
     return hashes
 
 
@@ -95,8 +116,11 @@ def mix64(values: np.ndarray) -> np.ndarray:
     return h
 
 
-def hash_arrow_values(prefix: bytes, values) -> np.ndarray:
-    """:func:`hash64` of ``prefix + value`` for every value of an Arrow string/binary array (no nulls)."""
+def hash_arrow_values(prefix, values) -> np.ndarray:
+    """:func:`hash64` of ``prefix + value`` for every value of an Arrow string/binary array (no nulls).
+
+    ``prefix``: the bytes every key starts with, or per value FNV-1a's state after its own prefix
+    (:func:`prefix_state`), so that the values of many slots are hashed in one pass."""
     import pyarrow as pa
 
     if pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type):
@@ -109,9 +133,18 @@ def hash_arrow_values(prefix: bytes, values) -> np.ndarray:
     offsets = np.frombuffer(values.buffers()[1], offset_type)[values.offset: values.offset + count + 1]
     data = values.buffers()[2]
     data = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    start = np.full(count, _fnv_prefix(prefix), dtype=np.uint64)
+    if isinstance(prefix, (bytes, bytearray)):
+        start = np.full(count, prefix_state(bytes(prefix)), dtype=np.uint64)
+    else:
+        start = np.asarray(prefix, dtype=np.uint64)
     lengths = (offsets[1:] - offsets[:-1]).astype(np.int64)
     return mix64(_fnv1a(start, data, offsets[:-1].astype(np.int64), lengths))
+
+
+@functools.lru_cache(maxsize=4096)
+def prefix_state(prefix: bytes) -> int:
+    """FNV-1a's state after ``prefix`` (a slot's key prefix, :func:`slot_prefix`), computed once per process."""
+    return _fnv_prefix(prefix)
 
 
 def _fnv_prefix(prefix: bytes) -> int:

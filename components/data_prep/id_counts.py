@@ -22,6 +22,7 @@ an id never seen in training is its slot's OOV id in validation and test as well
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from os import PathLike
 
@@ -51,6 +52,7 @@ def slot_keys(slot: str, ids: np.ndarray) -> np.ndarray:
     return mix64(np.asarray(ids, np.uint64) ^ _slot_salt(slot))
 
 
+@functools.lru_cache(maxsize=4096)
 def oov_id(slot: str, vocab_size: int) -> int:
     """The id every rare id of ``slot`` is written as."""
     return feature_id(slot, OOV_VALUE, vocab_size)
@@ -116,6 +118,18 @@ class IdCounts:
 
     def filtered(self, slot: str, ids: np.ndarray, estimates: np.ndarray) -> np.ndarray:
         """``ids`` with those rarer than ``min_id_count`` replaced by the slot's OOV id."""
+        return self.filtered_slots([slot], np.array([len(ids)]), ids, estimates)
+
+    def estimates_slots(self, slots: Sequence[str], sizes: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """:meth:`estimates` of the ids of many slots at once: the first ``sizes[0]`` ids are of ``slots[0]``, the
+        next ``sizes[1]`` of ``slots[1]``, and so on."""
+        salts = np.repeat(np.array([_slot_salt(slot) for slot in slots], np.uint64), sizes)
+        return self.sketch.estimates(mix64(np.asarray(ids, np.uint64) ^ salts))
+
+    def filtered_slots(self, slots: Sequence[str], sizes: np.ndarray, ids: np.ndarray,
+                       estimates: np.ndarray) -> np.ndarray:
+        """:meth:`filtered` of the ids of many slots at once (``sizes``: as in :meth:`estimates_slots`)."""
         if self.min_id_count <= 1:
             return ids
-        return np.where(estimates < self.min_id_count, ids.dtype.type(oov_id(slot, self.vocab_size)), ids)
+        oov = np.repeat(np.array([oov_id(slot, self.vocab_size) for slot in slots], ids.dtype), sizes)
+        return np.where(estimates < self.min_id_count, oov, ids)

@@ -5,6 +5,7 @@ the weight check. :mod:`components.data_prep.formats` describes the formats.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -14,9 +15,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from components.data_prep.hashing import hash_arrow_values, slot_prefix
+from components.data_prep.hashing import hash_arrow_values, prefix_state, slot_prefix
 from components.data_prep.id_counts import IdCounts
-from components.data_prep.multislot import Schema
+from components.data_prep.multislot import RaggedIds, Schema
 from components.data_prep.sources import DataPrepError
 
 MISSING_VALUE = "<missing>"
@@ -29,7 +30,8 @@ class ParseSettings:
     """What a block is parsed by: its format, the rows' ``schema`` with ids in ``[0, vocab_size)``;
     ``weight_column``: where a weighted schema's weights are; ``id_counts``: estimates every id's train rows and
     maps the rare ones (the convert pass, once the counting pass has counted); ``with_text``: False leaves the
-    rows' MultiSlot lines unjoined (the counting pass reads the ids only)."""
+    rows' MultiSlot lines unjoined (the counting pass reads the ids only); ``with_dense``: the rows' dense values
+    as an array too (:attr:`ParsedBlock.dense`: the transform reads rows as arrays, not as text)."""
 
     fmt: str
     schema: Schema
@@ -37,6 +39,7 @@ class ParseSettings:
     weight_column: Optional[str] = None
     id_counts: Optional[IdCounts] = None
     with_text: bool = True
+    with_dense: bool = False
 
 
 class WeightError(DataPrepError):
@@ -86,6 +89,16 @@ class SlotIds:
         first[1:] = (owners[1:] != owners[:-1]) | (ids[1:] != ids[:-1])
         return np.unique(ids[first], return_counts=True)
 
+    def ragged(self, rows: int) -> RaggedIds:
+        """The ids of each of the block's ``rows`` rows, in the order its MultiSlot line holds them (every row
+        holds a value of every slot; ``row_of`` is sorted)."""
+        values = self.ids[self.value_of].astype(np.int64)
+        if self.one_per_row:
+            return RaggedIds(values, np.arange(rows + 1, dtype=np.int64))
+        offsets = np.zeros(rows + 1, np.int64)
+        np.cumsum(np.bincount(self.row_of, minlength=rows), out=offsets[1:])
+        return RaggedIds(values, offsets)
+
 
 @dataclass
 class ParsedBlock:
@@ -98,6 +111,12 @@ class ParsedBlock:
     slot_ids: list[SlotIds]  # per sparse slot
     missing: np.ndarray  # int64 per sparse slot: the rows without a value for it (its one value is MISSING_VALUE)
     malformed: list[tuple[int, str]]  # (0-based line within the block, reason), in line order
+    # float32 [rows, dense_dim], the values the MultiSlot text holds (None: not asked for, ParseSettings.with_dense)
+    dense: Optional[np.ndarray] = None
+
+    def sparse(self) -> list[RaggedIds]:
+        """Per sparse slot the rows' ids, as the reader of the MultiSlot text gets them."""
+        return [ids.ragged(len(self.labels)) for ids in self.slot_ids]
 
 
 _WHITESPACE = np.zeros(256, bool)
@@ -154,6 +173,15 @@ def decode(values: pa.Array) -> list[str]:
     return [v.decode("utf-8", "replace") if isinstance(v, bytes) else v for v in values.to_pylist()]
 
 
+def binary_lengths(values: pa.Array) -> np.ndarray:
+    """The byte length of every value of an Arrow string or binary array, read from its offsets."""
+    if not len(values):
+        return np.zeros(0, np.int64)
+    wide = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
+    offsets = np.frombuffer(values.buffers()[1], np.int64 if wide else np.int32)
+    return np.diff(offsets[values.offset:values.offset + len(values) + 1])
+
+
 def parse_floats(texts: pa.Array) -> np.ndarray:
     """float64 of every text; NaN where it is not a finite number (each distinct text is parsed once)."""
     try:
@@ -176,18 +204,40 @@ def float_texts(values: np.ndarray) -> pa.Array:
     return pc.cast(pa.array(values.astype(np.float32)), pa.string())
 
 
-def hashed_slot_ids(parser: ParseSettings, slot: str, values: pa.Array, value_of: np.ndarray, row_of: np.ndarray,
-                    one_per_row: bool = False) -> tuple[SlotIds, pa.Array]:
-    """The :class:`SlotIds` of raw values of one slot (empty = :data:`MISSING_VALUE`) and each value's "<id>"
-    text (the id after the count filter)."""
-    values = pc.if_else(pc.equal(pc.binary_length(values), 0), pa.scalar(MISSING_VALUE.encode(), values.type),
-                        values)
-    ids = hash_arrow_values(slot_prefix(slot), values) % np.uint64(parser.vocab_size)
-    found = SlotIds(ids, value_of, row_of, one_per_row)
+def hashed_slots(parser: ParseSettings, slots: Sequence[str], values: pa.Array, sizes: np.ndarray,
+                 value_of: Sequence[np.ndarray], row_of: Sequence[np.ndarray],
+                 one_per_row: bool = False) -> tuple[list[SlotIds], Optional[pa.Array], np.ndarray]:
+    """The :class:`SlotIds` of every slot ``slots[k]`` from its raw values (binary, empty = :data:`MISSING_VALUE`):
+    the next ``sizes[k]`` of ``values``; all slots are hashed (and counted) in one pass. ``value_of``, ``row_of``:
+    per slot, as :class:`SlotIds` holds them.
+
+    Returns ``(slot ids, texts, starts)``: with ``parser.with_text`` every value's "<id>" text (the id after the
+    count filter; None without), slot ``k``'s from ``starts[k]`` to ``starts[k + 1]``."""
+    sizes = np.asarray(sizes, np.int64)
+    starts = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes, out=starts[1:])
+    values = pc.if_else(pc.equal(pc.binary_length(values), 0), pa.scalar(MISSING_VALUE.encode(), values.type), values)
+    unfiltered = hash_arrow_values(np.repeat(_prefix_states(tuple(slots)), sizes), values) % np.uint64(
+        parser.vocab_size)
+    ids, estimates = unfiltered, None
     if parser.id_counts is not None:
-        estimates = parser.id_counts.estimates(slot, ids)
-        found = SlotIds(parser.id_counts.filtered(slot, ids, estimates), value_of, row_of, one_per_row, ids, estimates)
-    return found, pc.cast(pa.array(found.ids), pa.string())
+        estimates = parser.id_counts.estimates_slots(slots, sizes, unfiltered)
+        ids = parser.id_counts.filtered_slots(slots, sizes, unfiltered, estimates)
+    found = []
+    for k in range(len(slots)):
+        part = slice(starts[k], starts[k + 1])
+        if estimates is None:
+            found.append(SlotIds(ids[part], value_of[k], row_of[k], one_per_row))
+        else:
+            found.append(SlotIds(ids[part], value_of[k], row_of[k], one_per_row, unfiltered[part], estimates[part]))
+    texts = pc.cast(pa.array(ids), pa.string()) if parser.with_text else None
+    return found, texts, starts
+
+
+@functools.lru_cache(maxsize=256)
+def _prefix_states(slots: tuple[str, ...]) -> np.ndarray:
+    """FNV-1a's state after each slot's key prefix (once per process and schema)."""
+    return np.array([prefix_state(slot_prefix(slot)) for slot in slots], np.uint64)
 
 
 def first_bad_weight(lines: np.ndarray, weights: np.ndarray, text_of: Callable[[int], Optional[str]],

@@ -12,7 +12,7 @@ import pyarrow.compute as pc
 
 from components.data_prep.parsed import (CRITEO_DENSE_DIM, CRITEO_SLOTS, MISSING_VALUE, ParsedBlock, ParseSettings,
                                          Reasons, WeightError, first_bad_weight, float_texts, join_columns,
-                                         lines_array, parse_floats, hashed_slot_ids, scan_lines)
+                                         hashed_slots, lines_array, parse_floats, scan_lines)
 
 FEASIGN_LABEL_SLOT = "1"
 _UINT64_MAX = str((1 << 64) - 1)
@@ -119,41 +119,62 @@ def parse_tokens(parser: ParseSettings, block: bytes, starts: np.ndarray, blank:
         slot_names = [slot[1:] for slot in schema.sparse_slots]  # slot C<n> is the file's slot n
     good = reasons.good
     keep = np.flatnonzero(good)
-    texts = [pc.take(pa.array(["1 0", "1 1"]), pa.array(np.maximum(labels[keep], 0)))]
     if schema.weighted:
         weights = _row_weights(parser.weight_column, weight_texts, weight_rows, lines, keep)
-        texts.append(pc.binary_join_element_wise("1", float_texts(weights), " "))
-    if parser.fmt == "slot":
-        floats = float_texts(dense_values[good[tokens.parent[is_dense]]])
-        per_row = pa.ListArray.from_arrays(pa.array(np.arange(0, len(floats) + 1, CRITEO_DENSE_DIM, dtype=np.int32)),
-                                           floats)
-        texts.append(pc.binary_join_element_wise(str(CRITEO_DENSE_DIM), pc.binary_join(per_row, " "), " "))
+    dense = np.zeros((len(keep), schema.dense_dim), np.float32)
+    if parser.fmt == "slot":  # the good rows' dense values, as the float32 the text holds
+        dense = dense_values[good[tokens.parent[is_dense]]].astype(np.float32).reshape(len(keep), CRITEO_DENSE_DIM)
+    # Every slot's values of every row at once: sorted by slot, then row (a row's values in line order); a row
+    # without a value of a slot gets MISSING_VALUE alone.
     row_of_line = np.full(len(lines), -1, np.int64)
     row_of_line[keep] = np.arange(len(keep))
     slot_index = np.asarray(pc.fill_null(pc.index_in(names, value_set=pa.array(slot_names)), -1))
     usable = good[tokens.parent] & (slot_index >= 0)
-    slot_ids, missing_rows = [], np.zeros(len(schema.sparse_slots), np.int64)
-    for position, slot in enumerate(schema.sparse_slots):
-        mine = usable & (slot_index == position)
-        rows = row_of_line[tokens.parent[mine]]
-        missing = np.flatnonzero(np.bincount(rows, minlength=len(keep)) == 0)
-        missing_rows[position] = len(missing)
-        raw = pa.concat_arrays([pc.cast(pc.filter(values, pa.array(mine)), pa.binary()),
-                                pa.array([MISSING_VALUE.encode()] * len(missing), pa.binary())])
-        rows = np.concatenate([rows, missing])
-        order = np.argsort(rows, kind="stable")  # a row's values in line order, its missing value alone
-        rows = rows[order]
-        ids, id_texts = hashed_slot_ids(parser, slot, raw.take(pa.array(order)), np.arange(len(rows)), rows)
-        counts = np.bincount(rows, minlength=len(keep))
-        per_row = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)),
-                                           id_texts)
-        texts.append(pc.binary_join_element_wise(pc.cast(pa.array(counts), pa.string()),
-                                                 pc.binary_join(per_row, " "), " "))
-        slot_ids.append(ids)
-    texts[-1] = pc.binary_join_element_wise(texts[-1], "\n", "")
+    slot_count, row_count = len(schema.sparse_slots), len(keep)
+    token_slot, token_row = slot_index[usable].astype(np.int64), row_of_line[tokens.parent[usable]]
+    per_row = np.bincount(token_slot * row_count + token_row, minlength=slot_count * row_count)
+    missing_rows = (per_row == 0).reshape(slot_count, row_count).sum(axis=1).astype(np.int64)
+    # The tokens are in row order: a stable radix sort by slot (uint16) puts them in (slot, row) order, a row's
+    # values in line order; each (slot, row) then takes its place among the groups, a missing value its own.
+    counts = np.maximum(per_row, 1)  # per slot, per row: its values (a missing value is one)
+    group_start = np.zeros(len(counts) + 1, np.int64)
+    np.cumsum(counts, out=group_start[1:])
+    token_start = np.zeros(len(per_row) + 1, np.int64)
+    np.cumsum(per_row, out=token_start[1:])
+    by_slot = np.argsort(token_slot.astype(np.uint16) if slot_count < (1 << 16) else token_slot, kind="stable")
+    group = (token_slot * row_count + token_row)[by_slot]
+    missing_groups = np.flatnonzero(per_row == 0)
+    order = np.empty(len(by_slot) + len(missing_groups), np.int64)
+    order[group_start[group] + np.arange(len(group)) - token_start[group]] = by_slot
+    order[group_start[missing_groups]] = len(by_slot) + np.arange(len(missing_groups))
+    raw = pa.concat_arrays([pc.cast(pc.filter(values, pa.array(usable)), pa.binary()),
+                            pa.array([MISSING_VALUE.encode()] * len(missing_groups), pa.binary())])
+    rows = np.repeat(np.tile(np.arange(row_count), slot_count), counts)
+    sizes = counts.reshape(slot_count, row_count).sum(axis=1)
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    slot_ids, id_texts, _ = hashed_slots(parser, list(schema.sparse_slots), raw.take(pa.array(order)), sizes,
+                                         [np.arange(size) for size in sizes],
+                                         [rows[bounds[k]:bounds[k + 1]] for k in range(slot_count)])
+    text = None
+    if parser.with_text:
+        texts = [pc.take(pa.array(["1 0", "1 1"]), pa.array(np.maximum(labels[keep], 0)))]
+        if schema.weighted:
+            texts.append(pc.binary_join_element_wise("1", float_texts(weights), " "))
+        if parser.fmt == "slot":
+            floats = float_texts(dense.ravel())
+            dense_lists = pa.ListArray.from_arrays(
+                pa.array(np.arange(0, len(floats) + 1, CRITEO_DENSE_DIM, dtype=np.int32)), floats)
+            texts.append(pc.binary_join_element_wise(str(CRITEO_DENSE_DIM), pc.binary_join(dense_lists, " "), " "))
+        lists = pa.ListArray.from_arrays(pa.array(np.concatenate([[0], np.cumsum(counts)]).astype(np.int32)),
+                                         id_texts)
+        slot_texts = pc.binary_join_element_wise(pc.cast(pa.array(counts), pa.string()), pc.binary_join(lists, " "),
+                                                 " ")
+        texts += [slot_texts.slice(k * row_count, row_count) for k in range(slot_count)]
+        texts[-1] = pc.binary_join_element_wise(texts[-1], "\n", "")
+        text = join_columns(texts)
     malformed = [(int(lines[i]), reasons.reason[i]) for i in np.flatnonzero(~good)]
-    return ParsedBlock(starts, lines[keep], np.maximum(labels[keep], 0),
-                       join_columns(texts) if parser.with_text else None, slot_ids, missing_rows, malformed)
+    return ParsedBlock(starts, lines[keep], np.maximum(labels[keep], 0), text, slot_ids, missing_rows, malformed,
+                       dense if parser.with_dense else None)
 
 
 def _row_weights(weight_column: str, texts: pa.Array, rows: np.ndarray, lines: np.ndarray,

@@ -1,9 +1,10 @@
 """The transform: a raw record (or a serving instance) -> dense values and slot ids, exactly as data prep made them.
 
-There is one implementation: data prep's own parser (:class:`~components.data_prep.formats.BlockParser`) turns
-lines of the training format into MultiSlot text, and the MultiSlot reader
-(:func:`~components.data_prep.multislot.read_shard_bytes`) reads that text as the trainer reads a shard. Serving
-goes through both, so its ids are the shards' ids by construction (not by a second parser kept in step by a test).
+There is one implementation: data prep's own parser (:class:`~components.data_prep.formats.BlockParser`). Data
+prep asks it for MultiSlot text; the transform asks the same parse for the rows as arrays instead
+(``with_text=False, with_dense=True``): the float32 dense values the text is formatted from and the slot ids it
+holds (:class:`~components.data_prep.parsed.ParsedBlock`), so serving's ids are the shards' ids by construction
+(not by a second parser kept in step by a test), without formatting text and reading it back.
 
 A serving instance (no label, no weight) is first written as a line of the training format with a placeholder label
 (and weight 1 when the dataset is weighted), after its values are checked (:class:`InstanceError`).
@@ -15,7 +16,9 @@ export copies it into every version, so an old export keeps serving with its own
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 import math
 import os
 import shutil
@@ -28,7 +31,7 @@ import numpy as np
 from components.data_prep.formats import BlockParser
 from components.data_prep.hashing import HASH_FUNCTION, check_hash_function, slot_prefix
 from components.data_prep.id_counts import DEPTH, OOV_VALUE, WIDTH, CountSketch, IdCounts, oov_id
-from components.data_prep.multislot import RaggedIds, Schema, read_shard_bytes, text_bytes
+from components.data_prep.multislot import RaggedIds, Schema, read_shard_bytes
 from components.data_prep.parsed import CRITEO_DENSE_DIM, CRITEO_SLOTS, MISSING_VALUE
 from components.data_prep.plan import SYNTHETIC, DataPlan
 from components.data_prep.raw_format import DENSE_LOG_CAP, RAW_COLUMNS
@@ -224,27 +227,62 @@ class Transform:
         if not data.strip():  # no line at all (Arrow's CSV reader refuses an empty block): no rows
             _, dense, sparse, _ = read_shard_bytes(b"", self.schema, name)
             return Records(dense, sparse, [])
+        parsed = self._parser.parse(data)
+        return Records(parsed.dense, parsed.sparse(), parsed.malformed)
+
+    @functools.cached_property
+    def _parser(self) -> BlockParser:
+        """Data prep's parser of this transform's blocks, asked for the rows' arrays rather than their text."""
         id_counts = IdCounts(self.id_counts, self.min_id_count, self.vocab_size) if self.id_counts else None
-        parsed = BlockParser(self.fmt, self.schema, self.vocab_size, self.weight_column, id_counts).parse(data)
-        text = bytes(text_bytes(parsed.text)) if len(parsed.labels) else b""
-        _, dense, sparse, _ = read_shard_bytes(text, self.schema, name)
-        return Records(dense, sparse, parsed.malformed)
+        return BlockParser(self.fmt, self.schema, self.vocab_size, self.weight_column, id_counts, with_text=False,
+                           with_dense=True)
 
     def rows_of_instances(self, instances: list) -> Records:
         """Serving instances (each a list of the :attr:`columns`' values in order, or an object keyed by column;
         a missing key, ``None`` or ``""`` is a missing value) -> their rows; raises :class:`InstanceError`."""
         if not isinstance(instances, list):
             raise InstanceError(f"instances must be a list, got {type(instances).__name__}")
-        lines = [self._line(index, self._fields(index, instance)) for index, instance in enumerate(instances)]
+        plain = self._plain_raw_line if self.fmt == "raw" else (lambda instance: None)
+        lines = [line if (line := plain(instance)) is not None else self._line(index, self._fields(index, instance))
+                 for index, instance in enumerate(instances)]
         records = self.rows_of_records(("\n".join(lines) + "\n").encode() if lines else b"", "instances")
         if records.malformed:  # every instance is one non-blank line: line i is instance i
             line, reason = records.malformed[0]
             raise InstanceError(f"instance {line}: {reason}")
         return records
 
+    def _plain_raw_line(self, instance: Any) -> Optional[str]:
+        """The line of a raw list instance whose every field is text that passes :meth:`_fields`' checks as a whole
+        (the common case: one join and one search per instance, a few calls for its dense fields), the line
+        :meth:`_line` makes of it; None: any other instance, checked (and refused) field by field."""
+        if type(instance) is not list or len(instance) != len(self._columns):
+            return None
+        try:
+            text = "\t".join(instance)
+        except TypeError:  # a value that is not text: a number, None, ...
+            return None
+        if text.count("\t") != len(instance) - 1 or "\n" in text or "\r" in text:
+            return None
+        for position in self._dense_positions:
+            value = instance[position]
+            if value and not (value.isdigit() and value.isascii()) and not _is_finite_number(value):
+                return None
+        return "0\t" + text + self._raw_weight_fields
+
+    @functools.cached_property
+    def _dense_positions(self) -> tuple[int, ...]:
+        return tuple(position for position, column in enumerate(self._columns) if column in self._dense_columns)
+
+    @functools.cached_property
+    def _raw_weight_fields(self) -> str:
+        """What a raw instance's line ends with after its fields: the fields up to its weight 1 (weighted input)."""
+        if self.weight_column is None:
+            return ""
+        return "\t" + "\t".join([""] * (int(self.weight_column) - len(RAW_COLUMNS)) + ["1"])
+
     def _fields(self, index: int, instance: Any) -> dict[str, Any]:
         """The instance's values by column (absent: missing), checked to be columns and of a usable type."""
-        columns = self.columns
+        columns = self._columns
         if isinstance(instance, list):
             if len(instance) > len(columns):
                 raise InstanceError(f"instance {index}, field {len(columns)}: too many fields, the {self.fmt} "
@@ -254,16 +292,38 @@ class Transform:
                                     f"holds all {len(columns)} fields (null or \"\" for a missing value)")
             values = dict(zip(columns, instance))
         elif isinstance(instance, dict):
-            unknown = [key for key in instance if key not in columns]
+            unknown = [key for key in instance if key not in self._column_set]
             if unknown:
                 raise InstanceError(f"instance {index}, field {unknown[0]}: unknown column; the {self.fmt} input's "
                                     f"columns are {columns[0]}..{columns[-1]}")
             values = dict(instance)
         else:
             raise InstanceError(f"instance {index}: expected a list or an object, got {type(instance).__name__}")
+        check, forbidden, dense = self._check_value, self._forbidden.search, self._dense_columns
         for column, value in values.items():
-            self._check_value(index, column, value)
+            # A plain text value that passes every check below, at the cost of one search (the common case).
+            if type(value) is str and column != _SLOT_DENSE and (
+                    not value or (forbidden(value) is None and (column not in dense or _is_finite_number(value)))):
+                continue
+            check(index, column, value)
         return values
+
+    @functools.cached_property
+    def _columns(self) -> tuple[str, ...]:
+        return tuple(self.columns)
+
+    @functools.cached_property
+    def _column_set(self) -> frozenset[str]:
+        return frozenset(self.columns)
+
+    @functools.cached_property
+    def _dense_columns(self) -> frozenset[str]:
+        return frozenset(column for column in self.columns if self._is_dense(column))
+
+    @functools.cached_property
+    def _forbidden(self) -> re.Pattern:
+        """What a value may not hold: a raw field no tab or newline, a token's value no whitespace."""
+        return re.compile("[\t\n\r]" if self.fmt == "raw" else r"\s")
 
     def _check_value(self, index: int, column: str, value: Any) -> None:
         several = self.fmt != "raw" and column != _SLOT_DENSE  # a token slot may hold several values
@@ -279,11 +339,11 @@ class Transform:
                 raise InstanceError(f"instance {index}, field {column}: expected {kind}, got "
                                     f"{type(item).__name__ if not isinstance(item, list) else 'a list'}")
             text = str(item)
-            if self.fmt == "raw" and any(ch in text for ch in "\t\n\r"):
+            if self.fmt == "raw" and self._forbidden.search(text):
                 raise InstanceError(f"instance {index}, field {column}: a tab or newline inside a value")
-            if self.fmt != "raw" and any(ch.isspace() for ch in text):
+            if self.fmt != "raw" and self._forbidden.search(text):
                 raise InstanceError(f"instance {index}, field {column}: whitespace inside a value")
-            if self._is_dense(column) and not _is_finite_number(text):
+            if column in self._dense_columns and not _is_finite_number(text):
                 raise InstanceError(f"instance {index}, field {column}: not a finite number: {text!r}")
 
     def _is_dense(self, column: str) -> bool:
@@ -296,16 +356,17 @@ class Transform:
             items = value if isinstance(value, list) else [value]
             return [str(item) for item in items if item is not None and item != ""]
 
-        if self.fmt == "raw":
-            fields = ["0", *("".join(texts(column)) for column in self.columns)]
+        if self.fmt == "raw":  # a raw value is never a list (checked)
+            fields = ["0", *("" if (value := values.get(column)) is None or value == "" else str(value)
+                             for column in self._columns)]
             if self.weight_column is not None:
                 fields += [""] * (int(self.weight_column) - len(RAW_COLUMNS)) + ["1"]
             return "\t".join(fields)
         weight = [f"{self.weight_column}:1"] if self.weight_column is not None else []
         if self.fmt == "slot":
-            tokens = [f"{_SLOT_LABEL}:0", *(f"{column}:{text}" for column in self.columns for text in texts(column))]
+            tokens = [f"{_SLOT_LABEL}:0", *(f"{column}:{text}" for column in self._columns for text in texts(column))]
         else:
-            tokens = [f"0:{FEASIGN_LABEL_SLOT}", *(f"{text}:{column}" for column in self.columns
+            tokens = [f"0:{FEASIGN_LABEL_SLOT}", *(f"{text}:{column}" for column in self._columns
                                                    for text in texts(column))]
         return " ".join(tokens + weight)
 

@@ -3,6 +3,7 @@ prep wrote for them, in every format; bad instances are refused in one line; tra
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 
 from components.data_prep.hashing import HASH_FUNCTION, feature_id
 from components.data_prep.id_counts import OOV_VALUE, oov_id
-from components.data_prep.multislot import Schema, read_shards
+from components.data_prep.multislot import Schema, read_shard_bytes, read_shards, text_bytes
 from components.data_prep.prepare import prepare_synthetic
 from components.data_prep.raw_format import DENSE_LOG_CAP
 from components.data_prep.synthetic import category_value, generate
@@ -61,6 +62,11 @@ def test_records_and_instances_give_the_rows_data_prep_wrote(case):
         numeric = [[int(v) if column.startswith("I") and v else v for column, v in zip(transform.columns, row)]
                    for row in as_lists]
         assert_same_rows(transform.rows_of_instances(numeric), dense, sparse)
+        # Every field text, missing ones "": the plain instances' path makes the line the field checks make.
+        texts = [[v or "" for v in row] for row in as_lists]
+        assert [transform._plain_raw_line(row) for row in texts] == [
+            transform._line(i, transform._fields(i, row)) for i, row in enumerate(texts)]
+        assert_same_rows(transform.rows_of_instances(texts), dense, sparse)
 
 
 def test_the_count_filter_travels_with_the_transform(case):
@@ -76,6 +82,53 @@ def test_the_count_filter_travels_with_the_transform(case):
     slot = transform.schema.sparse_slots[0]
     ids = transform.rows_of_instances([{slot: "never-seen" if fmt == "raw" else 987654321}]).sparse[0].values
     assert ids.tolist() == [oov_id(slot, VOCAB)] and stats["oov"]["ids"][slot] == oov_id(slot, VOCAB)
+
+
+# Lines every format's parser must take both ways: blank and malformed lines, missing values, and (raw) counts past
+# the small counts' table, negative ones and, in a block of its own, a count that is not an integer.
+_ODD_LINES = {
+    "raw": ["", "1\t" + "\t" * 38, "0\t1000000\t-3\t70000\t" + "\t".join(["5"] * 10) + "\tab" * 26, "2\tx",
+            "1\tnot-a-count" + "\t" * 38],
+    "slot": ["", "click:1 " + " ".join(["dense_feature:1e+20"] * 13), "click:0 dense_feature:1", "bad token"],
+    "feasign": ["", "1:1 18446744073709551615:2", "0:1 5:2 5:2 5:3", "2:1 3:4", "x"],
+}
+
+
+@pytest.mark.parametrize("extra", ["none", "odd", "non-integer-count"])
+def test_the_parsers_arrays_are_what_its_text_reads_back_as(case, extra):
+    """One parser, two outputs: the arrays the transform reads (with_text=False, with_dense=True) equal the rows of
+    the MultiSlot text data prep writes, read back as the trainer reads it, for every format, weighted or not, with a
+    count filter or not."""
+    fmt, weighted, lines, out, _ = case
+    transform = Transform.load(out / TRANSFORM_DIR)
+    odd = _ODD_LINES[fmt]
+    if fmt == "raw" and extra == "odd":
+        odd = odd[:-1]  # a count that is not an integer reads the whole block's counts as text: the third case
+    if weighted:
+        weight = {"raw": "\t1.5", "slot": " weight:1.5", "feasign": " w:1.5"}[fmt]
+        odd = [line + weight if line.strip() else line for line in odd]
+    block = "\n".join(lines[:150] + ({"none": [], "odd": odd, "non-integer-count": odd}[extra])) + "\n"
+    if extra == "non-integer-count" and fmt == "raw":
+        block = block.replace("\t70000\t", "\t2.5\t")
+    arrays = transform._parser
+    parsed = arrays.parse(block.encode())
+    text = dataclasses.replace(arrays, with_text=True, with_dense=False).parse(block.encode())
+    assert text.dense is None and parsed.text is None
+    assert parsed.malformed == text.malformed and np.array_equal(parsed.row_lines, text.row_lines)
+    good_odd = 0 if extra == "none" else {"raw": 2, "slot": 1, "feasign": 2}[fmt]
+    assert len(parsed.labels) == 150 + good_odd and np.array_equal(parsed.labels, text.labels)
+    _, dense, sparse, _ = read_shard_bytes(bytes(text_bytes(text.text)), transform.schema, "text")
+    assert parsed.dense.dtype == np.float32 and parsed.dense.tobytes() == dense.tobytes()
+    for got, want in zip(parsed.sparse(), sparse):
+        assert np.array_equal(got.offsets, want.offsets) and np.array_equal(got.values, want.values)
+        assert got.values.dtype == np.int64
+    assert np.array_equal(parsed.missing, text.missing)
+    assert len(parsed.malformed) == (len([line for line in odd if line.strip()]) - good_odd if extra != "none" else 0)
+    if fmt == "raw" and extra != "none":  # an all-missing row; a count past the small counts' table
+        assert parsed.dense[150].tolist() == [0.0] * 13
+        assert parsed.dense[151, 0] == np.float32(math.log1p(1000000) / DENSE_LOG_CAP)
+        assert parsed.dense[151, 2] == np.float32(math.log1p(2.5 if extra == "non-integer-count" else 70000)
+                                                  / DENSE_LOG_CAP)
 
 
 def test_transform_json_describes_the_mapping_fully(tmp_path):
