@@ -12,8 +12,10 @@
 # 3. builds containers/Dockerfile, and generates the compose file from the default config with the image's own
 #    generator;
 # 4. runs it: data prep, 2 servers + 2 workers, checkpoints on a shared volume, evaluation, all in containers
-#    (containers/compose_up.py starts the services in depends_on order); then again, stopping server 1 during
-#    training: the job must fail within 30 s, naming it; `down` must leave no container, network or volume;
+#    (containers/compose_up.py starts the services in depends_on order); the serving profile's export and online
+#    server then score a raw record on 127.0.0.1:8080 and stop on SIGTERM with exit 0; then the job again,
+#    stopping server 1 during training: it must fail within 30 s, naming it; `down` must leave no container,
+#    network or volume;
 # 5. pushes the image to a registry on loopback (Debian's docker-registry), GPG-signed by podman at push and with
 #    a sigstore signature attached (containers/sigstore.py); a policy.json requiring the GPG signature must
 #    accept it and refuse an unsigned and a re-tagged image; the Kubeflow compile writes the sigstore admission
@@ -207,6 +209,45 @@ epoch_s=$(grep -m1 'worker-0 | @epoch' "$LOGS/run.log" | sed 's/.*"seconds": \([
 record run_seconds "$run_s"
 record epoch_seconds "$epoch_s"
 record test_auc "$auc"
+
+say "serving: export the evaluated checkpoint, serve it, score a raw record, stop it with SIGTERM"
+# podman-compose 1.0.x creates every service's container, those of the serving profile too (it ignores profiles);
+# compose_up.py started only the job's.
+for service in export serving; do
+    podman container exists "${PROJECT}_${service}_1" || fail "no ${PROJECT}_${service}_1 container: this \
+podman-compose did not create the serving profile's services"
+done
+t0=$(date +%s)
+podman start -a "${PROJECT}_export_1" > "$LOGS/export.log" 2>&1 || { tail -20 "$LOGS/export.log"; fail "the export \
+service failed: see $LOGS/export.log"; }
+grep -m1 'serving model:' "$LOGS/export.log" | cut -c1-240
+podman start "${PROJECT}_serving_1" > /dev/null
+ready=
+for _ in $(seq 120); do
+    curl -sf http://127.0.0.1:8080/v2/health/ready > /dev/null && { ready=1; break; }
+    sleep 0.5
+done
+[ -n "$ready" ] || { podman logs "${PROJECT}_serving_1" 2>&1 | tail -20; fail "the online server was not ready in 60 s"; }
+record serving_ready_seconds "$(since "$t0")"
+# One raw record of the job's synthetic data (Criteo TSV), without its label, as a KServe v1 instance.
+podman run --rm "$IMAGE" sh -c 'python -m components.data_prep.synthetic --rows 4 --seed 9 --out /scratch/r.tsv \
+    > /dev/null && head -1 /scratch/r.tsv' > "$WORK/record.tsv"
+cut -f2- "$WORK/record.tsv" | $HOST_PY -c 'import json, sys
+print(json.dumps({"instances": [sys.stdin.read().rstrip("\n").split("\t")]}))' > "$WORK/request.json"
+curl -sf -H 'Content-Type: application/json' -d @"$WORK/request.json" \
+    http://127.0.0.1:8080/v1/models/ctr:predict > "$WORK/response.json" \
+    || fail "the online server did not answer a raw record: $(cat "$WORK/response.json" 2>/dev/null)"
+prediction=$($HOST_PY -c 'import json, sys
+body = json.load(open(sys.argv[1]))
+(p,) = body["predictions"]
+assert 0 < p < 1 and body["model_version"] == "1", body
+print(p)' "$WORK/response.json") || fail "unexpected answer: $(cat "$WORK/response.json")"
+echo "served version 1: a raw record scores $prediction"
+podman stop --time 20 "${PROJECT}_serving_1" > /dev/null 2>&1
+serving_rc=$(podman inspect --format '{{.State.ExitCode}}' "${PROJECT}_serving_1")
+[ "$serving_rc" = 0 ] || { podman logs "${PROJECT}_serving_1" 2>&1 | tail -20; fail "the online server exited \
+$serving_rc on SIGTERM (expected 0)"; }
+echo "the online server stopped on SIGTERM with exit 0"
 project_down
 assert_nothing_left
 
