@@ -234,9 +234,10 @@ podman run --rm "$IMAGE" sh -c 'python -m components.data_prep.synthetic --rows 
     > /dev/null && head -1 /scratch/r.tsv' > "$WORK/record.tsv"
 cut -f2- "$WORK/record.tsv" | $HOST_PY -c 'import json, sys
 print(json.dumps({"instances": [sys.stdin.read().rstrip("\n").split("\t")]}))' > "$WORK/request.json"
-curl -sf -H 'Content-Type: application/json' -d @"$WORK/request.json" \
-    http://127.0.0.1:8080/v1/models/ctr:predict > "$WORK/response.json" \
-    || fail "the online server did not answer a raw record: $(cat "$WORK/response.json" 2>/dev/null)"
+status=$(curl -s -o "$WORK/response.json" -w '%{http_code}' -H 'Content-Type: application/json' \
+    -d @"$WORK/request.json" http://127.0.0.1:8080/v1/models/ctr:predict) || status="no answer"
+[ "$status" = 200 ] || { podman logs "${PROJECT}_serving_1" 2>&1 | tail -20; fail "the online server answered a raw \
+record with $status: $(cat "$WORK/response.json" 2>/dev/null)"; }
 prediction=$($HOST_PY -c 'import json, sys
 body = json.load(open(sys.argv[1]))
 (p,) = body["predictions"]

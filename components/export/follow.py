@@ -35,12 +35,21 @@ class LoadOptions:
     allow_unsigned: bool = False
 
     def load(self, path: str) -> InferenceModel:
-        return InferenceModel.load(path, verify=self.verify, public_key=self.public_key,
-                                   allow_unsigned=self.allow_unsigned)
+        return servable(InferenceModel.load(path, verify=self.verify, public_key=self.public_key,
+                                            allow_unsigned=self.allow_unsigned))
 
     def with_delta(self, model: ShardedModel, delta_dir: Path) -> ShardedModel:
         """The delta's signature is checked with the key ``model`` was loaded with."""
-        return model.with_delta(delta_dir, verify=self.verify)
+        return servable(model.with_delta(delta_dir, verify=self.verify))
+
+
+def servable(model: InferenceModel) -> InferenceModel:
+    """``model``, which a server can serve only with its transform: its requests are raw records."""
+    if model.transform is None:
+        raise ServingModelError(f"{model.root} was exported without its dataset's transform, so it cannot read raw "
+                                "records: export the checkpoint again with its dataset (the pipeline's export step "
+                                "does; the CLI: --dataset)")
+    return model
 
 
 def followed_store(model_uri: str, model: InferenceModel) -> Optional[str]:

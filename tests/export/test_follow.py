@@ -17,7 +17,7 @@ import pytest
 from components.data_prep.multislot import RaggedIds
 from components.data_prep.prepare import prepare_synthetic
 from components.export.follow import LoadOptions, ModelFollower, followed_store
-from components.export.manifest import MANIFEST, SIGNATURE, write_manifest
+from components.export.manifest import MANIFEST, SIGNATURE, ServingModelError, write_manifest
 from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
 from components.export.signing import AUTO, signer
@@ -48,11 +48,11 @@ def checkpoints(data_dir, tmp_path_factory) -> list[Path]:
 
 
 @pytest.fixture(scope="module")
-def source(checkpoints, tmp_path_factory) -> Path:
+def source(checkpoints, data_dir, tmp_path_factory) -> Path:
     """An export store of the three checkpoints: a base and two deltas on it."""
     store = tmp_path_factory.mktemp("exports") / "store"
     for checkpoint in checkpoints:
-        export_sharded(checkpoint, str(store))
+        export_sharded(checkpoint, str(store), dataset_dir=data_dir)
     return store
 
 
@@ -107,15 +107,15 @@ def test_a_remote_store_is_followed_through_downloads_delta_then_base(checkpoint
     from components.export.server import Metrics
 
     uri = f"memory://follow-{tmp_path.name}/store"
-    export_sharded(checkpoints[0], uri)
+    export_sharded(checkpoints[0], uri, dataset_dir=data_dir)
     metrics = Metrics()
     follower = ModelFollower(InferenceModel.load(uri), uri, LoadOptions(), poll_seconds=60, prepare=metrics.prepare)
     _, dense, sparse = read_test_split(data_dir)
-    export_sharded(checkpoints[1], uri)
+    export_sharded(checkpoints[1], uri, dataset_dir=data_dir)
     assert follower.poll() == 2
     assert np.array_equal(follower.model.predict(dense, sparse),
                           InferenceModel.load(source / "v000002").predict(dense, sparse))
-    export_sharded(checkpoints[2], uri, base_every=0)  # a new base: loaded whole
+    export_sharded(checkpoints[2], uri, base_every=0, dataset_dir=data_dir)  # a new base: loaded whole
     assert follower.poll() == 3 and follower.model.meta["kind"] == "base"
     assert np.array_equal(follower.model.predict(dense, sparse),
                           InferenceModel.load(source / "v000003").predict(dense, sparse))
@@ -266,3 +266,10 @@ def test_an_unsigned_or_escaping_delta_is_refused_in_one_log_line_and_the_old_ve
     assert "\n" not in line and line.startswith(f"refused version 2 of {served}, still serving version 1: ")
     assert expected in line
     assert follower.model.version == 1 and not (served.parent / "escaped.npy").exists()
+
+
+def test_a_model_without_its_transform_is_not_served(checkpoints, tmp_path, caplog):
+    store = tmp_path / "store"
+    export_sharded(checkpoints[0], str(store))  # no dataset: no transform, so no raw records in
+    with pytest.raises(ServingModelError, match=r"exported without its dataset's transform, so it cannot read raw"):
+        LoadOptions().load(str(store))

@@ -174,7 +174,9 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> 
     # A single-file export is an artifact of the export step, not a store a server follows: nothing to serve here.
     if cfg.export.format is ExportFormat.sharded:
         exports = [f"exports:{EXPORT_MOUNT}"] if _local_path(export_store_uri(cfg)) is not None else []
-        export = service(image, [*module, EXPORT_COMMAND], {}, [*store, *exports, f"signing:{SIGNING_MOUNT}"])
+        # The dataset too: its transform goes into the export, so the server takes raw records.
+        export = service(image, [*module, EXPORT_COMMAND], {},
+                         [f"dataset:{DATA_MOUNT}:ro", *store, *exports, f"signing:{SIGNING_MOUNT}"])
         export["depends_on"] = {"evaluate": {"condition": "service_completed_successfully"}}
         services["export"] = export
         services["serving"] = serving_service(cfg, image, credentials, [f"{v}:ro" for v in exports])
@@ -272,7 +274,7 @@ def export_from_spec(spec_file: str, out_dir: str = f"{SCRATCH}/serving_model") 
     if auc < cfg.eval.min_auc:
         raise SystemExit(f"error: not exported: test AUC {auc:.4f} < eval.min_auc {cfg.eval.min_auc:g}")
     facts = export_serving_model(spec.config, "", {"uri": cfg.checkpoint.uri, "id": evaluation["checkpoint"]},
-                                 out_dir)
+                                 out_dir, spec.data_dir)
     return f"version {facts['version']} ({facts['kind']}) of checkpoint {evaluation['checkpoint']} in {facts['store']}"
 
 

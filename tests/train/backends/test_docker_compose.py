@@ -382,6 +382,7 @@ def test_the_serving_profile_exports_the_evaluated_model_and_serves_its_store_on
     # The store and the signing key: written by the export, read-only to the server, which verifies with that key.
     assert mounts(export)[compose.EXPORT_MOUNT] == ("exports", [])
     assert mounts(serving)[compose.EXPORT_MOUNT] == ("exports", ["ro"])
+    assert mounts(export)[compose.DATA_MOUNT] == ("dataset", ["ro"])  # its transform goes into the export
     assert mounts(export)[compose.SIGNING_MOUNT] == ("signing", [])
     assert mounts(serving)[compose.SIGNING_MOUNT] == ("signing", ["ro"])
     assert serving["environment"] == {"CTR_SERVING_PUBLIC_KEY": f"{compose.SIGNING_MOUNT}/key.pub"}
@@ -429,6 +430,7 @@ def test_the_export_service_exports_the_evaluated_checkpoint_past_the_auc_gate(t
     store = build_checkpoint(tmp_path / "checkpoint", data, "dnn").parent
     spec = json.loads(compose.job_spec(compose.load_config(["eval.min_auc=0.7"])))
     spec["config"]["checkpoint"]["uri"], spec["config"]["export"]["uri"] = str(store), str(tmp_path / "exports")
+    spec["data_dir"] = str(data)
     spec_file = tmp_path / "job.json"
     spec_file.write_text(json.dumps(spec))
     with pytest.raises(SystemExit, match=r"^error: no evaluation in "):
@@ -443,3 +445,4 @@ def test_the_export_service_exports_the_evaluated_checkpoint_past_the_auc_gate(t
     assert line == f"version 1 (base) of checkpoint {latest} in {tmp_path / 'exports'}"
     exported = ExportStore(str(tmp_path / "exports"))
     assert exported.versions() == [1] and exported.manifest(1)["source_checkpoint"]["id"] == latest
+    assert exported.manifest(1)["transform"]["input"]["format"] == "raw"  # the dataset's: raw records in
