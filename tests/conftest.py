@@ -55,6 +55,16 @@ def commit_staged_checkpoint(staged: Path, meta: dict) -> Path:
     return Path(store.fs_path(ckpt_id))
 
 
+def committed_checkpoints(tmp_path: Path, count: int) -> list[Path]:
+    """``count`` small checkpoints (a state and one table file) committed one after another in one local store,
+    oldest first: what a restore picks from, for tests that then damage some of them."""
+    staged = tmp_path / "staged"
+    (staged / "tables").mkdir(parents=True)
+    (staged / "state.json").write_text('{"epoch": 1, "history": []}')
+    (staged / "tables" / "part-000").write_bytes(bytes(range(256)) * 16)
+    return [commit_staged_checkpoint(staged, {"rows": 0}) for _ in range(count)]
+
+
 def score_serving_model(serving_dir, data_dir) -> dict:
     """The test split of ``data_dir`` scored by an exported serving model: ``{"labels", "preds", "metrics"}``,
     what a check that the served model is the evaluated one needs."""

@@ -4,7 +4,6 @@ Each case fails before any training starts (the data case inside a step fails in
 Kubeflow submission (exit status 3) is tests/pipelines/test_kubeflow.py's test_cli_reports_an_unreachable_host_in_one_line.
 """
 
-import json
 import os
 import subprocess
 import sys
@@ -13,7 +12,7 @@ import pytest
 
 from pipelines.errors import ExitStatus, user_error
 from pipelines.local import PipelineRunError
-from tests.conftest import ROOT, commit_staged_checkpoint, job_processes
+from tests.conftest import ROOT, committed_checkpoints, job_processes
 
 
 def _cli(tmp_path, *overrides, env=None):
@@ -29,12 +28,7 @@ def _binary_file(tmp_path):
 
 def _corrupt_checkpoint(tmp_path):
     """A store whose one checkpoint has a changed byte in a file: ``(store path, checkpoint id)``."""
-    staged = tmp_path / "staged"
-    staged.mkdir()
-    (staged / "state.json").write_text(json.dumps({"epoch": 1, "history": []}))
-    (staged / "tables").mkdir()
-    (staged / "tables" / "part-000").write_bytes(bytes(range(256)) * 16)
-    committed = commit_staged_checkpoint(staged, {"rows": 0})
+    (committed,) = committed_checkpoints(tmp_path, 1)
     table = committed / "tables" / "part-000"
     table.write_bytes(b"\x01" + table.read_bytes()[1:])
     return committed.parent, committed.name

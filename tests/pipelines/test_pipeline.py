@@ -30,7 +30,7 @@ from components.checkpoint.store import CheckpointStore
 from pipelines.ctr import run
 from pipelines.local import PipelineRunError, step_error
 from pipelines.pipeline import DEPENDENCIES, EXPORT_GATE, PREP_LOOP, TASKS, compile_pipeline
-from tests.conftest import CRITEO, commit_staged_checkpoint, compose_config, needs_criteo, score_serving_model
+from tests.conftest import CRITEO, committed_checkpoints, compose_config, needs_criteo, score_serving_model
 from tests.pipelines.spec import pipeline_tasks
 
 
@@ -131,12 +131,7 @@ def test_run_parameters_override_the_compiled_config(tmp_path, capsys):
 
 
 def test_resolve_step_names_the_intact_checkpoint_it_fell_back_to_so_later_steps_start_from_it(tmp_path, capsys):
-    staged = tmp_path / "staged"
-    (staged / "tables").mkdir(parents=True)
-    (staged / "state.json").write_text('{"epoch": 1, "history": []}')
-    (staged / "tables" / "part-000").write_bytes(bytes(range(256)) * 16)
-    intact = commit_staged_checkpoint(staged, {"rows": 0})
-    newest = commit_staged_checkpoint(staged, {"rows": 0})
+    intact, newest = committed_checkpoints(tmp_path, 2)
     (newest / "tables" / "part-000").unlink()
     compiled = from_dict(compose_config(tmp_path, "checkpoint.resume=latest", "ps.epochs=3"))
     parameters = {**run_parameters(compiled), "checkpoint_uri": str(intact.parent)}

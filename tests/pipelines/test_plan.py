@@ -12,7 +12,7 @@ from components.train import planner, process_plan
 from components.train.job import plan_lines, prepare_job
 from pipelines.ctr import run
 from pipelines.local import local_config
-from tests.conftest import commit_staged_checkpoint, compose_config
+from tests.conftest import committed_checkpoints, compose_config
 
 
 @pytest.fixture
@@ -123,12 +123,7 @@ def test_kubeflow_steps_request_the_larger_of_the_config_and_the_plan(tmp_path, 
 
 
 def test_plan_says_a_corrupt_newest_checkpoint_gives_way_to_the_intact_one_before_it(tmp_path, capsys, no_process):
-    staged = tmp_path / "staged"
-    (staged / "tables").mkdir(parents=True)
-    (staged / "state.json").write_text('{"epoch": 1, "history": []}')
-    (staged / "tables" / "part-000").write_bytes(bytes(range(256)) * 16)
-    intact = commit_staged_checkpoint(staged, {"rows": 0})
-    newest = commit_staged_checkpoint(staged, {"rows": 0})
+    intact, newest = committed_checkpoints(tmp_path, 2)
     manifest = newest / "MANIFEST.json"
     manifest.write_bytes(manifest.read_bytes()[:100])  # half-written
     lines = _plan_lines(tmp_path, capsys, "experiment=tiny", f"checkpoint.uri={intact.parent}",
