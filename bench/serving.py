@@ -17,8 +17,8 @@ What runs, side by side in one process tree on this machine:
 4. **Rows/s at batch 256.** The same instances in batches of 256: the server (one client, then two concurrent
    ones) and the in-process model; the ratio is the serving overhead.
 5. **Memory.** The server's RSS (anonymous and file-backed pages, from /proc) after it loaded the model, and after
-   the requests above, beside the bytes of the version's shard files: the rows are memory-mapped, so the
-   file-backed part follows the rows requested, not the table.
+   the requests above, with the resident pages of the version's shard files (smaps) beside their size: the rows
+   are memory-mapped, so what is resident follows the rows requested, not the table.
 6. **A delta while serving.** The run's other checkpoint exported as version 2 (a delta on version 1, with
    ``--poll-seconds 0.5`` on the server) while a client keeps sending requests: seconds from the version's
    publication to the first answer from it, and requests that failed (must be 0).
@@ -136,11 +136,20 @@ class Server:
                 self.proc.kill()
             self._log.close()
 
-    def memory(self) -> dict[str, int]:
-        """The server's RssAnon and RssFile, in bytes."""
+    def memory(self, store: Path) -> dict[str, int]:
+        """The server's RssAnon and RssFile, and the resident bytes of the store's files it maps (the shards), in
+        bytes (/proc/<pid>/status and smaps)."""
         status = Path(f"/proc/{self.proc.pid}/status").read_text().splitlines()
         fields = dict(line.split(":", 1) for line in status if line.startswith(("RssAnon", "RssFile")))
-        return {key: int(value.split()[0]) * 1024 for key, value in fields.items()}
+        memory = {key: int(value.split()[0]) * 1024 for key, value in fields.items()}
+        memory["store"], mapped = 0, False
+        for line in Path(f"/proc/{self.proc.pid}/smaps").read_text().splitlines():
+            head = line.split()
+            if len(head) >= 6 and "-" in head[0]:  # a mapping's first line: its address range ... its path
+                mapped = head[5].startswith(str(store))
+            elif mapped and head[0] == "Rss:":
+                memory["store"] += int(head[1]) * 1024
+        return memory
 
 
 def instances_of(lines: list[bytes]) -> list[list[str]]:
@@ -244,16 +253,19 @@ def render(r: dict) -> str:
         f"**{r['served_rps'] / r['local_rps']:.2f}** |",
         f"| batch 256, rows/s (two clients) | {r['served_rps_2']:,.0f} | | "
         f"{r['served_rps_2'] / r['local_rps']:.2f} |",
-        f"| RSS after loading: anonymous / file-backed MiB | {r['mem_loaded']['RssAnon'] / mib:.0f} / "
-        f"{r['mem_loaded']['RssFile'] / mib:.0f} | | |",
-        f"| RSS after the requests: anonymous / file-backed MiB | {r['mem_after']['RssAnon'] / mib:.0f} / "
-        f"{r['mem_after']['RssFile'] / mib:.0f} | | |",
+        f"| RSS after loading: anonymous / file-backed MiB; of it the shard files | "
+        f"{r['mem_loaded']['RssAnon'] / mib:.0f} / {r['mem_loaded']['RssFile'] / mib:.0f}; "
+        f"{r['mem_loaded']['store'] / mib:.2f} of {r['table_bytes'] / mib:.1f} | | |",
+        f"| RSS after the requests (the {r['check_rows']:,} records' rows looked up) | "
+        f"{r['mem_after']['RssAnon'] / mib:.0f} / {r['mem_after']['RssFile'] / mib:.0f}; "
+        f"{r['mem_after']['store'] / mib:.2f} of {r['table_bytes'] / mib:.1f} | | |",
         f"| delta applied while serving (version 2, {r['delta']['kind']}, {r['delta']['written_rows']:,} rows "
         f"written): s from publication to the first answer from it, requests failed | "
         f"{r['delta']['applied_s']:.2f} s, {r['delta']['failures']} failed | | |",
         "",
-        "The server polls the store every 0.5 s here (`--poll-seconds`, default 10). File-backed pages include "
-        "Paddle's and Python's own libraries, which every process maps whatever the table.",
+        "The server polls the store every 0.5 s here (`--poll-seconds`, default 10). File-backed pages are mostly "
+        "Paddle's and Python's own libraries, which every process maps whatever the table; the shard files' resident "
+        "pages (from /proc/<pid>/smaps) are the rows requested so far, not the table.",
         "",
     ])
 
@@ -288,7 +300,7 @@ def main(argv: list[str] | None = None) -> None:
               "table_bytes": sum(entry["size"] for rel, entry in manifest["files"].items() if rel.startswith("shards/"))}
     log(f"serving version {model.version} of {store}")
     with Server(store, work / "server.log") as server, httpx.Client(base_url=server.url, timeout=60) as client:
-        result["mem_loaded"] = server.memory()
+        result["mem_loaded"] = server.memory(store)
         served = np.concatenate([predict_v1(client, instances[i:i + BATCH])[0]
                                  for i in range(0, len(instances), BATCH)])
         result["max_diff"] = float(np.max(np.abs(served - from_shards)))
@@ -301,7 +313,7 @@ def main(argv: list[str] | None = None) -> None:
             result["served_rps_2"] = rows_per_second([lambda batch: predict_v1(client, batch),
                                                       lambda batch: predict_v1(other, batch)], instances)
         log(f"batch 256: {result['served_rps']:,.0f} rows/s served, {result['local_rps']:,.0f} in process")
-        result["mem_after"] = server.memory()
+        result["mem_after"] = server.memory(store)
         result["delta"] = delta_while_serving(server, run, store, instances[0])
         log(f"delta: served {result['delta']['applied_s']:.2f} s after publication, "
             f"{result['delta']['failures']} failed requests")
