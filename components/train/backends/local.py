@@ -32,6 +32,7 @@ from typing import Callable, Optional
 
 from components.checkpoint.lease import LeaseLost, StoreLease
 from components.checkpoint.restore import restart_target
+from components.checkpoint.store import CheckpointStoreError
 from components.ps.contract import HEARTBEAT, ClusterLayout, Role, endpoint_accepts, role_env
 from components.ps.liveness import PARENT_PID_ENV, process_state
 from components.train.backends.base import JobBackend, StepInputs
@@ -253,9 +254,14 @@ class LocalJob(JobBackend):
         for pump in self.pumps:  # the failed attempt's lines reach its logs and counts before anything is judged
             pump.join(TERM_GRACE_S)
         self.pumps = []
-        clean_store(self.job.store)
-        target = restart_target(self.job.store, self.job.restore, self.attempt.number, self.cfg.table.shard_num,
-                                self.job_id, verify=True, warn=lambda line: self.echo(f"warning: {line}"))
+        self._check_store()  # a store that refused this job's lease (a full disk) fails the job, naming that
+        try:
+            clean_store(self.job.store)
+            target = restart_target(self.job.store, self.job.restore, self.attempt.number, self.cfg.table.shard_num,
+                                    self.job_id, verify=True, warn=lambda line: self.echo(f"warning: {line}"))
+        except CheckpointStoreError as err:
+            raise PsJobStoreError("checkpoint store", f"PS job {self.job_id}: {failed.role} {failed.what}, and the "
+                                                      f"restart cannot use the checkpoint store: {err}") from None
         examples, seconds = self.attempt.lost_since(target.id if target is not None and target.resume else None)
         restart = Restart(self.attempt.number, self.attempts, failed.role, failed.what, target,
                           position(self.job.store, target), examples, seconds)
