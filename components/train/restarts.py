@@ -9,8 +9,9 @@ job at once.
 
 :class:`Attempt` counts, from the events of one attempt's roles, the examples the workers trained and where each
 checkpoint of the attempt stood, so that a restart says what it loses: the examples trained since the checkpoint it
-resumes from (they are trained again) and the seconds that took. Each restart is one console line
-(:meth:`Restart.line`) and one record in the run's summary (:meth:`Restart.record`).
+resumes from (they are trained again) and the seconds that took. The examples are those the workers reported: what a
+worker trained after its last report (``ps.progress_period_s``) is not counted, hence "at least". Each restart is one
+console line (:meth:`Restart.line`) and one record in the run's summary (:meth:`Restart.record`).
 """
 
 from __future__ import annotations
@@ -57,11 +58,11 @@ class Attempt:
         """Examples this attempt trained so far: its finished passes, and the workers' last reports in the next."""
         return self.passes_done + sum(n for epoch, n in list(self.in_pass.values()) if epoch > self.last_pass)
 
-    def lost_since(self, ckpt_id: Optional[str]) -> tuple[int, float]:
-        """``(examples, seconds)`` this attempt trained after ``ckpt_id`` (all it trained, when this attempt did not
-        commit that checkpoint: it started from it, or from before it)."""
+    def lost_since(self, ckpt_id: Optional[str], until: float) -> tuple[int, float]:
+        """``(examples, seconds up to until)`` this attempt trained after ``ckpt_id`` (all it trained, when this
+        attempt did not commit that checkpoint: it started from it, or from before it)."""
         trained, since = self.at_checkpoint.get(ckpt_id, (0, self.started))
-        return max(0, self.trained() - trained), time.monotonic() - since
+        return max(0, self.trained() - trained), max(0.0, until - since)
 
 
 @dataclass(frozen=True)
@@ -82,8 +83,8 @@ class Restart:
         start = (f"resuming from checkpoint {self.target.id} ({self.position})" if self.target and self.target.resume
                  else f"warm start from {self.target.id} again" if self.target else "starting from scratch again")
         return (f"restart {self.attempt} of {self.attempts - 1}: PS job {job}: {self.role} {self.what}; attempt "
-                f"{self.attempt + 1} of {self.attempts} {start}; {self.examples_again:,} examples to train again "
-                f"({self.seconds_lost:.0f}s of training lost)")
+                f"{self.attempt + 1} of {self.attempts} {start}; at least {self.examples_again:,} examples to train "
+                f"again ({self.seconds_lost:.0f}s of training lost)")
 
     def record(self) -> dict:
         """JSON-safe, for the run's summary."""

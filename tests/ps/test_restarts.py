@@ -73,6 +73,28 @@ def test_a_worker_killed_mid_pass_restarts_the_job_from_its_checkpoint_and_ends_
     assert not job_processes(str(tmp_path))
 
 
+def test_a_worker_stopped_past_the_stall_timeout_is_stopped_and_the_job_restarted_and_finished(
+        tmp_path, datasets):  # noqa: F811
+    """SIGSTOP to a worker (hung) in pass 1: the stall watchdog fires after ps.stall_timeout_s, the launcher kills
+    every process of the attempt, the stopped one too, and the restarted job trains both passes to the end."""
+    data_dir, stats = datasets[2]
+    lines = []
+    cfg = _config(tmp_path, workers=2, stall_timeout_s=6)
+    job = LocalJob(prepare_job(cfg, None), data_dir, tmp_path / "logs", echo=lines.append)
+    running = Running(job.run)
+    _wait_for(lambda: _in_pass(job, "worker-1", 1), what="worker 1 to train pass 1")
+    stopped = next(p for p in job.processes if p.name == "worker-1").popen
+    os.kill(stopped.pid, signal.SIGSTOP)
+    running.join(180)
+    assert running.error is None, running.error
+    assert stopped.poll() is not None  # killed, not left stopped
+    (restart,) = running.result.restarts
+    assert restart["role"] == "worker-1" and restart["what"].startswith("reported nothing for")
+    assert "(its process is stopped: state T)" in restart["what"] and restart["checkpoint"] is None
+    assert [e["examples"] for e in running.result.epochs] == [stats["rows"]["train"]] * 2
+    assert not job_processes(str(tmp_path))
+
+
 def test_a_role_that_keeps_failing_stops_the_job_after_max_restarts_naming_it_and_the_attempts(
         tmp_path, datasets):  # noqa: F811
     data_dir, _ = datasets[1]

@@ -177,7 +177,8 @@ class LocalJob(JobBackend):
         time.sleep(0.3)  # let the pump catch the last lines
         tail = "\n".join(f"    {line}" for line in list(process.tail)[-15:])
         why = (f"on attempt {self.attempt.number} of {self.attempts} (cluster.max_restarts="
-               f"{self.cfg.cluster.max_restarts})" if restartable else "(a configuration error: restarting cannot mend it)")
+               f"{self.cfg.cluster.max_restarts})" if restartable
+               else "(a configuration error: restarting cannot mend it)")
         return RoleFailed(process.name, f"PS job {self.job_id}: {process.name} {what} {why}. "
                                         f"Last lines of {process.log_path}:\n{tail}", what, restartable)
 
@@ -211,6 +212,12 @@ class LocalJob(JobBackend):
                 p.popen.wait()
         for p in self.processes:  # Paddle may leave helpers in the group after its leader exits
             _signal_group(p.popen, signal.SIGKILL)
+        # A killed process lingers until the kernel has torn it down (a large one, a moment): wait for that, so that
+        # nothing of the job is running once stop() returns.
+        deadline = time.time() + TERM_GRACE_S
+        groups = {p.popen.pid for p in self.processes}
+        while _running_in(groups) and time.time() < deadline:
+            time.sleep(0.05)
 
     def result(self, seconds: float) -> JobResult:
         return replace(super().result(seconds),
@@ -250,6 +257,7 @@ class LocalJob(JobBackend):
     def _restart(self, failed: RoleFailed) -> None:
         """Stop every process of the failed attempt, clean the store of its unfinished save, and set up the next
         attempt from the newest intact checkpoint this run committed (else where the first attempt started)."""
+        failed_at = time.monotonic()
         self.stop()
         for pump in self.pumps:  # the failed attempt's lines reach its logs and counts before anything is judged
             pump.join(TERM_GRACE_S)
@@ -259,12 +267,14 @@ class LocalJob(JobBackend):
             clean_store(self.job.store)
             target = restart_target(self.job.store, self.job.restore, self.attempt.number, self.cfg.table.shard_num,
                                     self.job_id, verify=True, warn=lambda line: self.echo(f"warning: {line}"))
+            where = position(self.job.store, target)
         except CheckpointStoreError as err:
             raise PsJobStoreError("checkpoint store", f"PS job {self.job_id}: {failed.role} {failed.what}, and the "
                                                       f"restart cannot use the checkpoint store: {err}") from None
-        examples, seconds = self.attempt.lost_since(target.id if target is not None and target.resume else None)
-        restart = Restart(self.attempt.number, self.attempts, failed.role, failed.what, target,
-                          position(self.job.store, target), examples, seconds)
+        examples, seconds = self.attempt.lost_since(target.id if target is not None and target.resume else None,
+                                                    until=failed_at)
+        restart = Restart(self.attempt.number, self.attempts, failed.role, failed.what, target, where, examples,
+                          seconds)
         self.restarts.append(restart)
         self.echo(restart.line(self.job_id))
         self.attempt_job, self.attempt = replace(self.job, restore=target), Attempt(self.attempt.number + 1)
@@ -342,6 +352,19 @@ def _rss_bytes(pid: int) -> Optional[int]:
     except OSError:
         pass
     return None
+
+
+def _running_in(groups: set[int]) -> bool:
+    """Whether any process of these process groups is still running (zombies, which have exited, aside)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # After the command's closing parenthesis: state, ppid, pgrp.
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(pgrp) in groups and state != "Z":
+            return True
+    return False
 
 
 def _signal_group(popen: subprocess.Popen, sig: int) -> None:
