@@ -110,7 +110,7 @@ def test_a_role_that_keeps_failing_stops_the_job_after_max_restarts_naming_it_an
     assert isinstance(error, RoleFailed) and error.role == "worker-0", error
     assert str(error).splitlines()[0].startswith(
         f"PS job {job.job_id}: worker-0 exited with code -9 (killed by SIGKILL) on attempt 2 of 2 "
-        "(cluster.max_restarts=1). Last lines of ")
+        f"(cluster.max_restarts=1); its log: {tmp_path / 'logs' / 'worker-0.log'}")
     assert [line.split(";")[0] for line in lines if line.startswith("restart ")] == [
         f"restart 1 of 1: PS job {job.job_id}: worker-0 exited with code -9 (killed by SIGKILL)"]
     assert any("attempt 2 of 2 starting from scratch again" in line for line in lines)  # no checkpoint yet

@@ -179,8 +179,9 @@ class LocalJob(JobBackend):
         why = (f"on attempt {self.attempt.number} of {self.attempts} (cluster.max_restarts="
                f"{self.cfg.cluster.max_restarts})" if restartable
                else "(a configuration error: restarting cannot mend it)")
-        return RoleFailed(process.name, f"PS job {self.job_id}: {process.name} {what} {why}. "
-                                        f"Last lines of {process.log_path}:\n{tail}", what, restartable)
+        # The first line is the whole story (the driver shows only it); the log's last lines follow for the step's log.
+        return RoleFailed(process.name, f"PS job {self.job_id}: {process.name} {what} {why}; its log: "
+                                        f"{process.log_path}\nLast lines:\n{tail}", what, restartable)
 
     def prepare(self) -> None:
         self.work_root.mkdir(parents=True, exist_ok=True)
