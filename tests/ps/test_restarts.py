@@ -73,6 +73,28 @@ def test_a_worker_killed_mid_pass_restarts_the_job_from_its_checkpoint_and_ends_
     assert not job_processes(str(tmp_path))
 
 
+def test_a_restart_resumes_a_checkpoint_taken_inside_a_pass_at_its_chunk(tmp_path, datasets):  # noqa: F811
+    """Checkpoints inside a pass (checkpoint.every_batches; checkpoint.every_minutes takes them at the same chunk
+    boundaries): a worker killed after one resumes from that chunk, not from the pass's start."""
+    data_dir, _ = datasets[1]
+    lines = []
+    cfg = _config(tmp_path, epochs=1, checkpoint={"every_batches": 100})
+    job = LocalJob(prepare_job(cfg, None), data_dir, tmp_path / "logs", echo=lines.append)
+    running = Running(job.run)
+    _wait_for(lambda: len(job.checkpoints) >= 2, what="two checkpoints inside pass 1")
+    os.kill(next(p for p in job.processes if p.name == "worker-0").popen.pid, signal.SIGKILL)
+    running.join(180)
+    assert running.error is None, running.error
+    (restart,) = running.result.restarts
+    resumed = next(c for c in running.result.checkpoints if c["id"] == restart["checkpoint"])
+    assert resumed["epoch"] == 1 and resumed["chunk"] >= 2
+    (line,) = [line for line in lines if line.startswith("restart ")]
+    assert f"resuming from checkpoint {resumed['id']} (pass 1, chunk {resumed['chunk']} of " in line, line
+    chunk = 100 * cfg.ps.batch_size * cfg.ps.threads
+    assert restart["examples_again"] <= 2 * chunk  # at most the chunk it was in and the one before
+    assert not job_processes(str(tmp_path))
+
+
 def test_a_worker_stopped_past_the_stall_timeout_is_stopped_and_the_job_restarted_and_finished(
         tmp_path, datasets):  # noqa: F811
     """SIGSTOP to a worker (hung) in pass 1: the stall watchdog fires after ps.stall_timeout_s, the launcher kills
