@@ -30,8 +30,9 @@ _STEP_STARTED = re.compile(r" - INFO - Executing task '(?P<step>[\w-]+)'")
 SPLIT_NAMES = {"valid": "validation"}
 # Plain progress lines come at most this often (and not more often than the workers report): a log stays readable.
 PLAIN_LINE_PERIOD_S = 5.0
-# A step's lines shown as they are: a day's next-day metrics and its summary (day-by-day training), drift warnings.
-_SHOWN = re.compile(r"^\s*(?P<line>== day '.*|warning: .*)$")
+# A step's lines shown as they are: a day's next-day metrics and its summary (day-by-day training), drift warnings,
+# a PS job's whole-job restarts (components.train.restarts).
+_SHOWN = re.compile(r"^\s*(?P<line>== day '.*|warning: .*|restart \d+ of \d+: .*)$")
 _STEP_ENDED = re.compile(r" - (?:INFO|ERROR) - Task '(?P<step>[\w-]+)' finished with status (?P<status>\w+)")
 
 

@@ -33,6 +33,9 @@ _EXCEPTION_LINE = re.compile(r"^(?P<module>components(?:\.\w+)+)\.(?P<name>\w+):
 class ExitStatus(enum.IntEnum):
     USER_ERROR = 2
     SUBMIT_ERROR = 3
+    # A role of the PS job kept failing through its whole-job restarts (cluster.max_restarts), or failed in a way no
+    # restart mends: one line naming the role, the attempts and its log.
+    JOB_FAILED = 4
 
 
 def _user_error_classes() -> dict[type, ExitStatus]:
@@ -41,11 +44,12 @@ def _user_error_classes() -> dict[type, ExitStatus]:
     from components.checkpoint.format import CheckpointError
     from components.config import ConfigError
     from components.data_prep.sources import DataPrepError
+    from components.train.backends.local import RoleFailed
     from pipelines.kubeflow import SubmitError
 
     return {ConfigError: ExitStatus.USER_ERROR, DataPrepError: ExitStatus.USER_ERROR,
             CheckpointError: ExitStatus.USER_ERROR, CompactHydraException: ExitStatus.USER_ERROR,
-            SubmitError: ExitStatus.SUBMIT_ERROR}
+            SubmitError: ExitStatus.SUBMIT_ERROR, RoleFailed: ExitStatus.JOB_FAILED}
 
 
 def _status_of(error_class: type) -> Optional[ExitStatus]:
@@ -77,8 +81,9 @@ def _failed_step(err: "PipelineRunError") -> Optional[tuple[ExitStatus, str]]:
     status = _status_of(error_class) if isinstance(error_class, type) else None
     if status is None:
         return None
-    message = "\n".join([found["message"], *err.step_error.strip().splitlines()[1:]])
-    return status, f"step {err.step}: {_one_line(message)}"
+    # A failed role's first line says it all; the log lines after it are in its log, which that line names.
+    further = [] if status is ExitStatus.JOB_FAILED else err.step_error.strip().splitlines()[1:]
+    return status, f"step {err.step}: {_one_line(chr(10).join([found['message'], *further]))}"
 
 
 def _is_hydra_error(err: BaseException) -> bool:

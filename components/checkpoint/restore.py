@@ -183,15 +183,43 @@ def saved_shard_num(store: "CheckpointStore", ckpt_id: str) -> Optional[int]:
 
 
 def restart_target(store: "CheckpointStore", restore: Optional[RestoreTarget], attempt: int,
-                   shard_num: Optional[int], run_id: str) -> Optional[RestoreTarget]:
+                   shard_num: Optional[int], run_id: str, *, verify: bool = False,
+                   warn: Callable[[str], None] = warning) -> Optional[RestoreTarget]:
     """After a whole-job restart (``attempt`` > 0): continue from the newest checkpoint this run committed (its
     ``state.json`` names ``run_id``; saved in the job's ``shard_num``). Before this run committed one, the
-    restarted job starts where the first attempt did: a checkpoint another run left in the store is never taken."""
-    if attempt > 0:
+    restarted job starts where the first attempt did: a checkpoint another run left in the store is never taken.
+
+    ``verify``: the newest of this run's checkpoints that is intact (:mod:`components.checkpoint.verify`; one
+    ``warn`` line names those skipped): a role killed while it committed must not make every attempt after it
+    restore the same broken checkpoint."""
+    from components.checkpoint.verify import describe_skipped, newest_intact
+
+    if attempt == 0:
+        return restore
+    if not verify:
         for ckpt_id in reversed(store.committed()):
             if (store.read_json(ckpt_id, STATE_FILE) or {}).get("run_id") == run_id:
                 return RestoreTarget(store.uri, ckpt_id, resume=True, shard_num=shard_num)
-    return restore
+        return restore
+    # A checkpoint whose state.json cannot be read is a candidate too: newest_intact names what is wrong with it.
+    own = [i for i in reversed(store.committed()) if _run_of(store, i) in (run_id, None)]
+    chosen, skipped = newest_intact(store, own)
+    if skipped:
+        warn(f"{describe_skipped(store, skipped)}; the restart resumes from "
+             f"{chosen or 'where the first attempt started'} instead")
+    return RestoreTarget(store.uri, chosen, resume=True, shard_num=shard_num) if chosen else restore
+
+
+def _run_of(store: "CheckpointStore", ckpt_id: str) -> Optional[str]:
+    """The run that committed a checkpoint (its state.json), None when that cannot be read (altered)."""
+    from components.checkpoint.store import CheckpointStoreError
+
+    try:
+        return (store.read_json(ckpt_id, STATE_FILE) or {}).get("run_id")
+    except CheckpointStoreError:
+        raise
+    except CheckpointError:
+        return None
 
 
 def resume_state(store: Optional["CheckpointStore"], restore: Optional[RestoreTarget],

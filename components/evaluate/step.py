@@ -30,7 +30,7 @@ from components.days import day_of
 from components.evaluate.evaluate import CONFUSION_FILE, evaluate
 
 # Training facts from the Model artifact's metadata that the report lists.
-TRAINING_KEYS = ("epochs", "examples", "seconds", "examples_per_s", "final_train_auc")
+TRAINING_KEYS = ("epochs", "examples", "seconds", "examples_per_s", "final_train_auc", "examples_trained_twice")
 
 
 def training_facts(checkpoint_metadata: Optional[dict]) -> Optional[dict]:

@@ -55,6 +55,7 @@ class JobResult:
     server_memory: Optional[list[dict]] = None
     curve: Optional[dict[str, list[list[float]]]] = None  # EventLog.curve: the workers' training curves
     day_eval: Optional[dict] = None  # a day's job: the restored model's metrics on the day, before training on it
+    restarts: list[dict] = field(default_factory=list)  # whole-job restarts (components.train.restarts.Restart)
 
 
 @dataclass(frozen=True)
@@ -109,10 +110,16 @@ def prepare_job(cfg: CtrConfig, stats: Optional[dict], run_id: Optional[str] = N
     does), or another job's save in progress would go too.
     """
     store = CheckpointStore(cfg.checkpoint.uri)
-    store.cleanup_incomplete()  # a save that never committed is invisible; drop its files
+    clean_store(store)
+    return plan_job(cfg, stats, store, run_id)
+
+
+def clean_store(store: CheckpointStore) -> None:
+    """Drop what a killed job (or attempt) left in the store: saves that never committed (invisible, but their
+    files stay), the upload records and score counts of a checkpoint in progress. Only its lease's holder may."""
+    store.cleanup_incomplete()
     clear_records(store)
     clear_scores(store)
-    return plan_job(cfg, stats, store, run_id)
 
 
 def plan_job(cfg: CtrConfig, stats: Optional[dict], store: CheckpointStore,
@@ -264,6 +271,14 @@ class EventLog:
                           f"upload and commit {seconds['upload_s']:.1f}s]" if seconds else "")
                 self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}{judged}{timing}")
         return True
+
+    def new_attempt(self) -> None:
+        """A restarted job's processes start under the old names: what the failed attempt's reported (when, how
+        far) must not make them look stalled, nor stand for their progress."""
+        with self._lock:
+            self.last_report.clear()
+            self.last_server_work.clear()
+            self.progress.clear()
 
     def _add_to_curve(self, source: str, event: dict) -> None:
         # Before a worker's first batch it reports no loss, and early in a pass the AUC can be NaN (one class seen

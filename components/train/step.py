@@ -129,6 +129,9 @@ def training_summary(result: JobResult, checkpoint_uri: str) -> dict:
         summary["server_rows_max_over_mean"] = round(max_over_mean(load["rows"]), 4)
     if result.server_memory and all(result.server_memory):
         summary["server_peak_rss_gib"] = [round(m["peak_rss"] / GIB, 3) for m in result.server_memory]
+    if result.restarts:  # what the faults cost: each restart, and the examples trained again after them
+        summary["restarts"] = result.restarts
+        summary["examples_trained_twice"] = sum(r["examples_again"] for r in result.restarts)
     if result.day_eval:
         summary["day_eval"] = result.day_eval
     if result.curve:

@@ -156,3 +156,22 @@ def test_a_checkpoint_in_s3_is_checked_whole_too(tmp_path, s3_endpoint):
     warnings = []
     assert restore_target(store, "latest", None, warn=warnings.append).id == ids[1]
     assert len(warnings) == 1 and "does not match its sha256" in warnings[0]
+
+
+@pytest.mark.parametrize("case", list(CORRUPTIONS))
+def test_a_restart_verified_by_its_launcher_resumes_the_newest_intact_checkpoint_of_its_run(tmp_path, case):
+    """A role killed while it committed, or a disk that altered the newest checkpoint: the restart resumes the one
+    before it, with one warning, instead of every attempt restoring the same broken one; with none intact, it starts
+    where the first attempt did."""
+    store, ids = _store_of_three(tmp_path)
+    damage, named = CORRUPTIONS[case]
+    damage(store, ids[-1])
+    warned = []
+    target = restart_target(store, None, 1, shard_num=16, run_id="run-a", verify=True, warn=warned.append)
+    assert target == RestoreTarget(store.uri, ids[1], resume=True, shard_num=16)
+    assert len(warned) == 1 and ids[-1] in warned[0] and named in warned[0], warned
+    assert f"the restart resumes from {ids[1]} instead" in warned[0]
+    for ckpt_id in ids[:2]:
+        damage(store, ckpt_id)
+    assert restart_target(store, None, 1, shard_num=16, run_id="run-a", verify=True, warn=warned.append) is None
+    assert "the restart resumes from where the first attempt started instead" in warned[-1]

@@ -118,3 +118,15 @@ def test_verbose_shows_every_line(tmp_path):
     screen.close(), log.close()
     assert (tmp_path / "screen").read_text() == "    effective config:\n"
     assert (tmp_path / "log").read_text().count("\n") == 2
+
+
+def test_a_restart_of_the_ps_job_is_shown_as_its_one_line(tmp_path):
+    screen, log = (tmp_path / "screen").open("w"), (tmp_path / "log").open("w")
+    console = RunConsole(screen, log, verbose=False, period_s=5, dataset_step="merge-data", dataset_stats=lambda: None)
+    restart = ("restart 1 of 2: PS job b28056af3918: worker-0 exited with code -9 (killed by SIGKILL); attempt 2 of 3 "
+               "resuming from checkpoint c1 (after pass 1, 160,000 examples); at least 87,424 examples to train again "
+               "(7s of training lost)")
+    console.take(f"    {restart}")
+    console.take("    PS job b28056af3918: 1 server(s) + 1 worker(s), mode async, logs in /r/logs")  # not shown
+    screen.close(), log.close()
+    assert (tmp_path / "screen").read_text() == f"  {restart}\n"

@@ -98,6 +98,16 @@ def test_internal_errors_are_not_user_errors():
     assert (status, line) == (ExitStatus.USER_ERROR, "step train: no rows | in x")
 
 
+def test_a_ps_job_whose_role_kept_failing_is_one_line_naming_the_role_the_attempts_and_its_log():
+    failed = "Pipeline 'p' finished with status FAILURE. Inner task failed: 'train'."
+    step_error = ("components.train.backends.local.RoleFailed: PS job abc: worker-0 exited with code -9 (killed by "
+                  "SIGKILL) on attempt 3 of 3 (cluster.max_restarts=2); its log: /r/logs/worker-0.log\nLast lines:\n"
+                  "    I1204 fleet init done")
+    assert user_error(PipelineRunError(failed, step_error)) == (
+        ExitStatus.JOB_FAILED, "step train: PS job abc: worker-0 exited with code -9 (killed by SIGKILL) on attempt 3 "
+                               "of 3 (cluster.max_restarts=2); its log: /r/logs/worker-0.log")
+
+
 def test_an_s3_store_without_credentials_is_one_line(tmp_path):
     env = {name: value for name, value in os.environ.items() if not name.startswith("AWS_")}
     # Nothing to find anywhere, and nothing may leave loopback even if botocore tried.

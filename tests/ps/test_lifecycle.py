@@ -16,7 +16,7 @@ from components.checkpoint.store import CheckpointStore
 from components.config import from_dict
 from components.data_prep.prepare import prepare_synthetic
 from components.train.backends.local import LocalJob
-from components.train.job import PsJobError, prepare_job
+from components.train.job import PsJobError, PsJobStoreError, prepare_job
 from components.train.step import launch_ps_job
 from tests.conftest import job_processes
 
@@ -114,8 +114,10 @@ def test_a_worker_stopped_for_5s_then_continued_finishes_with_every_example(tmp_
 
 
 def test_a_worker_stopped_longer_than_the_stall_timeout_fails_the_job_naming_it(tmp_path, datasets):
+    """With no restart left (cluster.max_restarts=0): the stall fails the job, naming the stopped worker."""
     data_dir, _ = datasets[2]
     cfg = _config(tmp_path, workers=2, epochs=100, stall_timeout_s=6)
+    cfg.cluster.max_restarts = 0
     job = LocalJob(prepare_job(cfg, None), data_dir, tmp_path / "logs", echo=lambda line: None)
     running = Running(job.run)
     _wait_for(lambda: _in_pass(job, "worker-1", 1), what="worker 1 to train pass 1")
@@ -165,8 +167,10 @@ def test_an_s3_endpoint_gone_for_good_fails_the_job_within_60s_naming_the_store_
     running.join(120)
     assert time.time() - stopped_at < 60
     error = str(running.error)
-    assert isinstance(running.error, PsJobError), error
-    assert "CheckpointStoreError" in error and s3_endpoint.split("/")[2] in error  # the store's error, named
+    # The store's error, named: the lease's, or the restart's after a role failed on the store (it is not restarted
+    # into a store it cannot read); either way the user's to fix, so one line.
+    assert isinstance(running.error, PsJobStoreError), error
+    assert s3_endpoint.split("/")[2] in error
     assert "Could not connect to the endpoint URL" in error
     assert not job_processes(str(tmp_path))
 

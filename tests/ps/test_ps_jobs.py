@@ -203,7 +203,10 @@ def test_endpoints_may_be_host_names(async_two_by_two):
 
 @pytest.mark.parametrize("victim_name", ["worker-1", "server-0"])
 def test_killed_process_stops_the_whole_job(tmp_path, datasets, victim_name):
+    """With no restart left (cluster.max_restarts=0; restarts: tests/ps/test_restarts.py) a killed role fails the
+    job within seconds, naming it, with nothing left running."""
     cfg = _config(tmp_path, servers=2, workers=2, epochs=200, progress_period_s=1)
+    cfg.cluster.max_restarts = 0
     data_dir, _ = datasets[2]
     job = LocalJob(prepare_job(cfg, None), data_dir, tmp_path / "logs", echo=lambda line: None)
     outcome = {}
@@ -286,10 +289,12 @@ def test_resume_restores_the_model_exactly_and_continues(tmp_path, datasets):
     pytest.param("server-1", True, marks=pytest.mark.slow),
 ])
 def test_kill_mid_training_keeps_the_last_checkpoint_and_resume_finishes(tmp_path, datasets, victim_name, resume):
-    """kill -9 during pass 2 of 3: the job fails naming the role, pass 1's checkpoint stays committed and
-    loadable, and resume=latest trains passes 2 and 3 only (at most one pass of work is lost)."""
+    """kill -9 during pass 2 of 3 with no restart left (cluster.max_restarts=0): the job fails naming the role, pass
+    1's checkpoint stays committed and loadable, and resume=latest trains passes 2 and 3 only (at most one pass of
+    work is lost)."""
     data_dir, _ = datasets[2]
     cfg = _config(tmp_path, servers=2, workers=2, epochs=3, progress_period_s=1)
+    cfg.cluster.max_restarts = 0
     job = LocalJob(prepare_job(cfg, None), data_dir, tmp_path / "l1", echo=lambda line: None)
     outcome = {}
     thread = threading.Thread(target=lambda: outcome.setdefault("error", _run_expecting_failure(job)))

@@ -7,6 +7,11 @@ for ``ps.stall_timeout_s`` (stopped, hung), or the job loses its checkpoint stor
 whole job within seconds and raises :class:`PsJobError` naming the role (or the store) and its last log
 lines. SIGTERM, SIGINT and SIGHUP stop it the same way (:class:`JobStopped`).
 
+A role that dies or stalls does not end the job at once: the launcher stops every process of the attempt and
+starts the whole job again from the newest intact checkpoint the run committed, up to ``cluster.max_restarts``
+times, one console line each saying what failed and what it costs (:mod:`components.train.restarts`). A role that
+exits with a configuration error, a job that cannot start at all, and a lost lease fail the job at once.
+
 No process of the job outlives :meth:`LocalJob.run`, nor the launcher itself: each process dies with it
 (:func:`components.ps.liveness.die_with_parent`), even when the launcher is killed outright.
 """
@@ -26,10 +31,13 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from components.checkpoint.lease import LeaseLost, StoreLease
+from components.checkpoint.restore import restart_target
+from components.checkpoint.store import CheckpointStoreError
 from components.ps.contract import HEARTBEAT, ClusterLayout, Role, endpoint_accepts, role_env
 from components.ps.liveness import PARENT_PID_ENV, process_state
 from components.train.backends.base import JobBackend, StepInputs
-from components.train.job import JobResult, PreparedJob, PsJobError, PsJobStoreError, StopSignals
+from components.train.job import JobResult, PreparedJob, PsJobError, PsJobStoreError, StopSignals, clean_store
+from components.train.restarts import NOT_RESTARTED, Attempt, Restart, position
 
 TAIL_LINES = 30
 POLL_S = 0.2
@@ -44,12 +52,22 @@ class JobStopped(PsJobError):
     """The launcher was asked to stop (SIGTERM, SIGINT, SIGHUP); the job's processes are stopped."""
 
 
+class RoleFailed(PsJobError):
+    """A role of the job died or stalled: ``what`` happened to it, in one phrase; ``restartable`` unless no whole-job
+    restart can mend it (a configuration error)."""
+
+    def __init__(self, role: str, message: str, what: str, restartable: bool):
+        super().__init__(role, message)
+        self.what, self.restartable = what, restartable
+
+
 @dataclass
 class Process:
     role: Role
     index: int
     popen: subprocess.Popen
     log_path: Path
+    attempt: Attempt
     tail: deque = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     started: float = field(default_factory=time.monotonic)
 
@@ -97,6 +115,11 @@ class LocalJob(JobBackend):
         self.layout: Optional[ClusterLayout] = None
         self.processes: list[Process] = []
         self.server_memory: dict[int, dict] = {}  # server index -> {"serving_rss", "peak_rss"} in bytes
+        # What the current attempt starts from (a restart resumes this run's newest intact checkpoint), and counts.
+        self.attempt_job, self.attempt = job, Attempt(1)
+        self.attempts = self.cfg.cluster.max_restarts + 1
+        self.restarts: list[Restart] = []
+        self.pumps: list[threading.Thread] = []
 
     @classmethod
     def for_step(cls, job: PreparedJob, inputs: StepInputs) -> "LocalJob":
@@ -120,7 +143,7 @@ class LocalJob(JobBackend):
         workdir.mkdir(parents=True, exist_ok=True)
         spec_path = workdir / "job.json"
         staging = str((self.work_root / "staging").resolve())
-        spec_path.write_text(self.job.spec(self.data_dir, str(workdir.resolve()), staging).to_json())
+        spec_path.write_text(self.attempt_job.spec(self.data_dir, str(workdir.resolve()), staging).to_json())
         env = {**os.environ, **role_env(self.layout, role, index), "PYTHONUNBUFFERED": "1",
                "GLOG_minloglevel": os.environ.get("GLOG_minloglevel", "1"), PARENT_PID_ENV: str(os.getpid())}
         popen = subprocess.Popen(
@@ -129,25 +152,36 @@ class LocalJob(JobBackend):
             stdin=subprocess.DEVNULL, text=True, bufsize=1,
             start_new_session=True,  # its own process group, so teardown reaches Paddle's children too
         )
-        process = Process(role, index, popen, self.log_dir / f"{role.value}-{index}.log")
-        threading.Thread(target=self._pump, args=(process,), daemon=True).start()
+        process = Process(role, index, popen, self.log_dir / f"{role.value}-{index}.log", self.attempt)
+        pump = threading.Thread(target=self._pump, args=(process,), daemon=True)
+        pump.start()
+        self.pumps.append(pump)
         return process
 
     def _pump(self, process: Process) -> None:
-        """Copy a process's output to its log; surface progress lines."""
-        with open(process.log_path, "w") as log:
+        """Copy a process's output to its log (a restarted role's after the failed attempt's); surface progress
+        lines."""
+        number = process.attempt.number
+        with open(process.log_path, "w" if number == 1 else "a") as log:
+            if number > 1:
+                log.write(f"---- attempt {number} of {self.attempts} (a whole-job restart) ----\n")
             for line in process.popen.stdout:  # type: ignore[union-attr]
                 log.write(line)
                 log.flush()
                 if not line.startswith(HEARTBEAT):  # the tail quoted in an error is for what the process said
                     process.tail.append(line.rstrip("\n"))
                 self.events.feed(process.name, line)
+                process.attempt.feed(process.name, line)
 
-    def _failure(self, process: Process, what: str) -> PsJobError:
+    def _failure(self, process: Process, what: str, restartable: bool = True) -> RoleFailed:
         time.sleep(0.3)  # let the pump catch the last lines
         tail = "\n".join(f"    {line}" for line in list(process.tail)[-15:])
-        return PsJobError(process.name, f"PS job {self.job_id}: {process.name} {what}. "
-                                        f"Last lines of {process.log_path}:\n{tail}")
+        why = (f"on attempt {self.attempt.number} of {self.attempts} (cluster.max_restarts="
+               f"{self.cfg.cluster.max_restarts})" if restartable
+               else "(a configuration error: restarting cannot mend it)")
+        # The first line is the whole story (the driver shows only it); the log's last lines follow for the step's log.
+        return RoleFailed(process.name, f"PS job {self.job_id}: {process.name} {what} {why}; its log: "
+                                        f"{process.log_path}\nLast lines:\n{tail}", what, restartable)
 
     def prepare(self) -> None:
         self.work_root.mkdir(parents=True, exist_ok=True)
@@ -160,6 +194,7 @@ class LocalJob(JobBackend):
         return StopSignals(self._stopped)
 
     def start(self) -> None:
+        """Start the first attempt's processes (a job that cannot start even once fails: ``ps.host``, a port)."""
         self.processes = [self._spawn(Role.SERVER, i) for i in range(self.cfg.ps.servers)]
         self._wait_for_rendezvous()
         self.processes += [self._spawn(Role.WORKER, i) for i in range(self.cfg.ps.workers)]
@@ -178,10 +213,17 @@ class LocalJob(JobBackend):
                 p.popen.wait()
         for p in self.processes:  # Paddle may leave helpers in the group after its leader exits
             _signal_group(p.popen, signal.SIGKILL)
+        # A killed process lingers until the kernel has torn it down (a large one, a moment): wait for that, so that
+        # nothing of the job is running once stop() returns.
+        deadline = time.time() + TERM_GRACE_S
+        groups = {p.popen.pid for p in self.processes}
+        while _running_in(groups) and time.time() < deadline:
+            time.sleep(0.05)
 
     def result(self, seconds: float) -> JobResult:
         return replace(super().result(seconds),
-                       server_memory=[self.server_memory.get(i) for i in range(self.cfg.ps.servers)])
+                       server_memory=[self.server_memory.get(i) for i in range(self.cfg.ps.servers)],
+                       restarts=[restart.record() for restart in self.restarts])
 
     def _stopped(self, signum: int) -> JobStopped:
         return JobStopped("launcher", f"PS job {self.job_id} stopped by {signal.Signals(signum).name}: every process "
@@ -200,6 +242,48 @@ class LocalJob(JobBackend):
             time.sleep(POLL_S)
 
     def follow(self) -> None:
+        """Return when every process of an attempt exited 0; after a role failed (:meth:`_follow_attempt`), restart
+        the whole job (:meth:`_restart`), or raise once no restart is left or none can mend it."""
+        while True:
+            try:
+                if not self.processes:
+                    self.start()
+                self._follow_attempt()
+                return
+            except RoleFailed as failed:
+                if not failed.restartable or self.attempt.number >= self.attempts:
+                    raise
+                self._restart(failed)
+
+    def _restart(self, failed: RoleFailed) -> None:
+        """Stop every process of the failed attempt, clean the store of its unfinished save, and set up the next
+        attempt from the newest intact checkpoint this run committed (else where the first attempt started)."""
+        failed_at = time.monotonic()
+        self.stop()
+        for pump in self.pumps:  # the failed attempt's lines reach its logs and counts before anything is judged
+            pump.join(TERM_GRACE_S)
+        self.pumps = []
+        self._check_store()  # a store that refused this job's lease (a full disk) fails the job, naming that
+        try:
+            clean_store(self.job.store)
+            target = restart_target(self.job.store, self.job.restore, self.attempt.number, self.cfg.table.shard_num,
+                                    self.job_id, verify=True, warn=lambda line: self.echo(f"warning: {line}"))
+            where = position(self.job.store, target)
+        except CheckpointStoreError as err:
+            raise PsJobStoreError("checkpoint store", f"PS job {self.job_id}: {failed.role} {failed.what}, and the "
+                                                      f"restart cannot use the checkpoint store: {err}") from None
+        examples, seconds = self.attempt.lost_since(target.id if target is not None and target.resume else None,
+                                                    until=failed_at)
+        restart = Restart(self.attempt.number, self.attempts, failed.role, failed.what, target, where, examples,
+                          seconds)
+        self.restarts.append(restart)
+        self.echo(restart.line(self.job_id))
+        self.attempt_job, self.attempt = replace(self.job, restore=target), Attempt(self.attempt.number + 1)
+        self.events.new_attempt()
+        self.processes = []
+        self.layout = local_layout(self.cfg.ps.servers, self.cfg.ps.workers, self.cfg.ps.host, self.job_id)
+
+    def _follow_attempt(self) -> None:
         """Return when every process exited 0; raise on the first failure or a stuck ending.
 
         Only worker 0 stops the servers, and only after the final barrier, so the ending starts when
@@ -212,7 +296,7 @@ class LocalJob(JobBackend):
             codes = [p.popen.poll() for p in self.processes]
             for p, code in zip(self.processes, codes):
                 if code not in (None, 0):
-                    raise self._failure(p, f"exited with code {code}{_signal_name(code)}")
+                    raise self._failure(p, f"exited with code {code}{_signal_name(code)}", code not in NOT_RESTARTED)
             if all(code == 0 for code in codes):
                 return
             self._check_store()
@@ -269,6 +353,19 @@ def _rss_bytes(pid: int) -> Optional[int]:
     except OSError:
         pass
     return None
+
+
+def _running_in(groups: set[int]) -> bool:
+    """Whether any process of these process groups is still running (zombies, which have exited, aside)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            # After the command's closing parenthesis: state, ppid, pgrp.
+            state, _, pgrp = stat.read_text().rsplit(")", 1)[1].split()[:3]
+        except (OSError, IndexError, ValueError):
+            continue
+        if int(pgrp) in groups and state != "Z":
+            return True
+    return False
 
 
 def _signal_group(popen: subprocess.Popen, sig: int) -> None:

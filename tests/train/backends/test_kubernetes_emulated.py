@@ -9,6 +9,7 @@ streams, restarts mid-run, SIGTERM)."""
 
 import datetime as dt
 import json
+import threading
 import time
 import uuid
 from typing import Callable, Optional
@@ -17,13 +18,15 @@ import pytest
 
 pytest.importorskip("kmock", reason="kmock (the HTTP Kubernetes API emulator, test extra) is not installed")
 
+from components.checkpoint.lease import LEASE, StoreLease  # noqa: E402
+from components.checkpoint.store import CheckpointStore  # noqa: E402
 from components.config import validate  # noqa: E402
 from components.ps.contract import CONFIG_ERROR_EXIT  # noqa: E402
 from components.train.backends import manifests  # noqa: E402
 from components.train.backends.kubernetes.api import KubeObject  # noqa: E402
 from components.train.backends.kubernetes.cleanup import delete_pipeline_run_objects  # noqa: E402
 from components.train.backends.kubernetes.lifecycle import KubernetesJob  # noqa: E402
-from components.train.job import PsJobError, prepare_job  # noqa: E402
+from components.train.job import PsJobError, PsJobStoreError, prepare_job  # noqa: E402
 from tests.conftest import needs_schemas  # noqa: E402
 from tests.train.backends.crds import CRD_FILES, crd_schemas  # noqa: E402
 from tests.train.backends.kube_controllers import job_pod  # noqa: E402
@@ -274,6 +277,30 @@ def test_a_configuration_error_is_not_restarted(config, tmp_path, launcher_pod, 
     with pytest.raises(PsJobError, match="a configuration error: restarting cannot mend it"):
         _launcher(_cfg(config, "paddlejob", "cluster.max_restarts=2"), tmp_path, cluster, []).run()
     assert len(cluster.requests("POST", JOB_RESOURCE["paddlejob"])) == 1
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_job_whose_store_lease_is_taken_over_is_deleted_and_fails_the_step_in_one_line(
+        config, tmp_path, launcher_pod, cluster, backend):
+    """Another run takes the checkpoint store's lease over while the job runs (this one's renewals stalled past
+    its expiry): the launcher deletes the job at once, and the step fails naming the store and the new holder, so
+    that this job never writes into a store another run now prunes."""
+    PlayedController(cluster, backend).control(lambda controller, body: None)  # the job runs until deleted
+    cfg = _cfg(config, backend)
+    store = CheckpointStore(cfg.checkpoint.uri)
+    job = prepare_job(cfg, None)
+    with StoreLease(store, job.run_id, renew_s=0.05) as lease:
+        launcher = KubernetesJob(job, DATA_URI, tmp_path / "logs", echo=[].append, apis=cluster.apis(), poll_s=POLL_S,
+                                 lease=lease)
+        threading.Timer(0.5, lambda: store.write_json(None, LEASE, {
+            "run_id": "other-run", "token": "theirs", "host": "elsewhere", "pid": 1, "renewed_at": time.time(),
+            "ttl_s": 60})).start()
+        with pytest.raises(PsJobStoreError) as failed:
+            launcher.run()
+    message = str(failed.value)
+    assert "\n" not in message and "taken over by run other-run" in message and launcher.base_name in message
+    assert "its Kubernetes objects are deleted" in message
+    assert cluster.objects(JOB_RESOURCE[backend]) == [] and cluster.objects(RESOURCES["NetworkPolicy"]) == []
 
 
 def test_a_watch_sees_the_trainjob_created_ended_and_deleted(config, tmp_path, launcher_pod, cluster):

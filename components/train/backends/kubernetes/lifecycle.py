@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
+from components.checkpoint.lease import LeaseLost, StoreLease
 from components.checkpoint.restore import restart_target
 from components.config import is_remote_uri
 from components.ps.contract import Role
@@ -24,7 +25,7 @@ from components.train.backends.kubernetes.api import KubeApis, KubeObject, api_r
 from components.train.backends.kubernetes.diagnosis import PodDiagnosis, config_error, disrupted
 from components.train.backends.kubernetes.pod_log import WORKER_0, PodLog
 from components.train.backends.kubernetes.status import STATUS_RULES, Outcome
-from components.train.job import PreparedJob, PsJobError
+from components.train.job import PreparedJob, PsJobError, PsJobStoreError
 
 POLL_S = 5.0
 # Once the job ended, how long worker 0's log may take to be read to its end (its events make the result), and then
@@ -74,7 +75,8 @@ class KubernetesJob(JobBackend):
     """One PS job on Kubernetes, from creating its objects to deleting them (see the package doc)."""
 
     def __init__(self, job: PreparedJob, data_uri: Optional[str], log_dir: Path,
-                 echo: Callable[[str], None] = print, apis: Optional[KubeApis] = None, poll_s: float = POLL_S):
+                 echo: Callable[[str], None] = print, apis: Optional[KubeApis] = None, poll_s: float = POLL_S,
+                 lease: Optional[StoreLease] = None):
         backend = job.cfg.cluster.backend
         if backend not in STATUS_RULES:
             raise ValueError(f"cluster.backend {backend.value!r} does not run on Kubernetes")
@@ -83,6 +85,9 @@ class KubernetesJob(JobBackend):
                              f"fsspec URL the pods can read (s3://...), got {data_uri!r}")
         super().__init__(job, log_dir, echo)
         self.data_uri, self.poll_s = manifests.pod_data_uri(str(data_uri)), poll_s
+        # The checkpoint store's lease the step holds: lost, the job is deleted, or a later run that took the store
+        # over could prune the checkpoint this one is writing.
+        self.lease = lease
         self.rules = STATUS_RULES[backend]
         self.apis = apis or KubeApis.from_environment()
         self.namespace = launcher_namespace(self.cfg.cluster)
@@ -100,7 +105,7 @@ class KubernetesJob(JobBackend):
 
     @classmethod
     def for_step(cls, job: PreparedJob, inputs: StepInputs) -> "KubernetesJob":
-        return cls(job, inputs.data_uri, inputs.log_dir, echo=inputs.echo)
+        return cls(job, inputs.data_uri, inputs.log_dir, echo=inputs.echo, lease=inputs.lease)
 
     @property
     def name(self) -> str:
@@ -191,6 +196,7 @@ class KubernetesJob(JobBackend):
         errors, shown = 0, ""
         since, started = time.time(), False
         while True:
+            self._check_store()
             try:
                 status = job.status(self.apis)
                 errors = 0
@@ -215,6 +221,15 @@ class KubernetesJob(JobBackend):
             if not started:
                 started = self.diagnosis.started(job, since)
             time.sleep(self.poll_s)
+
+    def _check_store(self) -> None:
+        if self.lease is None:
+            return
+        try:
+            self.lease.check()
+        except LeaseLost as err:
+            raise PsJobStoreError("checkpoint store", f"PS job {self.base_name} stopped: {err}; its Kubernetes "
+                                                      "objects are deleted") from None
 
     def _delete_created(self) -> None:
         """Delete what this launcher created, job first; a failure is reported, not raised (the objects'
