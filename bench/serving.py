@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -145,8 +146,8 @@ class Server:
         memory["store"], mapped = 0, False
         for line in Path(f"/proc/{self.proc.pid}/smaps").read_text().splitlines():
             head = line.split()
-            if len(head) >= 6 and "-" in head[0]:  # a mapping's first line: its address range ... its path
-                mapped = head[5].startswith(str(store))
+            if re.fullmatch(r"[0-9a-f]+-[0-9a-f]+", head[0]):  # a mapping's first line: range, ..., its path if any
+                mapped = len(head) >= 6 and head[5].startswith(f"{store}/")
             elif mapped and head[0] == "Rss:":
                 memory["store"] += int(head[1]) * 1024
         return memory
