@@ -20,7 +20,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from components.checkpoint.lease import new_run_id
+from components.checkpoint.lease import LeaseLost, StoreLease, new_run_id
 from components.checkpoint.protocol import clear_scores
 from components.checkpoint.restore import RestoreTarget, restore_target
 from components.checkpoint.store import CheckpointStore, CheckpointStoreError
@@ -42,6 +42,17 @@ class PsJobError(RuntimeError):
 class PsJobStoreError(PsJobError, CheckpointStoreError):
     """A PS job stopped because its checkpoint store failed it (a full disk, no permission, unreachable): the
     user's to fix, so reported in one line (:mod:`pipelines.errors`)."""
+
+
+def check_lease(lease: Optional[StoreLease], job: str, after: str = "") -> None:
+    """Raise :class:`PsJobStoreError` ``"<job>: <why>"`` (then ``after``: what became of the job) when the job's
+    store ``lease`` (None: none held) was lost: every backend stops a job that lost it."""
+    if lease is None:
+        return
+    try:
+        lease.check()
+    except LeaseLost as err:
+        raise PsJobStoreError("checkpoint store", f"{job}: {err}{after}") from None
 
 
 @dataclass

@@ -30,13 +30,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Optional
 
-from components.checkpoint.lease import LeaseLost, StoreLease
+from components.checkpoint.lease import StoreLease
 from components.checkpoint.restore import restart_target
 from components.checkpoint.store import CheckpointStoreError
 from components.ps.contract import HEARTBEAT, ClusterLayout, Role, endpoint_accepts, role_env
 from components.ps.liveness import PARENT_PID_ENV, process_state
 from components.train.backends.base import JobBackend, StepInputs
-from components.train.job import JobResult, PreparedJob, PsJobError, PsJobStoreError, StopSignals, clean_store
+from components.train.job import (JobResult, PreparedJob, PsJobError, PsJobStoreError, StopSignals, check_lease,
+                                  clean_store)
 from components.train.restarts import NOT_RESTARTED, Attempt, Restart, position
 
 TAIL_LINES = 30
@@ -311,12 +312,7 @@ class LocalJob(JobBackend):
             time.sleep(POLL_S)
 
     def _check_store(self) -> None:
-        if self.lease is None:
-            return
-        try:
-            self.lease.check()
-        except LeaseLost as err:
-            raise PsJobStoreError("checkpoint store", f"PS job {self.job_id}: {err}") from None
+        check_lease(self.lease, f"PS job {self.job_id}")
 
     def _check_stalls(self) -> None:
         """A process that reports nothing for ps.stall_timeout_s fails the job (a stopped one is named first)."""

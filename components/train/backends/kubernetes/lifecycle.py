@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from components.checkpoint.lease import LeaseLost, StoreLease
+from components.checkpoint.lease import StoreLease
 from components.checkpoint.restore import restart_target
 from components.config import is_remote_uri
 from components.ps.contract import Role
@@ -25,7 +25,7 @@ from components.train.backends.kubernetes.api import KubeApis, KubeObject, api_r
 from components.train.backends.kubernetes.diagnosis import PodDiagnosis, config_error, disrupted
 from components.train.backends.kubernetes.pod_log import WORKER_0, PodLog
 from components.train.backends.kubernetes.status import STATUS_RULES, Outcome
-from components.train.job import PreparedJob, PsJobError, PsJobStoreError
+from components.train.job import PreparedJob, PsJobError, check_lease
 
 POLL_S = 5.0
 # Once the job ended, how long worker 0's log may take to be read to its end (its events make the result), and then
@@ -223,13 +223,7 @@ class KubernetesJob(JobBackend):
             time.sleep(self.poll_s)
 
     def _check_store(self) -> None:
-        if self.lease is None:
-            return
-        try:
-            self.lease.check()
-        except LeaseLost as err:
-            raise PsJobStoreError("checkpoint store", f"PS job {self.base_name} stopped: {err}; its Kubernetes "
-                                                      "objects are deleted") from None
+        check_lease(self.lease, f"PS job {self.base_name} stopped", "; its Kubernetes objects are deleted")
 
     def _delete_created(self) -> None:
         """Delete what this launcher created, job first; a failure is reported, not raised (the objects'
