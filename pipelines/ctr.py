@@ -85,5 +85,10 @@ def main(cfg: DictConfig) -> float:
         return run(cfg)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``ctr`` console script: ``ctr [overrides...]`` is ``python -m pipelines.ctr [overrides...]``."""
     run_main(main)
+
+
+if __name__ == "__main__":
+    cli()

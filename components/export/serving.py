@@ -227,5 +227,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """The ``ctr-serving`` console script."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

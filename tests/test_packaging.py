@@ -1,0 +1,62 @@
+"""The package declares what it imports and installs its console scripts."""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata as metadata
+import re
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+OWN_PACKAGES = ("components", "pipelines", "conf")
+
+
+def _imported_top_level_modules() -> set[str]:
+    modules: set[str] = set()
+    for package in OWN_PACKAGES:
+        for source in (ROOT / package).rglob("*.py"):
+            for node in ast.walk(ast.parse(source.read_text(), str(source))):
+                if isinstance(node, ast.Import):
+                    modules.update(alias.name.split(".")[0] for alias in node.names)
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    modules.add(node.module.split(".")[0])
+    return modules - set(sys.stdlib_module_names) - set(OWN_PACKAGES)
+
+
+def _requirement_name(requirement: str) -> str:
+    return re.split(r"[\s\[<>=!~;]", requirement, maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _project() -> dict:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+
+
+def test_every_imported_package_is_a_declared_dependency():
+    declared = {_requirement_name(r) for r in _project()["dependencies"]}
+    distributions = metadata.packages_distributions()
+    undeclared = {}
+    for module in sorted(_imported_top_level_modules()):
+        providers = {d.lower().replace("_", "-") for d in distributions.get(module, [])}
+        assert providers, f"{module} is imported but no installed distribution provides it"
+        if not providers & declared:
+            undeclared[module] = sorted(providers)
+    assert not undeclared, f"imported but not declared in pyproject.toml: {undeclared}"
+
+
+def test_console_scripts_point_at_the_module_entries():
+    assert _project()["scripts"] == {"ctr": "pipelines.ctr:cli", "ctr-serving": "components.export.serving:cli"}
+    for name, target in _project()["scripts"].items():
+        module, function = target.split(":")
+        code = f"import {module}; assert callable({module}.{function})"
+        subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT)
+
+
+def test_ctr_serving_script_answers_help():
+    # The script's main is the module's: its usage names every subcommand.
+    out = subprocess.run([sys.executable, "-c", "from components.export.serving import cli; cli()", "--help"],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert all(command in out.stdout for command in ("export", "predict", "serve"))
