@@ -514,6 +514,10 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
         _positive("ps.geo_k_steps", cfg.ps.geo_k_steps)
     if cfg.ps.mode is Mode.sync:
         _positive("ps.sync_batches", cfg.ps.sync_batches)
+    if cfg.model.optimizer is DenseOptimizer.adagrad and cfg.ps.mode is not Mode.geo:
+        # Paddle 2.6.2's the_one_ps builds the servers' dense optimizer from sgd or adam only, except in geo mode
+        raise ConfigError("model.optimizer", "adagrad", f"sgd or adam with ps.mode={cfg.ps.mode.value}",
+                          "the servers apply adagrad to dense parameters only with ps.mode=geo")
     if cfg.table.accessor is Accessor.SparseAccessor and cfg.table.embedding_dim < 2:
         raise ConfigError("table.embedding_dim", cfg.table.embedding_dim, "an integer >= 2",
                           "SparseAccessor splits a row into 1 embed weight + (dim - 1) embedx weights")

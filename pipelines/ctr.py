@@ -16,11 +16,13 @@ store, cluster) is reported in one line, exit status 2; a failed Kubeflow submis
 
 import math
 from pathlib import Path
+from typing import Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from components.config import CtrConfig, PipelineRunner, from_dict, register_configs, to_dict, validate
+from components.config import ClusterBackend, CtrConfig, PipelineRunner, from_dict, register_configs, to_dict, validate
+from components.days import expand_days
 from components.resolve.step import check_checkpoint_store, check_local_host
 from pipelines.errors import reported_in_one_line, run_main
 from pipelines.help import register_help
@@ -38,6 +40,7 @@ def run(cfg: DictConfig) -> float:
     # holds the cluster's credentials; this machine may have none.
     validate(typed, check_storage=not on_kubeflow)
     check_local_host(typed)
+    check_local_workers_device(typed)
     if typed.plan:
         return print_plan(typed)
     if on_kubeflow:
@@ -59,6 +62,18 @@ def run(cfg: DictConfig) -> float:
     return float(metrics[typed.objective])
 
 
+def check_local_workers_device(cfg: CtrConfig) -> None:
+    """Local workers asked to train on a GPU (``cluster.workers.gpus``) run this machine's Paddle: refuse a build
+    that cannot (the worker's own check, :func:`components.ps.role.worker_place`) before data prep, in one line."""
+    if cfg.cluster.backend is not ClusterBackend.local or cfg.cluster.workers.gpus <= 0:
+        return
+    import paddle
+
+    from components.ps.role import worker_place
+
+    worker_place(cfg, paddle)
+
+
 def print_plan(cfg: CtrConfig) -> float:
     """``plan=true``: print what the run would do, start nothing, write nothing; the objective is NaN."""
     from pipelines.local import local_config
@@ -66,12 +81,46 @@ def print_plan(cfg: CtrConfig) -> float:
 
     if cfg.cluster.runner is PipelineRunner.local:
         cfg = check_checkpoint_store(local_config(cfg), probe=False)
-    print("\n".join(plan_lines_of(cfg)), flush=True)
+    days_lines: list[str] = []
+    if cfg.data.days is not None:
+        cfg, days_lines = _first_day_to_train(cfg)
+    if cfg is not None:
+        days_lines += plan_lines_of(cfg)
+    print("\n".join(days_lines), flush=True)
+    _remove_empty_run_dir(Path(cfg.run_dir))
     return math.nan
+
+
+def _first_day_to_train(cfg: CtrConfig) -> tuple[Optional[CtrConfig], list[str]]:
+    """A daily run's plan is its first untrained day's (the later days' differ only in their data): that day's
+    config (None when every day is trained) and the line saying which days the store has and which it would train.
+    On Kubeflow the store is the cluster's, read by the run itself: every day is planned as untrained."""
+    from pipelines.days import day_config, plan_days
+
+    if cfg.cluster.runner is PipelineRunner.local:
+        done, todo = plan_days(cfg)
+    else:
+        done, todo = [], expand_days(cfg.data.days or [])
+    line = f"days: {len(done)} of data.days trained already, {len(todo)} to train {todo}"
+    if not todo:
+        return None, [line + ": nothing to do"]
+    return day_config(cfg, todo[0]), [line + f"; the plan of day {todo[0]!r} (each later day's is alike):"]
+
+
+def _remove_empty_run_dir(run_dir: Path) -> None:
+    """Remove the run directory Hydra made for a plan (empty: conf/config.yaml gives a plan no ``.hydra/`` and
+    no log file) and the dated directories above it that it leaves empty, up to the working directory."""
+    stop = Path.cwd().resolve()
+    for directory in (run_dir.resolve(), *run_dir.resolve().parents):
+        if directory == stop or not directory.is_dir() or any(directory.iterdir()):
+            return
+        directory.rmdir()
 
 
 register_configs()
 register_help()
+if not OmegaConf.has_resolver("ctr_unless_plan"):  # conf/config.yaml: what plan=true must not write
+    OmegaConf.register_new_resolver("ctr_unless_plan", lambda plan, value, otherwise: otherwise if plan else value)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

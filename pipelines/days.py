@@ -23,7 +23,6 @@ from components.checkpoint.days import DayLedger, DayOrderError
 from components.checkpoint.store import CheckpointStore
 from components.config import ConfigError, CtrConfig
 from components.days import expand_days
-from components.evaluate.days import DAYS_CSV, DAYS_PNG
 
 # A day's name as a directory name: a day may be a glob (``[0-2]``, several files as one day) or hold a slash.
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
@@ -49,6 +48,7 @@ def day_config(cfg: CtrConfig, day: str) -> CtrConfig:
 def run_days_locally(cfg: CtrConfig) -> dict:
     """Train ``cfg.data.days`` in order, one local pipeline run each; returns the last trained day's test metrics
     (``{}`` when every day was trained already)."""
+    from components.evaluate.days import DAYS_CSV, DAYS_PNG  # the report's plotting: not for plan=true
     from pipelines.local import run_pipeline_locally
 
     done, todo = plan_days(cfg)

@@ -52,6 +52,7 @@ def test_closed_vocabularies_fail_at_composition(config, override, allowed):
 
 @pytest.mark.parametrize("overrides,key,value", [
     (["ps.workers=0"], "ps.workers", 0),
+    (["model.optimizer=adagrad"], "model.optimizer", "adagrad"),  # Paddle 2.6.2: dense adagrad only in geo
     (["ps.servers=-1"], "ps.servers", -1),
     (["table.embedding_dim=0"], "table.embedding_dim", 0),
     (["table.embedding_dim=1"], "table.embedding_dim", 1),
@@ -255,3 +256,7 @@ def test_the_export_signing_key_is_auto_none_or_a_key_file(config, tmp_path):
     for setting in ("auto", "none", str(key)):
         validate(config(f"export.signing_key={setting}"))
     validate(config(*PROD, "export.signing_key=none"), check_storage=False)
+
+
+def test_dense_adagrad_passes_in_geo_mode(config):
+    validate(config("ps=geo", "model.optimizer=adagrad"))

@@ -64,6 +64,7 @@ def test_log_file_keeps_every_line(tiny_run):
 def test_plan_numbers_are_what_the_run_did(tiny_run):
     plan, _, run_dir = tiny_run
     planned = plan.stdout
+    assert not (run_dir.parent / "plan").exists()  # the plan's run directory: no .hydra/, no ctr.log, removed
     stats = json.loads(next((run_dir / "kfp").rglob("merge-data/*/stats.json")).read_text())
     rows = stats["rows"]
     assert f"{sum(rows.values()):,} rows ({rows['train']:,} train, {rows['valid']:,} validation, {rows['test']:,} test)" \

@@ -63,6 +63,10 @@ CASES = {
         ["'checkpoint.resume'", "is corrupt", "no committed checkpoint there is intact"]),
     "ps.host not on this machine": (lambda tmp: ["ps.host=192.0.2.1"],  # TEST-NET-1: no machine's own
                                     ["'ps.host' has value '192.0.2.1'", "cannot listen on it"]),
+    "a GPU asked of this machine's CPU build of Paddle": (
+        lambda tmp: ["cluster.workers.gpus=1"], ["'cluster.workers.gpus' has value 1", "a CPU build"]),
+    "dense adagrad outside geo": (lambda tmp: ["model.optimizer=adagrad"],
+                                  ["'model.optimizer' has value 'adagrad'", "only with ps.mode=geo"]),
     "cluster": (lambda tmp: ["+cluster=prod", "checkpoint.uri=s3://bucket/ctr"],
                 ["'cluster.host'", "cluster.submit=false"]),
 }

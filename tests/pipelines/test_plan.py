@@ -133,3 +133,18 @@ def test_plan_says_a_corrupt_newest_checkpoint_gives_way_to_the_intact_one_befor
     assert "MANIFEST.json is not valid JSON" in warning and f"resuming from {intact.name} instead" in warning
     [checkpoint] = [line for line in lines if line.startswith("  checkpoint  ")]
     assert f"resuming from checkpoint {intact.name}" in checkpoint
+
+
+def test_plan_of_a_daily_run_is_its_first_untrained_day(tmp_path, capsys, no_process):
+    from components.data_prep.drifting import DriftingSpec, write_days
+    from components.data_prep.synthetic import DEFAULT_CARDINALITIES
+
+    write_days(tmp_path / "logs", DriftingSpec(days=2, rows_per_day=500,
+                                               cardinalities=tuple(min(c, 50) for c in DEFAULT_CARDINALITIES)))
+    run_dir = tmp_path / "run"
+    run(compose_config(run_dir, "plan=true", "data=criteo", "experiment=tiny",
+                       f"data.uri='{tmp_path / 'logs'}/day_{{day}}.tsv'", "data.days=[0,1]"))
+    out = capsys.readouterr().out
+    assert out.startswith("days: 0 of data.days trained already, 2 to train ['0', '1']; the plan of day '0'")
+    assert "day_0.tsv" in out and "day_1.tsv" not in out
+    assert not run_dir.exists()
