@@ -41,6 +41,42 @@ _METRIC_LABELS = {
     "weight": "Weight (of the examples)",
     "positive_weight": "Weight of the positives",
 }
+# The keys of the report's other tables (the baseline, the calibration, the run's summary) as a reader says them;
+# a key not here is already a reader's (a day, "server 0") and is shown as it is.
+_KEY_LABELS = {
+    "ece": "ECE (expected calibration error: mean |prediction - observed rate| over the bins)",
+    "uncalibrated_ece": "ECE before calibration",
+    "uncalibrated_calibration": "Calibration before calibration (mean prediction / observed CTR)",
+    "uncalibrated_logloss": "Logloss before calibration",
+    "method": "Method",
+    "a": "Slope a (p = sigmoid(a * logit + b))",
+    "b": "Intercept b",
+    "baseline_auc": "Baseline ROC AUC",
+    "baseline_logloss": "Baseline logloss",
+    "lift_auc": "Lift (model AUC - baseline AUC)",
+    "baseline_rows": "Baseline training rows",
+    "baseline_features": "Baseline hashed features",
+    "baseline_l2": "Baseline L2 penalty",
+    "baseline_l2_chosen_by": "Baseline L2 chosen by",
+    "embedding_dim": "Embedding dimension",
+    "sparse_rule": "Sparse optimizer rule",
+    "table_rows": "Table rows",
+    "model": "Model",
+    "mode": "PS mode",
+    "servers": "Servers",
+    "workers": "Workers",
+    "epochs": "Passes over the data",
+    "examples": "Examples trained",
+    "seconds": "Training time (s)",
+    "examples_per_s": "Examples per second",
+    "final_train_auc": "Train AUC at the end (running)",
+    "examples_trained_twice": "Examples trained again after a restart",
+}
+
+
+def _label(key: str) -> str:
+    """A table key as a reader says it."""
+    return _METRIC_LABELS.get(key) or _KEY_LABELS.get(key) or key
 
 
 def _figure(size: tuple[float, float]) -> Figure:
@@ -282,7 +318,7 @@ def _report_content(
         (label, _format_score(metrics[key])) for key, label in _METRIC_LABELS.items() if key in metrics
     ]
     metric_rows += [
-        (key, _format_value(value)) for key, value in metrics.items() if key not in _METRIC_LABELS
+        (_label(key), _format_value(value)) for key, value in metrics.items() if key not in _METRIC_LABELS
     ]
     metric_rows += _reference_rows(metrics, reference or {})
     metrics_table = _Table("Metrics", ("Metric", "Value"), metric_rows)
@@ -390,7 +426,7 @@ def _slices_table(slot: str, rows: Sequence[Mapping[str, Any]]) -> _Table:
 
 
 def _key_value_table(heading: str, values: Mapping[str, Any]) -> _Table:
-    rows = [(str(key), _format_value(value)) for key, value in values.items()]
+    rows = [(_label(str(key)), _format_value(value)) for key, value in values.items()]
     return _Table(heading, ("Key", "Value"), rows)
 
 

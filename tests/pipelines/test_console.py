@@ -82,6 +82,13 @@ def test_plan_numbers_are_what_the_run_did(tiny_run):
     assert not (run_dir.parent / "plan" / "checkpoint").exists() and not (run_dir.parent / "plan" / "kfp").exists()
 
 
+def test_every_row_of_the_report_has_a_readable_name(tiny_run):
+    _, _, run_dir = tiny_run
+    names = re.findall(r"^\| ([^|]+?) \|", (run_dir / "report.md").read_text(), re.M)
+    raw = [name for name in names if re.fullmatch(r"[a-z]+(_[a-z0-9]+)*", name) and len(name) > 1]
+    assert "ROC AUC" in names and not raw, raw
+
+
 def test_report_has_the_training_curve_of_every_worker(tiny_run):
     _, _, run_dir = tiny_run
     png = (run_dir / "training_curve.png").read_bytes()
