@@ -360,6 +360,11 @@ class ServingConfig:
 class ClusterConfig:
     runner: PipelineRunner = PipelineRunner.local
     backend: ClusterBackend = ClusterBackend.local
+    # A local run's step cache (kfp.local): a step whose inputs did not change reuses its outputs (data prep of the
+    # same input and data settings, whatever the training keys). Kept in local_cache_root; null: `.kfp-cache` beside
+    # the run directory, which the runs of one day (outputs/<date>/) and the jobs of a sweep share.
+    local_cache: bool = True
+    local_cache_root: Optional[str] = None
     # Kubeflow Pipelines (runner=kubeflow)
     host: Optional[str] = None  # the KFP API endpoint, e.g. https://kubeflow.example.com/pipeline
     namespace: str = "kubeflow"

@@ -181,6 +181,7 @@ class RunConsole:
             self.started[started["step"]] = time.monotonic()
         elif ended:
             self._step_ended(ended["step"], ended["status"])
+
         elif (event := parse_progress(plain)) is not None:
             self._progress(event)
         elif (event := parse_epoch(plain)) is not None:
@@ -193,11 +194,16 @@ class RunConsole:
             self.screen.write(text + "\n")
             self.screen.flush()
 
-    def _step_ended(self, step: str, status: str) -> None:
+    def step_cached(self, step: str) -> None:
+        """kfp.local reused the step's outputs from its cache (it logs that; it prints nothing)."""
+        self._step_ended(step, "SUCCESS", cached=True)
+
+    def _step_ended(self, step: str, status: str, cached: bool = False) -> None:
         seconds = time.monotonic() - self.started.pop(step, time.monotonic())
         if step == "train" and self.bars:
             self.bars.stop()
-        outcome = f"{seconds:6.1f}s" if status == "SUCCESS" else f"{status} after {seconds:.1f}s"
+        outcome = (f"{'cached':>7}" if cached else f"{seconds:6.1f}s" if status == "SUCCESS"
+                   else f"{status} after {seconds:.1f}s")
         stats = self.dataset_stats() if step == self.dataset_step and status == "SUCCESS" else None
         rows = ("  " + ", ".join(f"{n:,} {SPLIT_NAMES.get(split, split)}" for split, n in stats["rows"].items())
                 + " rows" if stats else "")

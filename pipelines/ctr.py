@@ -67,11 +67,9 @@ def check_local_workers_device(cfg: CtrConfig) -> None:
     that cannot (the worker's own check, :func:`components.ps.role.worker_place`) before data prep, in one line."""
     if cfg.cluster.backend is not ClusterBackend.local or cfg.cluster.workers.gpus <= 0:
         return
-    import paddle
+    from components.ps.role import check_worker_device
 
-    from components.ps.role import worker_place
-
-    worker_place(cfg, paddle)
+    check_worker_device(cfg)
 
 
 def print_plan(cfg: CtrConfig) -> float:

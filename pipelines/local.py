@@ -28,6 +28,7 @@ import dataclasses
 import glob
 import io
 import json
+import logging
 import os
 import re
 import shlex
@@ -235,13 +236,18 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     workspace = pipeline_root / "workspace"  # must exist; kfp.local deletes it after the run
     workspace.mkdir(parents=True, exist_ok=True)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
-               workspace_root=str(workspace))
+               workspace_root=str(workspace), enable_caching=cfg.cluster.local_cache,
+               cache_root=str(local_cache_root(cfg)))
     started = time.time()
     stdout, print_function = sys.stdout, builtins.print
     with open(log_path(run_dir), "a") as log:
+        cache = CacheHits(local_cache_root(cfg))
         console = RunConsole(stdout, log, verbose=cfg.verbose, period_s=cfg.ps.progress_period_s,
-                             dataset_step=MERGE_STEP, dataset_stats=lambda: read_stats(_merged_stats(pipeline_root)))
+                             dataset_step=MERGE_STEP,
+                             dataset_stats=lambda: read_stats(_merged_stats(pipeline_root) or cache.dataset_stats()))
+        cache.console = console
         console.say("\n".join(header_lines(cfg)))
+        logging.getLogger().addHandler(cache)
         tap = _ConsoleTap(console)
         sys.stdout = tap
         quieted = quiet_console_logging(cfg.verbose)
@@ -253,6 +259,7 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
         except RuntimeError as err:
             raise PipelineRunError(ANSI.sub("", str(err)), tap.step_error()) from None
         finally:
+            logging.getLogger().removeHandler(cache)
             console.close()
             sys.stdout = stdout
             # kfp.local indents a task's output by swapping builtins.print while the task runs; once in the suite the
@@ -281,6 +288,37 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     print_summary(metrics, training, wall_s, run_dir, cfg.checkpoint.uri, serving,
                   serving_rows(cfg, run_dir) if exported.is_dir() else [])
     return metrics
+
+
+class CacheHits(logging.Handler):
+    """kfp.local's cache hits, which it logs (and does not print): the console's step line says ``cached``, and a
+    cached merge's dataset, in the run that made it, is found from the cache entry the hit names."""
+
+    _HIT = re.compile(r"^Task (?P<step>[\w-]+) cache hit \(key=(?P<key>[0-9a-f]+)\)")
+
+    def __init__(self, cache_root: Path):
+        super().__init__(logging.INFO)
+        self.cache_root = cache_root
+        self.console: Optional[RunConsole] = None
+        self.outputs: dict[str, dict] = {}  # step -> its cached outputs (kfp.local's entry)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        hit = self._HIT.match(record.getMessage())
+        if hit is None:
+            return
+        entry = next(self.cache_root.glob(f"{hit['key']}*.json"), None)
+        self.outputs[hit["step"]] = json.loads(entry.read_text()) if entry else {}
+        if self.console is not None:
+            self.console.step_cached(hit["step"])
+
+    def dataset_stats(self) -> Optional[Path]:
+        uri = self.outputs.get(MERGE_STEP, {}).get("dataset", {}).get("uri")
+        return Path(uri) / "stats.json" if uri else None
+
+
+def local_cache_root(cfg: CtrConfig) -> Path:
+    """Where kfp.local keeps its step cache: ``cluster.local_cache_root``, else ``.kfp-cache`` beside the run."""
+    return Path(cfg.cluster.local_cache_root or Path(cfg.run_dir).resolve().parent / ".kfp-cache")
 
 
 def _merged_stats(pipeline_root: Path) -> Optional[Path]:

@@ -32,8 +32,9 @@ from kfp.dsl import HTML, Artifact, Metrics, Model
 from components.cleanup.component import clean_up_run
 from components.config import ClusterConfig, CtrConfig, DataSource, PipelineRunner
 from components.data_prep.component import convert_data, merge_data, plan_data
+from components.days import is_daily
 from components.deploy.component import deploy_model
-from components.evaluate.component import evaluate_model
+from components.evaluate.component import evaluate_model, fit_baseline
 from components.export.component import export_model
 from components.export.signing import AUTO, SECRET_MOUNT
 from components.resolve.component import resolve_config
@@ -46,15 +47,19 @@ from components.train.component import train
 PIPELINE_NAME = "ctr-ps-training"
 # Every task, in a topological order. convert-data runs inside the data-prep fan-out: a ParallelFor over the plan's
 # groups, the root DAG's PREP_LOOP; export-model inside the AUC gate, the root DAG's EXPORT_GATE.
-TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", "train", "evaluate-model", "export-model")
+# fit-baseline (with eval.baseline, the default) needs only the dataset: on Kubeflow it runs beside the train step.
+TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", "fit-baseline", "train", "evaluate-model",
+         "export-model")
+BASELINE_TASK = "fit-baseline"
 PREP_LOOP, EXPORT_GATE = "for-loop-1", "condition-2"
 # With cluster.serving.deploy (Kubeflow only), inside the AUC gate after the export: the online server's
 # InferenceService created or updated (components.deploy), acting as the launcher account.
 DEPLOY_TASK = "deploy-model"
 # What each task of the root DAG waits for, in a topological order: the export, on the evaluation that gates it.
 DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOOP: ("plan-data",),
-                "merge-data": ("resolve-config", "plan-data", PREP_LOOP), "train": ("resolve-config", "merge-data"),
-                "evaluate-model": ("resolve-config", "merge-data", "train"),
+                "merge-data": ("plan-data", PREP_LOOP), BASELINE_TASK: ("merge-data",),
+                "train": ("resolve-config", "merge-data"),
+                "evaluate-model": ("resolve-config", "merge-data", BASELINE_TASK, "train"),
                 EXPORT_GATE: ("resolve-config", "merge-data", "train", "evaluate-model")}
 # On Kubeflow the root DAG holds EXIT_HANDLER, the group of every task above, and EXIT_TASK, which runs once that
 # group ended however it ended (succeeded, failed, cancelled) and deletes the PS job objects the run left
@@ -69,12 +74,13 @@ DAY_GATE, DAY_GATE_NAME = "condition-2", "the run's day is not trained yet"
 # The steps that may simply run again after a failure (a lost node, a storage blip): they replace their outputs
 # whole, or, the clean-up, find nothing left to delete. Not resolve-config and plan-data (their failures are the
 # config's or the input's) nor train (the PS job restarts itself).
-RETRIED_TASKS = ("convert-data", "merge-data", "evaluate-model", "export-model", EXIT_TASK, DEPLOY_TASK)
+RETRIED_TASKS = ("convert-data", "merge-data", BASELINE_TASK, "evaluate-model", "export-model", EXIT_TASK, DEPLOY_TASK)
 EXPORT_TASK = "export-model"
 RETRY_BACKOFF = "60s"  # then doubling
 # Each task's pod resources on Kubeflow: the ClusterConfig.steps field.
 STEP_RESOURCES = {"resolve-config": "resolve", "plan-data": "resolve", "convert-data": "prepare",
-                  "merge-data": "prepare", "train": "train", "evaluate-model": "evaluate", "export-model": "export",
+                  "merge-data": "prepare", BASELINE_TASK: "prepare", "train": "train", "evaluate-model": "evaluate",
+                  "export-model": "export",
                   EXIT_TASK: "resolve", DEPLOY_TASK: "resolve"}
 # The train step's launcher makes its own pod the owner of the PS job it creates, and labels that job with the
 # pipeline run it belongs to (downward API: KFP labels every pod of a run with its id), and names it after the run's
@@ -104,6 +110,7 @@ def display_names(cfg: CtrConfig) -> dict[str, str]:
     data = "synthetic data" if cfg.data.source is DataSource.synthetic else f"{cfg.data.format.value} files"
     return {"resolve-config": "Resolve the run's config", "plan-data": f"Plan the prep of {data}",
             "convert-data": f"Convert a group of {data}", "merge-data": "Merge the prepared groups",
+            BASELINE_TASK: "Fit the logistic-regression baseline",
             "train": f"Train: {cfg.ps.servers} PS servers + {cfg.ps.workers} workers ({cfg.cluster.backend.value})",
             "evaluate-model": "Evaluate on the test split", "export-model": "Export the serving model",
             EXIT_TASK: f"Clean up the run's PS job objects ({cfg.cluster.backend.value})",
@@ -144,12 +151,18 @@ def ctr_pipeline(cfg: CtrConfig):
             # task output a task inside a ParallelFor takes).
             with dsl.ParallelFor(planned.output, parallelism=cfg.data.prep_parallelism) as group:
                 converted = convert_data(group=group)
-            prep = merge_data(config=effective, groups=planned.output, parts=dsl.Collected(converted.outputs["parts"]))
+            prep = merge_data(groups=planned.output, parts=dsl.Collected(converted.outputs["parts"]))
+            if is_daily(cfg.data.uri):  # a day's drift check reads the checkpoint store, which changes between runs
+                prep.set_caching_options(False)
             fit = train(config=effective, dataset=prep.outputs["dataset"])
             # The checkpoint lives outside the artifact store (checkpoint.uri): a cached step would only point at it.
             fit.set_caching_options(False)
+            # The baseline reads the dataset alone: cached per dataset, and on Kubeflow fitted while the job trains.
+            baseline = (fit_baseline(dataset=prep.outputs["dataset"], rows=cfg.eval.baseline_rows,
+                                     features=cfg.eval.baseline_features) if cfg.eval.baseline else None)
             scored = evaluate_model(config=effective, dataset=prep.outputs["dataset"],
-                                    checkpoint=fit.outputs["checkpoint"])
+                                    checkpoint=fit.outputs["checkpoint"],
+                                    **({"baseline": baseline.outputs["baseline"]} if baseline is not None else {}))
             gate = f"test AUC >= eval.min_auc {cfg.eval.min_auc:g}"
             with dsl.If(scored.outputs["Output"] >= cfg.eval.min_auc, name=gate):  # evaluate-model: the test AUC
                 served = export_model(config=effective, checkpoint=fit.outputs["checkpoint"],
@@ -158,8 +171,10 @@ def ctr_pipeline(cfg: CtrConfig):
                 # what it writes: the server follows the export store.
                 deployed = (deploy_model(config=effective, serving_model=served.outputs["serving_model"])
                             .set_caching_options(False) if cfg.cluster.serving.deploy else None)
-        tasks = dict(zip(TASKS, (resolved, planned, converted, prep, fit, scored, served)))
-        return {**tasks, DEPLOY_TASK: deployed} if deployed is not None else tasks
+        tasks = {"resolve-config": resolved, "plan-data": planned, "convert-data": converted, "merge-data": prep,
+                 BASELINE_TASK: baseline, "train": fit, "evaluate-model": scored, "export-model": served,
+                 DEPLOY_TASK: deployed}
+        return {name: task for name, task in tasks.items() if task is not None}
 
     def steps(arguments: dict) -> dict:
         """:func:`pipeline_steps` with their settings; on Kubeflow inside the exit handler, whose exit task

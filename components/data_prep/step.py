@@ -7,13 +7,17 @@ does all three on one machine (the compose file's ``prep`` service).
 
 Day partitions (``data.uri`` with a ``{day}`` placeholder): the plan reads the input of ``data.day``, and the merge
 compares the day with the one the checkpoint store trained last (:func:`drift_check`) before it writes the dataset.
+
+The merge reads only the plan's items and the parts, so a pipeline caches it (and the converts) on the data settings
+and the input files' fingerprints: a run that changes a training key reuses the prepared dataset.
 """
 
+import dataclasses
 from typing import Any, Optional
 
 from components.checkpoint.days import DayLedger
 from components.checkpoint.store import CheckpointStore
-from components.config import CtrConfig, DataSource, from_dict, ints_from_struct
+from components.config import CtrConfig, DataSource, DriftConfig, from_dict, ints_from_struct
 from components.data_prep.distinct import DistinctCounter
 from components.data_prep.drift import compare, day_summary
 from components.data_prep.plan import DataPlan, plan_files, plan_synthetic
@@ -57,7 +61,10 @@ def plan_dataset(config: Any) -> list[dict]:
           f"fingerprint {plan.fingerprint}", flush=True)
     core = {**plan.to_dict(), "units": []}
     processes = {"processes": cfg.data.prep_processes} if cfg.data.prep_processes else {}
-    return [{"plan": core, "units": [plan.units[i] for i in group], **processes} for group in groups]
+    # A day's merge checks its drift against the store's last day (its output depends on the store: not cached).
+    drift = ({"drift": {"checkpoint_uri": cfg.checkpoint.uri, "settings": dataclasses.asdict(cfg.data.drift)}}
+             if is_daily(cfg.data.uri) else {})
+    return [{"plan": core, "units": [plan.units[i] for i in group], **processes, **drift} for group in groups]
 
 
 def _joined(groups: list[dict]) -> DataPlan:
@@ -73,34 +80,36 @@ def convert_units(group: dict, parts_dir: str) -> None:
     convert(plan, [int(unit["index"]) for unit in plan.units], parts_dir, group.get("processes"))
 
 
-def merge_parts(config: Any, groups: list[dict], parts_dirs: list[str], out_dir: str) -> dict:
-    """The dataset from every group's parts; returns the Dataset artifact's metadata."""
-    return dataset_metadata(merge(_joined(groups), parts_dirs, out_dir, drift_check(from_dict(config))))
+def merge_parts(groups: list[dict], parts_dirs: list[str], out_dir: str) -> dict:
+    """The dataset from every group's parts; returns the Dataset artifact's metadata. It reads nothing but the plan
+    and the parts (a day's drift settings travel in the plan's items: :func:`plan_dataset`), so that a pipeline
+    caches it on them."""
+    drift = ints_from_struct(groups[0]).get("drift")
+    check = drift_check(drift["checkpoint_uri"], DriftConfig(**drift["settings"])) if drift else None
+    return dataset_metadata(merge(_joined(groups), parts_dirs, out_dir, check))
 
 
 def prepare_dataset(config: Any, out_dir: str, processes: Optional[int] = None) -> dict:
     """Build the dataset ``cfg.data`` describes into ``out_dir`` on this machine; returns the stats dict."""
     cfg = from_dict(config)
-    return prepare(data_plan(cfg), out_dir, processes or cfg.data.prep_processes, check_drift=drift_check(cfg))
+    check = drift_check(cfg.checkpoint.uri, cfg.data.drift) if is_daily(cfg.data.uri) else None
+    return prepare(data_plan(cfg), out_dir, processes or cfg.data.prep_processes, check_drift=check)
 
 
-def drift_check(cfg: CtrConfig) -> Optional[DriftCheck]:
-    """Day partitions: the check of a day's dataset against the last day ``checkpoint.uri`` trained (None
-    otherwise).
+def drift_check(checkpoint_uri: str, settings: DriftConfig) -> DriftCheck:
+    """Day partitions: the check of a day's dataset against the last day the checkpoint store trained.
 
     It prints each warning and returns ``stats["drift"]``: ``{"summary"`` (what the train step records for the next
     day), ``"previous_day"``, ``"warnings"``, ``"errors"}``; a day with errors raises DataPrepError with the first,
     before the dataset is written (a broken day must not train the model).
     """
-    if not is_daily(cfg.data.uri):
-        return None
 
     def check(stats: dict, counters: dict[str, DistinctCounter]) -> dict:
-        ledger = DayLedger(CheckpointStore(cfg.checkpoint.uri))
+        ledger = DayLedger(CheckpointStore(checkpoint_uri))
         last = ledger.last()
         previous = last.get("drift") if last else None
         summary = day_summary(stats, counters, ledger.seen_ids())
-        found = compare(summary, previous, cfg.data.drift)
+        found = compare(summary, previous, settings)
         for warning in found["warnings"]:
             print(f"warning: {warning}", flush=True)
         for error in found["errors"][1:]:

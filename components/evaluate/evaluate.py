@@ -21,10 +21,10 @@ import numpy as np
 
 from components.checkpoint import format as ckpt_io
 from components.config import EvalConfig, check_eval_slots
-from components.data_prep.multislot import RaggedIds, Schema, read_shards
+from components.data_prep.multislot import Schema
 from components import metrics as metric_fns
 from components.evaluate import groups, report
-from components.evaluate.baseline import HashedLogisticRegression, Split
+from components.evaluate.baseline_step import load_baseline
 from components.evaluate.days import DAYS_CSV, DAYS_PNG, day_rows, write_days_csv, write_days_png
 from components.ps.scoring import read_test_split
 
@@ -43,14 +43,17 @@ def confusion_threshold(cfg: EvalConfig, stats: dict) -> tuple[float, str]:
 def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out_dir: str | os.PathLike,
              cfg: EvalConfig, training: Optional[dict] = None,
              markdown_path: Optional[str | os.PathLike] = None, curve: Optional[dict] = None,
-             servers: Optional[dict] = None, days: Optional[list[dict]] = None) -> dict[str, Any]:
+             servers: Optional[dict] = None, days: Optional[list[dict]] = None,
+             baseline_dir: Optional[str | os.PathLike] = None) -> dict[str, Any]:
     """Metrics of the checkpoint on the test split; writes metrics.json, roc.png, calibration.png, roc.npz,
     confusion.json and report.md/html, and to ``markdown_path`` the report without the linked images (a KFP Markdown
     artifact, whose viewer cannot follow a relative link; the ROC curve is the ClassificationMetrics artifact).
 
     ``curve``: the workers' training curves (:attr:`components.train.job.EventLog.curve`), drawn into
     training_curve.png; ``servers``: what the job measured of each server, a table of the report; ``days``: the trained
-    days' rows (day-by-day training), written into days.csv and days.png; the day's drift warnings are reported."""
+    days' rows (day-by-day training), written into days.csv and days.png; the day's drift warnings are reported;
+    ``baseline_dir``: the fitted baseline (:func:`components.evaluate.baseline_step.fit_baseline`), scored beside the
+    model (its lift over it)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = ckpt_io.verify_meta(checkpoint_dir, parts=ckpt_io.EVALUATION_PARTS)
@@ -63,7 +66,7 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
     schema = Schema.from_dict(meta["schema"])
     check_eval_slots(cfg, schema.sparse_slots)  # feasign input names its slots only in data prep
     grouped = cfg.group_by is not None or cfg.slices is not None
-    test_split = read_test_split(data_dir, schema) if cfg.baseline or grouped else None
+    test_split = read_test_split(data_dir, schema) if baseline_dir is not None or grouped else None
     raw_counts = ckpt_io.load_scores(checkpoint_dir, ckpt_io.TEST)
     calibration = meta.get("calibration")
     # Scored by the program that applies the calibration as the served model does: the same float32 arithmetic.
@@ -80,13 +83,12 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
     if calibration:
         result.update(uncalibrated_logloss=uncalibrated["logloss"], uncalibrated_calibration=uncalibrated["calibration"],
                       uncalibrated_ece=metric_fns.expected_calibration_error_counts(raw_counts, cfg.calibration_bins))
-    if cfg.baseline:
+    if baseline_dir is not None:
         labels, dense, sparse = test_split
-        baseline_preds, baseline_fit = _baseline(data_dir, stats, schema, cfg, dense, sparse)
-        baseline = metric_fns.binary_metrics(labels, baseline_preds)
+        model, baseline_fit = load_baseline(baseline_dir)
+        baseline = metric_fns.binary_metrics(labels, model.predict(dense, sparse))
         result.update(baseline_auc=baseline["auc"], baseline_logloss=baseline["logloss"],
-                      lift_auc=result["auc"] - baseline["auc"], **baseline_fit,
-                      baseline_features=cfg.baseline_features)
+                      lift_auc=result["auc"] - baseline["auc"], **baseline_fit)
     validation = meta.get("validation") or {}
     result.update({f"validation_{key}": validation[key] for key in ("auc", "logloss") if key in validation})
     reference = stats.get("bayes")
@@ -174,34 +176,3 @@ def _grouped_metrics(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathL
         slices = groups.slice_metrics(group_of_row(cfg.slices), labels, preds, cfg.slice_top, rows.weights,
                                       uncalibrated=rows.raw if calibrated else None)
     return by_group, slices
-
-
-def _baseline(data_dir: str | os.PathLike, stats: dict, schema: Schema, cfg: EvalConfig, dense: np.ndarray,
-              sparse: list) -> tuple[np.ndarray, dict[str, Any]]:
-    """``(the baseline's test predictions, what it was fitted with)``: the first ``eval.baseline_rows`` rows of the
-    train split, its ids hashed into ``eval.baseline_features`` weights, its L2 chosen on the first
-    ``eval.baseline_rows`` rows of the validation split (a fixed default without one), its predictions corrected for
-    the train split's negative downsampling."""
-    train = _first_rows(data_dir, stats, schema, "train", cfg.baseline_rows)
-    valid = _first_rows(data_dir, stats, schema, "valid", cfg.baseline_rows)
-    model = HashedLogisticRegression(cfg.baseline_features).fit(
-        *train, valid=valid, negative_sample_rate=stats.get("negative_sample_rate", 1.0))
-    chosen_by = (f"validation logloss of {len(valid.labels):,} rows" if model.validation_logloss
-                 else "default: the dataset has no validation split")
-    return model.predict(dense, sparse), {"baseline_rows": len(train.labels), "baseline_l2": model.l2,
-                                          "baseline_l2_chosen_by": chosen_by}
-
-
-def _first_rows(data_dir: str | os.PathLike, stats: dict, schema: Schema, split: str, max_rows: int) -> Split:
-    """The first ``max_rows`` rows of ``split`` (none if the dataset has no such split), reading whole shard files
-    only until it has them."""
-    paths, rows = [], 0
-    for rel, count in zip(stats["shards"].get(split, []), stats["shard_rows"].get(split, [])):
-        if rows >= max_rows:
-            break
-        paths.append(Path(data_dir) / rel)
-        rows += count
-    labels, split_dense, split_sparse, weights = read_shards(paths, schema, with_weights=True)
-    cut = [RaggedIds(slot.values[:slot.offsets[max_rows]] if len(slot.offsets) > max_rows else slot.values,
-                     slot.offsets[:max_rows + 1]) for slot in split_sparse]
-    return Split(labels[:max_rows], split_dense[:max_rows], cut, weights[:max_rows] if schema.weighted else None)

@@ -27,6 +27,7 @@ from components.checkpoint.pointer import fetched_checkpoint
 from components.checkpoint.store import CheckpointStore
 from components.config import from_dict, ints_from_struct
 from components.days import day_of
+from components.evaluate.baseline_step import fit_baseline
 from components.evaluate.evaluate import CONFUSION_FILE, evaluate
 
 # Training facts from the Model artifact's metadata that the report lists.
@@ -59,19 +60,24 @@ def server_facts(checkpoint_metadata: Optional[dict]) -> dict:
 
 def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkpoint_metadata: Optional[dict],
                         out_dir: str, report_path: Optional[str] = None,
-                        markdown_path: Optional[str] = None) -> tuple[dict, dict]:
-    """Score the checkpoint the Model artifact points at on the test split of ``data_dir``.
+                        markdown_path: Optional[str] = None, baseline_dir: Optional[str] = None) -> tuple[dict, dict]:
+    """Score the checkpoint the Model artifact points at on the test split of ``data_dir``, and with ``eval.baseline``
+    the baseline in ``baseline_dir`` (the fit-baseline step's; without one, fitted here into ``out_dir/baseline``).
 
     Writes the evaluation files into ``out_dir`` and, when given, the HTML report to ``report_path`` and the
     Markdown one to ``markdown_path``; returns ``(metrics, charts)``: ``charts`` holds the ROC curve's ``fpr``,
     ``tpr``, ``thresholds`` and the ``confusion`` summary (the arguments of ``report.log_kfp_metrics``).
     """
     cfg = from_dict(config)
+    if cfg.eval.baseline and baseline_dir is None:
+        baseline_dir = str(Path(out_dir) / "baseline")
+        fit_baseline(data_dir, cfg.eval.baseline_rows, cfg.eval.baseline_features, baseline_dir)
     days = DayLedger(CheckpointStore(cfg.checkpoint.uri)).entries() if day_of(cfg) is not None else None
     with fetched_checkpoint(checkpoint_path, checkpoint_metadata, EVALUATION_PARTS) as (uri, ckpt_id, local):
         metrics = evaluate(local, data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata),
                            markdown_path=markdown_path, curve=(checkpoint_metadata or {}).get("curve"),
-                           servers=server_facts(checkpoint_metadata), days=days)
+                           servers=server_facts(checkpoint_metadata), days=days,
+                           baseline_dir=baseline_dir if cfg.eval.baseline else None)
     record_evaluation(uri, ckpt_id, metrics)
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)

@@ -116,6 +116,13 @@ def auc_from_stats(pos: np.ndarray, neg: np.ndarray) -> float:
     return float(((neg_below + neg / 2) * pos).sum() / total) if total else float("nan")
 
 
+def check_worker_device(cfg: CtrConfig) -> None:
+    """:func:`worker_place`'s check, run where the workers will run before they start (a local run's driver)."""
+    import paddle
+
+    worker_place(cfg, paddle)
+
+
 def worker_place(cfg: CtrConfig, paddle):
     """The GPU when the worker pods are given one (cluster.workers.gpus), else the CPU; ConfigError (the role exits
     78, which Kubernetes does not restart) when the build of Paddle and the GPUs this process sees cannot train.

@@ -141,7 +141,7 @@ class _Days:
         parts = [tempfile.mkdtemp(prefix=f"parts-{day}-", dir=self.root) for _ in groups]
         for group, directory in zip(groups, parts):
             convert_units(group, directory)
-        return merge_parts(config, groups, parts, str(self.out(day)))
+        return merge_parts(groups, parts, str(self.out(day)))
 
     def stats(self, day: str) -> dict:
         return json.loads((self.out(day) / "stats.json").read_text())

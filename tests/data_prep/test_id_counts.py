@@ -152,7 +152,7 @@ def test_the_dataset_is_the_same_whatever_prep_parallelism_and_prep_processes(tm
         convert_units(group, str(part))
     # The count filter's sketch is the transform's: one task keeps its copy for the merge (64 MiB, not one per task).
     assert [p.name for p in parts if (p / SKETCH_FILE).is_file()] == ["parts-0"]
-    merge_parts(cfg, groups, [str(p) for p in parts], str(tmp_path / "fanned"))
+    merge_parts(groups, [str(p) for p in parts], str(tmp_path / "fanned"))
     one = prepare_dataset(cfg, str(tmp_path / "one"), processes=2)
     assert dataset_files(tmp_path / "fanned") == dataset_files(tmp_path / "one")
     assert "transform/id_counts.npy" in dataset_files(tmp_path / "fanned")

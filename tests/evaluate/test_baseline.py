@@ -1,5 +1,7 @@
 """The built-in baseline: a hashed logistic regression on the same shards, as good as scikit-learn's on its features."""
 
+import json
+
 import numpy as np
 import pytest
 import scipy.sparse
@@ -9,9 +11,8 @@ from sklearn.linear_model import LogisticRegression
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components.data_prep.prepare import prepare_synthetic
 from components.evaluate import baseline
-from components.config import EvalConfig
 from components.evaluate.baseline import HashedLogisticRegression, Split
-from components.evaluate.evaluate import _baseline
+from components.evaluate.baseline_step import fit_baseline, load_baseline
 from components.metrics import binary_metrics
 
 PARITY_FEATURES = 1 << 16  # few enough one-hot columns for scikit-learn, enough that most ids keep their own
@@ -125,19 +126,49 @@ def test_without_a_validation_split_it_takes_the_default_penalty(splits):
         assert model.l2 == baseline.DEFAULT_L2 and model.validation_logloss == {}
 
 
-def test_the_evaluation_fits_it_on_the_first_rows_and_records_the_penalty_and_where_it_came_from(dataset_dir, splits):
+def _dataset_with_stats(dataset_dir, root, stats) -> str:
+    """The dataset's shards under ``root`` with ``stats`` as its stats.json."""
+    root.mkdir()
+    for entry in dataset_dir.iterdir():
+        if entry.name != "stats.json":
+            (root / entry.name).symlink_to(entry)
+    (root / "stats.json").write_text(json.dumps(stats))
+    return str(root)
+
+
+def test_the_baseline_step_fits_on_the_first_rows_and_records_the_penalty_and_where_it_came_from(
+        dataset_dir, splits, tmp_path):
     stats, _, _, test = splits
-    schema, cfg = Schema.from_dict(stats["schema"]), EvalConfig(baseline_rows=10_000, baseline_features=1 << 16)
-    _, fitted = _baseline(dataset_dir, stats, schema, cfg, test.dense, test.sparse)
-    assert fitted["baseline_rows"] == 10_000 and fitted["baseline_l2"] in baseline.L2_GRID
-    assert fitted["baseline_l2_chosen_by"] == "validation logloss of 6,000 rows"
+
+    def fitted(data_dir, name):
+        fit = fit_baseline(data_dir, rows=10_000, features=1 << 16, out_dir=tmp_path / name)
+        model, recorded = load_baseline(tmp_path / name)
+        assert recorded == fit
+        return model.predict(test.dense, test.sparse), fit
+
+    _, fit = fitted(dataset_dir, "full")
+    assert fit["baseline_rows"] == 10_000 and fit["baseline_l2"] in baseline.L2_GRID
+    assert fit["baseline_l2_chosen_by"] == "validation logloss of 6,000 rows" and fit["baseline_features"] == 1 << 16
     no_valid = {**stats, "shards": {**stats["shards"], "valid": []}, "shard_rows": {**stats["shard_rows"], "valid": []}}
-    full_rate, fitted = _baseline(dataset_dir, no_valid, schema, cfg, test.dense, test.sparse)
-    assert fitted["baseline_l2"] == baseline.DEFAULT_L2
-    assert fitted["baseline_l2_chosen_by"] == "default: the dataset has no validation split"
+    full_rate, fit = fitted(_dataset_with_stats(dataset_dir, tmp_path / "no-valid", no_valid), "no-valid-fit")
+    assert fit["baseline_l2"] == baseline.DEFAULT_L2
+    assert fit["baseline_l2_chosen_by"] == "default: the dataset has no validation split"
     # Rows said to have kept half their negatives: the same fit, its predictions' odds halved.
-    halved, _ = _baseline(dataset_dir, {**no_valid, "negative_sample_rate": 0.5}, schema, cfg, test.dense, test.sparse)
+    halved, _ = fitted(_dataset_with_stats(dataset_dir, tmp_path / "halved", {**no_valid, "negative_sample_rate": 0.5}),
+                       "halved-fit")
     np.testing.assert_allclose(halved / (1 - halved), 0.5 * full_rate / (1 - full_rate), rtol=1e-9)
+
+
+def test_the_saved_baseline_predicts_what_the_fitted_one_does(dataset_dir, splits, tmp_path):
+    _, train, valid, test = splits
+    fit_baseline(dataset_dir, rows=10_000, features=PARITY_FEATURES, out_dir=tmp_path / "saved")
+    loaded, fit = load_baseline(tmp_path / "saved")
+    first = take(train, np.arange(10_000))
+    fitted = HashedLogisticRegression(PARITY_FEATURES).fit(*first[:3], valid=take(valid, np.arange(
+        min(10_000, len(valid.labels)))))
+    assert fit["baseline_l2"] == fitted.l2
+    np.testing.assert_allclose(loaded.predict(test.dense, test.sparse), fitted.predict(test.dense, test.sparse),
+                               rtol=1e-9)
 
 
 def test_ids_of_buckets_it_never_trained_score_0(splits):

@@ -315,7 +315,7 @@ def test_prep_cache_reuses_a_dataset_only_for_the_same_input_files(tmp_path):
         planned.set_caching_options(False)
         with dsl.ParallelFor(planned.output) as group:
             converted = convert_data(group=group)
-        merged = merge_data(config=config_struct(cfg), groups=planned.output,
+        merged = merge_data(groups=planned.output,
                             parts=dsl.Collected(converted.outputs["parts"]))
         return merged.outputs["dataset"]
 

@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -103,3 +104,15 @@ def test_an_optuna_search_in_the_wrong_direction_is_refused(tmp_path):
     assert done.returncode == 1
     assert rows[0]["status"] == "failed" and "hydra.sweeper.direction" in rows[0]["error"]
     assert not (sweep_dir / "0" / "kfp").exists()  # refused before the pipeline started
+
+
+def test_a_sweep_over_model_keys_prepares_the_data_once(tmp_path):
+    done, sweep_dir, rows = _sweep(tmp_path, *TINY, "model=dnn,deepfm")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [row["status"] for row in rows] == ["completed", "completed"]
+    # kfp.local's step cache, shared by the sweep's jobs: the second job reuses the first one's prepared dataset.
+    datasets = sorted(sweep_dir.glob("*/kfp/*/merge-data/dataset/stats.json"))
+    assert [path.relative_to(sweep_dir).parts[0] for path in datasets] == ["0"]
+    second = (sweep_dir / "1" / "ctr.log").read_text()
+    assert "Task convert-data cache hit" in second and "Task merge-data cache hit" in second
+    assert re.search(r"^  merge-data +cached +14,000 train", done.stdout, re.M), done.stdout

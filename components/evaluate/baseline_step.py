@@ -1,0 +1,67 @@
+"""The baseline as a step of its own: fitted on the prepared dataset alone, beside training, and cached per dataset.
+
+The hashed logistic regression (:mod:`components.evaluate.baseline`) needs the data, not the model: ``fit-baseline``
+fits it from the dataset's first ``eval.baseline_rows`` train rows (its L2 chosen on as many validation rows) and
+writes it into a directory; the evaluate step only scores the test split with it. On Kubeflow the step runs in
+parallel with the train step; the step cache (KFP's, and kfp.local's) serves it again to every run of the same
+dataset (a sweep over training keys, a rerun).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from components.data_prep.multislot import RaggedIds, Schema, read_shards
+from components.evaluate.baseline import HashedLogisticRegression, Split
+
+MODEL_FILE, FIT_FILE = "baseline.npz", "baseline.json"
+
+
+def fit_baseline(data_dir: str | os.PathLike, rows: int, features: int, out_dir: str | os.PathLike) -> dict[str, Any]:
+    """Fit the baseline on ``data_dir`` and write it into ``out_dir``; returns what it was fitted with
+    (``baseline_rows``, ``baseline_l2``, ``baseline_l2_chosen_by``, ``baseline_features``)."""
+    stats = json.loads((Path(data_dir) / "stats.json").read_text())
+    schema = Schema.from_dict(stats["schema"])
+    train = _first_rows(data_dir, stats, schema, "train", rows)
+    valid = _first_rows(data_dir, stats, schema, "valid", rows)
+    model = HashedLogisticRegression(features).fit(
+        *train, valid=valid, negative_sample_rate=stats.get("negative_sample_rate", 1.0))
+    chosen_by = (f"validation logloss of {len(valid.labels):,} rows" if model.validation_logloss
+                 else "default: the dataset has no validation split")
+    fit = {"baseline_rows": len(train.labels), "baseline_l2": model.l2, "baseline_l2_chosen_by": chosen_by,
+           "baseline_features": features}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    np.savez(out / MODEL_FILE, weights=model.weights, dense_weights=model.dense_weights,
+             bias=model.bias, logit_shift=model.logit_shift)
+    (out / FIT_FILE).write_text(json.dumps(fit, indent=2))
+    return fit
+
+
+def load_baseline(baseline_dir: str | os.PathLike) -> tuple[HashedLogisticRegression, dict[str, Any]]:
+    """``(the fitted model, what it was fitted with)`` from a directory :func:`fit_baseline` wrote."""
+    with np.load(Path(baseline_dir) / MODEL_FILE) as saved:
+        model = HashedLogisticRegression(len(saved["weights"]))
+        model.weights, model.dense_weights = saved["weights"], saved["dense_weights"]
+        model.bias, model.logit_shift = float(saved["bias"]), float(saved["logit_shift"])
+    return model, json.loads((Path(baseline_dir) / FIT_FILE).read_text())
+
+
+def _first_rows(data_dir: str | os.PathLike, stats: dict, schema: Schema, split: str, max_rows: int) -> Split:
+    """The first ``max_rows`` rows of ``split`` (none if the dataset has no such split), reading whole shard files
+    only until it has them."""
+    paths, rows = [], 0
+    for rel, count in zip(stats["shards"].get(split, []), stats["shard_rows"].get(split, [])):
+        if rows >= max_rows:
+            break
+        paths.append(Path(data_dir) / rel)
+        rows += count
+    labels, split_dense, split_sparse, weights = read_shards(paths, schema, with_weights=True)
+    cut = [RaggedIds(slot.values[:slot.offsets[max_rows]] if len(slot.offsets) > max_rows else slot.values,
+                     slot.offsets[:max_rows + 1]) for slot in split_sparse]
+    return Split(labels[:max_rows], split_dense[:max_rows], cut, weights[:max_rows] if schema.weighted else None)
