@@ -36,7 +36,8 @@ Mode = _vocabulary("Mode", ["async", "sync", "geo"],
 DataSource = _vocabulary("DataSource", ["synthetic", "files"], "Where training data comes from.")
 FileFormat = _vocabulary("FileFormat", ["raw", "slot", "feasign"],
                          "Criteo Kaggle TSV, PaddleRec CTR-DNN slot text, PaddleRec feasign:slot text.")
-ModelName = _vocabulary("ModelName", ["dnn", "wide_deep", "deepfm", "dcn"], "The CTR model families.")
+ModelName = _vocabulary("ModelName", ["dnn", "wide_deep", "deepfm", "dcn", "custom"],
+                        "The CTR model families; custom: a network given by import path (model.network).")
 DenseOptimizer = _vocabulary("DenseOptimizer", ["sgd", "adagrad", "adam"],
                              "The optimizer the servers apply to dense parameters.")
 TableClass = _vocabulary("TableClass", ["MemorySparseTable", "SSDSparseTable"],
@@ -129,6 +130,12 @@ class ModelConfig:
     embedding_l2: float = 0.0  # L2 penalty on the embedding rows a batch looks up (their gradient reaches the servers)
     cross_layers: int = 3  # dcn: cross layers beside the deep tower
     pooling: Pooling = Pooling.sum  # of a multi-valued slot's rows
+    # model=custom: the network, "package.module:function" importable by every process (README: bring your own
+    # network; the contract is components.ps.models.NetworkInputs).
+    network: Optional[str] = None
+    # model=custom: Paddle op types its inference program holds beyond the built-in families' (the export refuses to
+    # load any other op); recorded in the signed serving.json.
+    extra_ops: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -495,6 +502,20 @@ def _positive(key: str, value: float) -> None:
         raise ConfigError(key, value, "a number > 0")
 
 
+_NETWORK_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+
+
+def _validate_network(model: ModelConfig) -> None:
+    """model=custom names its network, and only it does; whether the path imports is checked where it runs."""
+    if model.name is ModelName.custom and not (model.network and _NETWORK_PATH.match(model.network)):
+        raise ConfigError("model.network", model.network, "'package.module:function' with model=custom",
+                          "the function builds the network (README: bring your own network)")
+    if model.name is not ModelName.custom and (model.network or model.extra_ops):
+        key = "model.network" if model.network else "model.extra_ops"
+        raise ConfigError(key, getattr(model, key.split(".")[1]), f"unset with model={model.name.value}",
+                          "set model=custom to train a network of your own")
+
+
 def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     """Checks beyond types; raises :class:`ConfigError` before anything expensive starts.
 
@@ -519,6 +540,7 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
         _positive("ps.geo_k_steps", cfg.ps.geo_k_steps)
     if cfg.ps.mode is Mode.sync:
         _positive("ps.sync_batches", cfg.ps.sync_batches)
+    _validate_network(cfg.model)
     if cfg.model.optimizer is DenseOptimizer.adagrad and cfg.ps.mode is not Mode.geo:
         # Paddle 2.6.2's the_one_ps builds the servers' dense optimizer from sgd or adam only, except in geo mode
         raise ConfigError("model.optimizer", "adagrad", f"sgd or adam with ps.mode={cfg.ps.mode.value}",

@@ -9,6 +9,8 @@
                                                              # compile for Kubeflow Pipelines and submit a run
                                                              # (cluster.wait=true: wait for it, return its objective)
 
+From Python, :func:`run` takes the composed config and returns the run's test metrics (README: the Python API).
+
 Hydra's run directory is the run directory (``run_dir``). An error the user can fix (config, data, checkpoint
 store, cluster) is reported in one line, exit status 2; a failed Kubeflow submission likewise, exit status 3
 (:mod:`pipelines.errors`).
@@ -16,23 +18,28 @@ store, cluster) is reported in one line, exit status 2; a failed Kubeflow submis
 
 import math
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from components.config import ClusterBackend, CtrConfig, PipelineRunner, from_dict, register_configs, to_dict, validate
+from components.config import (ClusterBackend, ConfigError, CtrConfig, ModelName, PipelineRunner, from_dict,
+                               register_configs, to_dict, validate)
 from components.days import expand_days
 from components.resolve.step import check_checkpoint_store, check_local_host
 from pipelines.errors import reported_in_one_line, run_main
 from pipelines.help import register_help
 
 
-def run(cfg: DictConfig) -> float:
-    """Validate, run on ``cluster.runner``, return the ``objective`` metric of the test split.
+def run(cfg: DictConfig) -> dict[str, Any]:
+    """The pipeline's Python entry: validate ``cfg`` (the composed config, as ``python -m pipelines.ctr`` composes
+    it), run it on ``cluster.runner`` and return the test metrics (``metrics.json`` of the run directory).
 
-    A Kubeflow run is submitted; with ``cluster.wait=true`` its end is awaited and its objective returned,
-    else the objective is NaN.
+    The metrics are the evaluation's: ``auc``, ``logloss``, ``ne``, ``calibration``, ``ece``, with the baseline
+    ``baseline_auc`` and ``lift_auc``, the Bayes-optimal ``bayes_auc`` on synthetic data, ... (README: the Python API).
+    ``{}`` when nothing was measured here: ``plan=true``, a Kubeflow run submitted without ``cluster.wait=true``, a
+    daily run whose days were all trained already. A user error raises :class:`components.config.ConfigError` (or
+    another error :func:`pipelines.errors.user_error` knows) before anything expensive starts.
     """
     typed = from_dict(cfg)
     on_kubeflow = typed.cluster.runner is PipelineRunner.kubeflow
@@ -41,6 +48,7 @@ def run(cfg: DictConfig) -> float:
     validate(typed, check_storage=not on_kubeflow)
     check_local_host(typed)
     check_local_workers_device(typed)
+    check_network(typed)
     if typed.plan:
         return print_plan(typed)
     if on_kubeflow:
@@ -55,11 +63,23 @@ def run(cfg: DictConfig) -> float:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(typed))))
     if typed.data.days is not None:
-        from pipelines.days import objective_of, run_days_locally
+        from pipelines.days import run_days_locally
 
-        return objective_of(run_days_locally(typed), typed.objective)
-    metrics = run_pipeline_locally(typed)
-    return float(metrics[typed.objective])
+        return run_days_locally(typed)
+    return run_pipeline_locally(typed)
+
+
+def check_network(cfg: CtrConfig) -> None:
+    """A network of the user's (``model=custom``) imports here as it must in every process, before any work."""
+    if cfg.model.name is not ModelName.custom:
+        return
+    from components.ps.models import load_network
+
+    try:
+        load_network(cfg.model.network)
+    except ValueError as err:
+        raise ConfigError("model.network", cfg.model.network, "an importable 'package.module:function'",
+                          str(err)) from None
 
 
 def check_local_workers_device(cfg: CtrConfig) -> None:
@@ -72,8 +92,8 @@ def check_local_workers_device(cfg: CtrConfig) -> None:
     check_worker_device(cfg)
 
 
-def print_plan(cfg: CtrConfig) -> float:
-    """``plan=true``: print what the run would do, start nothing, write nothing; the objective is NaN."""
+def print_plan(cfg: CtrConfig) -> dict:
+    """``plan=true``: print what the run would do, start nothing, write nothing; measures nothing (``{}``)."""
     from pipelines.local import local_config
     from pipelines.plan import plan_lines_of
 
@@ -86,7 +106,7 @@ def print_plan(cfg: CtrConfig) -> float:
         days_lines += plan_lines_of(cfg)
     print("\n".join(days_lines), flush=True)
     _remove_empty_run_dir(Path(cfg.run_dir))
-    return math.nan
+    return {}
 
 
 def _first_day_to_train(cfg: CtrConfig) -> tuple[Optional[CtrConfig], list[str]]:
@@ -123,13 +143,20 @@ if not OmegaConf.has_resolver("ctr_unless_plan"):  # conf/config.yaml: what plan
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> float:
+    """The objective (``cfg.objective`` of the test metrics; NaN when nothing was measured): what a sweeper ranks."""
     from pipelines.sweep import in_sweep, run_sweep_job
 
     if in_sweep():  # one job of a -m sweep: a failure is recorded, and the sweep goes on
-        return run_sweep_job(cfg, run)
+        return run_sweep_job(cfg, objective_of_run)
     # Here, not only around the whole command: Hydra adds a line of its own to an error raised out of a job.
     with reported_in_one_line():
-        return run(cfg)
+        return objective_of_run(cfg)
+
+
+def objective_of_run(cfg: DictConfig) -> float:
+    """:func:`run`'s ``cfg.objective`` metric; NaN when it measured none."""
+    metrics = run(cfg)
+    return float(metrics[cfg.objective]) if metrics else math.nan
 
 
 def cli() -> None:

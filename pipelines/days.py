@@ -14,7 +14,6 @@ day out of order with the store's is refused before anything runs.
 from __future__ import annotations
 
 import dataclasses
-import math
 import re
 import shutil
 from pathlib import Path
@@ -75,5 +74,3 @@ def run_days_locally(cfg: CtrConfig) -> dict:
     return metrics
 
 
-def objective_of(metrics: dict, objective: str) -> float:
-    return float(metrics[objective]) if metrics else math.nan

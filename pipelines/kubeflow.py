@@ -28,7 +28,6 @@ that ends without an objective raises :class:`RunError`, naming the run, its URL
 
 import datetime as dt
 import json
-import math
 import re
 import socket
 import time
@@ -384,13 +383,13 @@ def check_days_submission(cfg: CtrConfig) -> None:
                               "before it with data.days=[...] first, then create the recurring run without them")
 
 
-def run_kubeflow(cfg: CtrConfig) -> float:
+def run_kubeflow(cfg: CtrConfig) -> dict:
     """Compile into ``run_dir`` and, with ``cluster.submit``, start a run on Kubeflow Pipelines: with day partitions,
     the run of ``data.day``, the runs of ``data.days`` one after the other, or the recurring run of
-    ``cluster.schedule`` (then return NaN).
+    ``cluster.schedule``.
 
-    With ``cluster.wait``, wait for the run (the last day's), write its test metrics into ``run_dir`` and return its
-    objective; otherwise return NaN.
+    With ``cluster.wait``, wait for the run (the last day's), write its test metrics into ``run_dir`` and return them;
+    otherwise return ``{}`` (nothing was measured here).
     """
     check_days_submission(cfg)
     run_dir = Path(cfg.run_dir)
@@ -406,7 +405,7 @@ def run_kubeflow(cfg: CtrConfig) -> float:
         _print_rows("== Kubeflow pipeline compiled (cluster.submit=false: not submitted)", [
             *files, ("upload", "Kubeflow UI > Pipelines > Upload pipeline, then Create run"),
             ("parameters", ", ".join(RUN_PARAMETERS))])
-        return math.nan
+        return {}
     if cfg.cluster.schedule is not None:
         recurring = create_recurring_run(cfg, pipeline_path)
         (run_dir / RECURRING_RUN_FILE).write_text(json.dumps(asdict(recurring), indent=2) + "\n")
@@ -415,7 +414,7 @@ def run_kubeflow(cfg: CtrConfig) -> float:
             ("schedule", f"{recurring.cron} (cron, seconds first; one run at a time, missed runs caught up)"),
             ("experiment", f"{recurring.experiment} ({recurring.namespace})"), *files,
             ("record", str(run_dir / RECURRING_RUN_FILE))])
-        return math.nan
+        return {}
     if is_daily(cfg.data.uri) and cfg.data.day is None:
         runs = submit_days(cfg, pipeline_path, run_dir)
         submitted = runs[-1]
@@ -424,7 +423,7 @@ def run_kubeflow(cfg: CtrConfig) -> float:
             ("experiment", f"{submitted.experiment} ({submitted.namespace})"), *files,
             ("record", str(run_dir / DAY_RUNS_FILE))])
         if not cfg.cluster.wait:
-            return math.nan
+            return {}
     else:
         submitted = submit(cfg, pipeline_path)
         (run_dir / RUN_FILE).write_text(json.dumps(asdict(submitted), indent=2) + "\n")
@@ -433,7 +432,7 @@ def run_kubeflow(cfg: CtrConfig) -> float:
             ("experiment", f"{submitted.experiment} ({submitted.namespace})"), *files,
             ("record", str(run_dir / RUN_FILE))])
         if not cfg.cluster.wait:
-            return math.nan
+            return {}
         wait_for_run(cfg, submitted)
     from components.checkpoint.format import write_json_atomic
 
@@ -443,4 +442,4 @@ def run_kubeflow(cfg: CtrConfig) -> float:
     _print_rows("== Kubeflow run succeeded", [
         ("run", submitted.url), ("checkpoint", checkpoint),
         (f"test {cfg.objective}", f"{objective:.4f}"), ("metrics", str(run_dir / METRICS_FILE))])
-    return objective
+    return metrics

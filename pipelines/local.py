@@ -247,7 +247,11 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
                              dataset_stats=lambda: read_stats(_merged_stats(pipeline_root) or cache.dataset_stats()))
         cache.console = console
         console.say("\n".join(header_lines(cfg)))
-        logging.getLogger().addHandler(cache)
+        root_logger = logging.getLogger()
+        root_level = root_logger.level
+        # kfp.local logs its cache hits at INFO on the root logger, which importing Paddle sets to WARNING.
+        root_logger.setLevel(min(root_level or logging.WARNING, logging.INFO))
+        root_logger.addHandler(cache)
         tap = _ConsoleTap(console)
         sys.stdout = tap
         quieted = quiet_console_logging(cfg.verbose)
@@ -259,7 +263,8 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
         except RuntimeError as err:
             raise PipelineRunError(ANSI.sub("", str(err)), tap.step_error()) from None
         finally:
-            logging.getLogger().removeHandler(cache)
+            root_logger.removeHandler(cache)
+            root_logger.setLevel(root_level)
             console.close()
             sys.stdout = stdout
             # kfp.local indents a task's output by swapping builtins.print while the task runs; once in the suite the

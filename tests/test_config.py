@@ -37,7 +37,7 @@ def test_cluster_is_added_explicitly(config):
 
 @pytest.mark.parametrize("override,allowed", [
     ("ps.mode=bogus", "[async, sync, geo]"),
-    ("model.name=transformer", "[dnn, wide_deep, deepfm, dcn]"),
+    ("model.name=transformer", "[dnn, wide_deep, deepfm, dcn, custom]"),
     ("table.rule=rmsprop", "[naive, adagrad, std_adagrad, adam]"),
     ("table.table_class=HashTable", "[MemorySparseTable, SSDSparseTable]"),
     ("export.dtype=bfloat16", "[float32, float16]"),

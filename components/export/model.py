@@ -26,7 +26,7 @@ from components.data_prep.parsed import WeightError
 from components.data_prep.transform import Transform
 from components.export.delta import DELTA, LAYOUT_KEYS
 from components.export.manifest import MANIFEST, ServingModelError, load_transform, verify_files
-from components.export.program import LoadedProgram, load_program
+from components.export.program import LoadedProgram, declared_ops, load_program
 from components.export.shards import ShardedTable
 from components.export.signing import Verifier
 from components.export.single import IDS_FILE
@@ -135,7 +135,7 @@ class SingleModel(InferenceModel):
         if verify:
             verify_files(root, meta)
         ids = np.load(root / IDS_FILE)
-        program = load_program(root)
+        program = load_program(root, declared_ops(meta))
         table = program.scope.find_var(EMBEDDING_TABLE)
         rows = np.array(table.get_tensor()).shape[0] if table is not None else None
         if rows != len(ids) + 1:
@@ -209,7 +209,7 @@ class ShardedModel(InferenceModel):
             verify_files(root, manifest)
         table = ShardedTable(manifest["shard_num"], manifest["embedding_dim"])
         table.push(root, manifest)
-        return cls(root, manifest, load_program(root), verifier, table)
+        return cls(root, manifest, load_program(root, declared_ops(manifest)), verifier, table)
 
     def apply_delta(self, delta_dir: str | os.PathLike, verify: bool = True) -> None:
         """Move the loaded model to the delta at ``delta_dir``: its dense program, and its rows and tombstones on
@@ -249,7 +249,7 @@ class ShardedModel(InferenceModel):
                                     f"{self.version}: a delta never does (a written export is altered)")
         if verify:
             verify_files(root, manifest)
-        program = load_program(root)
+        program = load_program(root, declared_ops(manifest))
         if program.feed_names != self.program.feed_names:
             raise ServingModelError(f"{root}: the program feeds {program.feed_names}, version {self.version}'s "
                                     f"{self.program.feed_names}")

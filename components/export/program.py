@@ -17,7 +17,7 @@ import logging
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -63,17 +63,24 @@ class LoadedProgram:
         return prob
 
 
-def save_inference(staging: Path, feeds: list, prob: Any, program: Any, scope: Any, exe: Any) -> list[str]:
+def save_inference(staging: Path, feeds: list, prob: Any, program: Any, scope: Any, exe: Any,
+                   extra_ops: Iterable[str] = ()) -> list[str]:
     """Save ``program`` pruned to ``feeds`` -> ``prob`` under ``staging``; returns the fetch names as saved
-    (``save_inference_model`` appends a scale op after the target)."""
+    (``save_inference_model`` appends a scale op after the target). ``extra_ops``: a custom network's
+    (``model.extra_ops``)."""
     import paddle
 
     with paddle.static.scope_guard(scope):
         paddle.static.save_inference_model(str(staging / MODEL_PREFIX), feeds, [prob], exe, program=program)
-    return [v.name for v in load_program(staging).fetch_targets]
+    return [v.name for v in load_program(staging, extra_ops).fetch_targets]
 
 
-def load_program(root: Path) -> LoadedProgram:
+def declared_ops(manifest: dict[str, Any]) -> list[str]:
+    """The ops a custom network's export declares (``model.extra_ops``, inside the signed ``serving.json``)."""
+    return list(manifest.get("model", {}).get("extra_ops") or [])
+
+
+def load_program(root: Path, extra_ops: Iterable[str] = ()) -> LoadedProgram:
     """The program saved under ``root``, loaded only when :func:`check_ops` accepts it. The bytes checked are the
     bytes loaded (each file is read once), so a file swapped in between cannot slip past the check."""
     import paddle
@@ -81,7 +88,7 @@ def load_program(root: Path) -> LoadedProgram:
     paddle.enable_static()
     model_file = root / PROGRAM_FILES[0]
     model_bytes, params_bytes = model_file.read_bytes(), (root / PROGRAM_FILES[1]).read_bytes()
-    check_ops(paddle.static.deserialize_program(model_bytes), model_file)
+    check_ops(paddle.static.deserialize_program(model_bytes), model_file, extra_ops)
     scope, exe = paddle.static.Scope(), paddle.static.Executor(paddle.CPUPlace())
     # Paddle warns at every load from memory that the path form is preferred; the bytes are loaded on purpose.
     paddle_io_log = logging.getLogger("paddle.static.io")
@@ -101,12 +108,14 @@ def program_ops(program: Any) -> set[str]:
     return {op.type for block in program.blocks for op in block.ops}
 
 
-def check_ops(program: Any, path: Path) -> None:
-    """Refuse a program holding an op the exporter never writes (:data:`ALLOWED_OPS`), naming it, in one line."""
-    foreign = sorted(program_ops(program) - ALLOWED_OPS)
+def check_ops(program: Any, path: Path, extra_ops: Iterable[str] = ()) -> None:
+    """Refuse a program holding an op the exporter never writes (:data:`ALLOWED_OPS`, and a custom network's
+    declared ``extra_ops``), naming it, in one line."""
+    foreign = sorted(program_ops(program) - ALLOWED_OPS - set(extra_ops))
     if foreign:
         raise ServingModelError(f"{path} holds op(s) {', '.join(foreign)} that no export writes: refusing to load "
-                                "it (altered, or written by other code); re-export the checkpoint")
+                                "it (altered, or written by other code); re-export the checkpoint, or, for a "
+                                "network of your own, list them in model.extra_ops")
 
 
 @dataclass

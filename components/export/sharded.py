@@ -33,7 +33,7 @@ from components.data_prep.multislot import Schema
 from components.export.delta import DELTA, diff_shard, plan_version, rebuilt_shard
 from components.export.manifest import checkpoint_facts, copy_transform, file_entries, write_manifest
 from components.export.signing import AUTO, signer
-from components.export.program import PROGRAM_FILES, rows_program, save_inference
+from components.export.program import PROGRAM_FILES, declared_ops, rows_program, save_inference
 from components.export.shards import IDS, ROWS, TOMBSTONES, narrowed, write_shard
 from components.export.store import ExportStore
 from components.export.table import CheckpointTable, FetchFile
@@ -70,7 +70,8 @@ def export_sharded(checkpoint_dir: str | os.PathLike, store_uri: str, dtype: Exp
     schema = Schema.from_dict(table.meta["schema"])
     slots = (["dense"] if schema.dense_dim else []) + list(schema.sparse_slots)  # what each feed carries
     with store.publishing(plan.version) as staging:
-        fetch_names = save_inference(staging, program.feeds, program.prob, program.main, program.scope, program.exe)
+        fetch_names = save_inference(staging, program.feeds, program.prob, program.main, program.scope, program.exe,
+                                     declared_ops(table.meta))
         transform_files, transform = copy_transform(dataset_dir, staging, table.meta)
         shards = []
         for shard in table.shards():

@@ -38,7 +38,7 @@ from components.data_prep.multislot import Schema
 from components.export.manifest import (check_replaceable, checkpoint_facts, copy_transform, file_entries, swap_in,
                                         write_manifest)
 from components.export.signing import AUTO, signer
-from components.export.program import PROGRAM_FILES, save_inference
+from components.export.program import PROGRAM_FILES, declared_ops, save_inference
 from components.export.shards import narrowed
 from components.export.table import CheckpointTable, FetchFile
 from components.ps.scoring import Scorer
@@ -74,7 +74,8 @@ def export_single(checkpoint_dir: str | os.PathLike, out_dir: str | os.PathLike,
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
-        fetch_names = save_inference(staging, feeds, program.prob, program.main, scorer.scope, scorer.exe)
+        fetch_names = save_inference(staging, feeds, program.prob, program.main, scorer.scope, scorer.exe,
+                                     declared_ops(table.meta))
         np.save(staging / IDS_FILE, checkpoint.ids.astype(np.uint64))
         unseen_row = program.table_shape[0] - 1
         transform_files, transform = copy_transform(dataset_dir, staging, table.meta)

@@ -18,6 +18,7 @@ A slot's rows are pooled into one by ``model.pooling``; a weighted dataset's row
 from __future__ import annotations
 
 import math
+import importlib
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -31,6 +32,8 @@ Lookup = Callable[[object], object]
 # model.pooling -> sequence_pool's pool type: the sum, the sum / n, the sum / sqrt(n) of a slot's n rows.
 POOL_TYPES = {Pooling.sum: "sum", Pooling.mean: "average", Pooling.sqrtn: "sqrt"}
 BASE_RATE_BOUND = 1e-4  # a day without clicks still starts its bias at a finite logit
+# The prefix of the automatic parameter names of a network of its user's (model=custom): the same in every program.
+CUSTOM_NAME_SCOPE = "custom_"
 # Below it a batch's weights count as none: the weighted loss is then 0 rather than 0 / 0.
 MIN_WEIGHT_SUM = 1e-12
 
@@ -129,6 +132,42 @@ def pool(rows, pooling: Pooling):
     return paddle.static.nn.sequence_pool(rows, POOL_TYPES[pooling])
 
 
+@dataclass(frozen=True)
+class NetworkInputs:
+    """What a network of its user's (``model=custom``, ``model.network="package.module:function"``) is given; the
+    function returns the logit ``[batch, 1]`` (a Paddle static-graph variable) built from them.
+
+    Everything around it is the pipeline's: the feeds, the embedding lookup on the servers (each id's row is
+    ``[w, v_1 .. v_{dim-1}]``: ``w`` a first-order weight, ``v`` its factors), the loss, the AUC, the servers'
+    optimizers, checkpoints, the export and serving. Its parameters may keep Paddle's automatic names: it is built
+    under a name scope of its own, so every program that builds it (training, evaluation, export) names them alike.
+    The exported inference program holds its ops, which must be the built-in families' or listed in
+    ``model.extra_ops``.
+    """
+
+    slots: list  # per sparse slot, in the schema's order: its rows pooled by model.pooling, [batch, embedding_dim]
+    dense: object | None  # [batch, dense_dim] float32, normalised by data prep; None without dense features
+    embedding_dim: int
+    hidden: list[int]  # model.hidden
+    dropout: float  # model.dropout: apply it only while training
+    training: bool
+    initial_logit: float  # the train split's base-rate logit: a good start for the output unit's bias
+
+
+def load_network(path: str) -> Callable[[NetworkInputs], object]:
+    """The function ``"package.module:function"`` names; ValueError saying why it cannot be had."""
+    module_name, _, name = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"cannot import {module_name!r} ({err}): install it, or put its directory on PYTHONPATH "
+                         "of every process") from None
+    function = getattr(module, name, None)
+    if not callable(function):
+        raise ValueError(f"{module_name!r} has no function {name!r}")
+    return function
+
+
 @dataclass
 class Net:
     logit: object  # [batch, 1]
@@ -153,6 +192,10 @@ def net(cfg: ModelConfig, feeds: Feeds, lookup: Lookup, embedding_dim: int, trai
     rows = paddle.stack(pooled, axis=1)  # [batch, slots, dim]
     dense = [feeds.dense] if feeds.dense is not None else []
     hidden, drop = list(cfg.hidden), cfg.dropout
+    if cfg.name is ModelName.custom:
+        inputs = NetworkInputs(pooled, feeds.dense, embedding_dim, hidden, drop, training, initial_logit)
+        with paddle.utils.unique_name.guard(CUSTOM_NAME_SCOPE):
+            return Net(load_network(cfg.network)(inputs), squares)
     if cfg.name is ModelName.dnn:
         return Net(_mlp(paddle.concat(pooled + dense, axis=1), hidden, "dnn", drop, training, initial_logit), squares)
     if cfg.name is ModelName.dcn:

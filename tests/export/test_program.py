@@ -14,7 +14,7 @@ import pytest
 from components.config import ExportDtype
 from components.data_prep.prepare import prepare_synthetic
 from components.export.manifest import ServingModelError
-from components.export.program import ALLOWED_OPS, PROGRAM_FILES, load_program, program_ops
+from components.export.program import ALLOWED_OPS, PROGRAM_FILES, declared_ops, load_program, program_ops
 from components.export.sharded import export_sharded
 from components.export.single import export_single
 from tests.export.checkpoints import CALIBRATION, VOCAB, commit_checkpoint, make_checkpoint
@@ -83,3 +83,19 @@ def test_a_program_holding_an_op_outside_the_list_is_refused_naming_it(exported,
     assert "\n" not in message and f"holds op(s) {op} that no export writes" in message
     assert str(altered / PROGRAM_FILES[0]) in message
     assert not (tmp_path / "leaked").exists()
+
+
+def test_an_op_a_custom_network_declares_loads_and_only_where_declared(exported, tmp_path):
+    source = exported["dnn"][0]
+    extended = tmp_path / "extended"
+    shutil.copytree(source, extended)
+    program = paddle.static.Program.parse_from_string((source / PROGRAM_FILES[0]).read_bytes())
+    block = program.global_block()
+    target = next(name for name in block.vars if not block.vars[name].persistable and name not in ("feed", "fetch"))
+    block.append_op(type="tanh", inputs={"X": [block.var(target)]}, outputs={"Out": [block.var(target)]})
+    (extended / PROGRAM_FILES[0]).write_bytes(program.desc.serialize_to_string())
+    with pytest.raises(ServingModelError, match="holds op.s. tanh .*list them in model.extra_ops"):
+        load_program(extended)
+    assert "tanh" in program_ops(load_program(extended, extra_ops=["tanh"]).program)
+    assert declared_ops({"model": {"name": "custom", "extra_ops": ["tanh"]}}) == ["tanh"]
+    assert declared_ops({"model": {"name": "dnn"}}) == []

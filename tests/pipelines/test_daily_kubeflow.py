@@ -8,7 +8,6 @@ run; regenerate it as that module's docstring says (``-k golden`` runs both).
 """
 
 import json
-import math
 import os
 from pathlib import Path
 
@@ -187,8 +186,8 @@ def _day_runs(api) -> list[str]:
 
 def test_data_day_submits_the_run_of_that_day(tmp_path, fake_credentials):
     with FakeKfpApi() as api:
-        assert math.isnan(run(compose_config(tmp_path / "run", *PROD, f"cluster.host={api.url}", *DAILY,
-                                             "data.day=2026-11-02")))
+        assert run(compose_config(tmp_path / "run", *PROD, f"cluster.host={api.url}", *DAILY,
+                                  "data.day=2026-11-02")) == {}
     assert _day_runs(api) == ["2026-11-02"]
     [body] = api.posts("/apis/v2beta1/runs")
     assert "2026-11-02" in body["display_name"]
@@ -197,9 +196,9 @@ def test_data_day_submits_the_run_of_that_day(tmp_path, fake_credentials):
 def test_data_days_are_submitted_in_order_each_after_the_day_before_ended(tmp_path, capsys, fake_credentials):
     run_dir = tmp_path / "run"
     with FakeKfpApi() as api:
-        objective = run(compose_config(run_dir, *PROD, *POLLED, f"cluster.host={api.url}", *DAILY,
+        metrics = run(compose_config(run_dir, *PROD, *POLLED, f"cluster.host={api.url}", *DAILY,
                                        "data.days=[2026-11-01..2026-11-03]"))
-    assert math.isnan(objective)  # no cluster.wait: no objective, though each day was waited for
+    assert metrics == {}  # no cluster.wait: nothing measured here, though each day was waited for
     assert _day_runs(api) == list(DAYS)
     # Each run is submitted after the run before it was last polled: it had ended.
     order = [(r["method"], r["path"].rsplit("/", 1)[-1]) for r in api.requests if "/runs" in r["path"]]
@@ -235,7 +234,7 @@ def test_a_schedule_creates_one_recurring_run(tmp_path, capsys, fake_credentials
     run_dir = tmp_path / "run"
     with FakeKfpApi() as api:
         cfg = compose_config(run_dir, *PROD, f"cluster.host={api.url}", *SCHEDULED)
-        assert math.isnan(run(cfg))
+        assert run(cfg) == {}
     assert api.posts("/apis/v2beta1/runs") == []
     [body] = api.posts("/apis/v2beta1/recurringruns")
     [recurring_id] = api.recurring_runs

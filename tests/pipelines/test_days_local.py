@@ -18,7 +18,7 @@ def test_two_days_continue_one_store_and_a_rerun_skips_them(tmp_path, capsys):
     overrides = ("data=criteo", "experiment=tiny", "ps.epochs=1", "eval.baseline=false",
                  f"data.uri='{tmp_path / 'logs'}/day_{{day}}.tsv'", "data.days=[0,1]")
     run_dir = tmp_path / "run"
-    objective = run(compose_config(run_dir, *overrides))
+    metrics = run(compose_config(run_dir, *overrides))
     out = capsys.readouterr().out
     with open(run_dir / "days.csv") as table:
         rows = list(csv.DictReader(table))
@@ -29,13 +29,13 @@ def test_two_days_continue_one_store_and_a_rerun_skips_them(tmp_path, capsys):
     assert ledger.trained() == ["0", "1"] and rows[1]["checkpoint"] == ledger.entry("1")["checkpoint"]
     # The console: each day's next-day metric and summary line; the run's metrics are the last day's.
     assert "  == day '1' before training on it: auc" in out and out.count("\n  == day '") == 3
-    assert objective == json.loads((run_dir / "metrics.json").read_text())["auc"]
-    assert json.loads((run_dir / "days" / "1" / "metrics.json").read_text())["auc"] == objective
+    assert metrics == json.loads((run_dir / "metrics.json").read_text())
+    assert json.loads((run_dir / "days" / "1" / "metrics.json").read_text()) == metrics
     assert (run_dir / "days.png").is_file() and "Days trained" in (run_dir / "report.md").read_text()
     stats = json.loads(next((run_dir / "days" / "1" / "kfp").rglob("stats.json")).read_text())
     assert stats["day"] == "1" and stats["drift"]["previous_day"] == "0"
 
-    run(compose_config(run_dir, *overrides))  # the same days again: nothing to train
+    assert run(compose_config(run_dir, *overrides)) == {}  # the same days again: nothing to train
     out = capsys.readouterr().out
     assert "day '0': trained already" in out and "day '1': trained already" in out and "nothing to do" in out
     assert DayLedger(CheckpointStore(str(run_dir / "checkpoint"))).trained() == ["0", "1"]

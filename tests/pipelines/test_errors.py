@@ -65,6 +65,9 @@ CASES = {
                                     ["'ps.host' has value '192.0.2.1'", "cannot listen on it"]),
     "a GPU asked of this machine's CPU build of Paddle": (
         lambda tmp: ["cluster.workers.gpus=1"], ["'cluster.workers.gpus' has value 1", "a CPU build"]),
+    "a network of the user's that does not import": (
+        lambda tmp: ["model=custom", "model.network=no_such_package.nets:network"],
+        ["'model.network' has value 'no_such_package.nets:network'", "cannot import 'no_such_package.nets'"]),
     "dense adagrad outside geo": (lambda tmp: ["model.optimizer=adagrad"],
                                   ["'model.optimizer' has value 'adagrad'", "only with ps.mode=geo"]),
     "cluster": (lambda tmp: ["+cluster=prod", "checkpoint.uri=s3://bucket/ctr"],

@@ -11,7 +11,6 @@ components, the manifests or the config schema, regenerate them and review the d
 """
 
 import json
-import math
 import os
 import re
 import socket
@@ -307,8 +306,8 @@ def test_submit_creates_one_run_in_the_experiment(tmp_path, capsys, fake_credent
     run_dir = tmp_path / "run"
     with FakeKfpApi(experiments=known) as api:
         cfg = compose_config(run_dir, *PROD, f"cluster.host={api.url}", "ps.epochs=3")
-        objective = run(cfg)
-    assert math.isnan(objective)  # submitted, not waited for
+        metrics = run(cfg)
+    assert metrics == {}  # submitted, not waited for: nothing measured
 
     created = api.posts("/apis/v2beta1/experiments")
     assert created == ([] if existing else [{"display_name": "ctr-ps", "namespace": "kubeflow"}])
@@ -444,13 +443,13 @@ def _state_lines(out: str, run_id: str) -> list[str]:
     return [line for line in out.splitlines() if line.startswith(f"Kubeflow run {run_id}: ")]
 
 
-def test_waiting_returns_the_objective_of_the_run(tmp_path, capsys, s3_endpoint):
+def test_waiting_returns_the_metrics_of_the_run(tmp_path, capsys, s3_endpoint):
     run_dir = tmp_path / "run"
     with FakeKfpApi(execute=_evaluate) as api:
-        objective = run(compose_config(run_dir, *WAIT, f"cluster.host={api.url}", f"checkpoint.uri={s3_endpoint}",
-                                 "ps.epochs=3"))
-    assert objective == pytest.approx(_auc(3))
-    assert json.loads((run_dir / "metrics.json").read_text()) == {"auc": pytest.approx(_auc(3)), "logloss": 0.45}
+        metrics = run(compose_config(run_dir, *WAIT, f"cluster.host={api.url}", f"checkpoint.uri={s3_endpoint}",
+                                     "ps.epochs=3"))
+    assert metrics == {"auc": pytest.approx(_auc(3)), "logloss": 0.45}
+    assert json.loads((run_dir / "metrics.json").read_text()) == metrics
     [run_id] = api.runs
     assert json.loads((run_dir / "kubeflow_run.json").read_text())["run_id"] == run_id
     # Each state held for 2 polls, and is printed once.
@@ -495,7 +494,7 @@ def test_failed_polls_are_retried_then_given_up(tmp_path, capsys, monkeypatch, s
     monkeypatch.setattr(pipelines.kubeflow, "POLL_FAILURES_TOLERATED", 3)
     overrides = (*WAIT, f"checkpoint.uri={s3_endpoint}")
     with FakeKfpApi(fail={"GET /apis/v2beta1/runs/{run_id}": [503, 503]}, execute=_evaluate) as api:
-        assert run(compose_config(tmp_path / "flaky", *overrides, f"cluster.host={api.url}")) == pytest.approx(_auc(1))
+        assert run(compose_config(tmp_path / "flaky", *overrides, f"cluster.host={api.url}"))["auc"] == pytest.approx(_auc(1))
     [run_id] = api.runs
     assert f"Kubeflow run {run_id}: poll failed (2 in a row): HTTP 503" in capsys.readouterr().out
 

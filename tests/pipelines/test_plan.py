@@ -25,7 +25,7 @@ def no_process(monkeypatch):
 
 def test_plan_starts_nothing_and_writes_nothing(tmp_path, capsys, no_process):
     run_dir = tmp_path / "run"
-    assert math.isnan(run(compose_config(run_dir, "plan=true", "experiment=tiny")))
+    assert run(compose_config(run_dir, "plan=true", "experiment=tiny")) == {}  # nothing measured
     out = capsys.readouterr().out
     assert out.startswith("plan: ")
     assert not run_dir.exists()  # no checkpoint, no config.yaml, no kfp root (Hydra's own files aside)
