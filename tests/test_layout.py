@@ -1,10 +1,12 @@
-"""The architecture as the import graph shows it (README: Layout): no import cycle, and the code that runs inside a
+"""The architecture as the import graph shows it (CONTRIBUTING.md: Layout): no import cycle, no import of a room listed
+above the importer's in CONTRIBUTING.md's table, and the code that runs inside a
 PS process never reaches the orchestration layers (kfp, kubernetes), whose ``proto`` package would shadow Paddle's.
 
 Every import statement counts, at any depth (inside functions too), as ``../shared/tools/import_graph.py`` reads it.
 """
 
 import ast
+import re
 import subprocess
 import sys
 
@@ -97,3 +99,29 @@ def test_a_ps_process_loads_neither_kfp_nor_kubernetes():
              "print(sorted({m.split('.')[0] for m in sys.modules} & {'kfp', 'kubernetes', 'hydra'}))")
     out = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def _rooms() -> list[str]:
+    """The rooms of CONTRIBUTING.md's layout table, top to bottom, as module prefixes (``component``: every step's
+    ``component.py``)."""
+    table = re.findall(r"^\| `([^`]+)` \|", (ROOT / "CONTRIBUTING.md").read_text(), re.M)
+    return ["component" if "<step>" in room else room.removesuffix("/").removesuffix(".py").replace("/", ".")
+            for room in table]
+
+
+def _room_of(module: str, rooms: list[str]) -> str | None:
+    if module.startswith("components.") and module.endswith(".component"):
+        return "component"
+    return next((room for room in rooms if module == room or module.startswith(room + ".")), None)
+
+
+def test_imports_go_down_the_rooms_in_the_order_contributing_states():
+    rooms = _rooms()
+    assert rooms[:2] == ["pipelines", "component"] and "components.config" in rooms
+    order = {room: i for i, room in enumerate(rooms)}
+    modules = _modules()
+    unplaced = sorted(m for m in modules if _room_of(m, rooms) is None and m not in PACKAGES and m != "components")
+    assert not unplaced, f"modules in no room of CONTRIBUTING.md: {unplaced}"
+    upward = sorted(f"{m} -> {t}" for m, targets in _edges(modules).items() for t in targets
+                    if (a := _room_of(m, rooms)) and (b := _room_of(t, rooms)) and order[b] < order[a])
+    assert not upward, "imports of a room listed above:\n" + "\n".join(upward)

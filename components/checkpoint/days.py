@@ -118,6 +118,13 @@ class DayLedger:
         return entry
 
 
+def ledger_at(uri: str) -> DayLedger:
+    """The day ledger of the checkpoint store at ``uri`` (what data prep's drift check reads)."""
+    from components.checkpoint.store import CheckpointStore
+
+    return DayLedger(CheckpointStore(uri))
+
+
 def _sorts_before(day: str, other: str) -> bool:
     try:
         return day_key(day) < day_key(other)

@@ -29,6 +29,7 @@ def convert_data(group: dict, parts: Output[Artifact]):
 def merge_data(groups: List[dict], parts: Input[List[Artifact]], dataset: Output[Dataset]):
     """Every group's parts -> sharded MultiSlot train/valid/test splits + stats.json; day partitions: fails on a
     broken day (its drift against the day before, in stats.json)."""
+    from components.checkpoint.days import ledger_at
     from components.data_prep.step import merge_parts
 
-    dataset.metadata.update(merge_parts(groups, [part.path for part in parts], dataset.path))
+    dataset.metadata.update(merge_parts(groups, [part.path for part in parts], dataset.path, ledger_at))

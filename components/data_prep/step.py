@@ -13,10 +13,8 @@ and the input files' fingerprints: a run that changes a training key reuses the 
 """
 
 import dataclasses
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
-from components.checkpoint.days import DayLedger
-from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, DataSource, DriftConfig, from_dict, ints_from_struct
 from components.data_prep.distinct import DistinctCounter
 from components.data_prep.drift import compare, day_summary
@@ -24,6 +22,11 @@ from components.data_prep.plan import DataPlan, plan_files, plan_synthetic
 from components.data_prep.prepare import DriftCheck, convert, merge, prepare
 from components.data_prep.sources import DataPrepError, Unit, group_units
 from components.days import day_uri, is_daily
+
+
+# checkpoint.uri -> its day ledger (components.checkpoint.days.ledger_at): data prep reads the ledger, the layers
+# above it open it (data prep sits below the checkpoint store: CONTRIBUTING.md, the layout).
+LedgerAt = Callable[[str], Any]
 
 
 def data_plan(cfg: CtrConfig) -> DataPlan:
@@ -80,24 +83,25 @@ def convert_units(group: dict, parts_dir: str) -> None:
     convert(plan, [int(unit["index"]) for unit in plan.units], parts_dir, group.get("processes"))
 
 
-def merge_parts(groups: list[dict], parts_dirs: list[str], out_dir: str) -> dict:
+def merge_parts(groups: list[dict], parts_dirs: list[str], out_dir: str, ledger_at: LedgerAt) -> dict:
     """The dataset from every group's parts; returns the Dataset artifact's metadata. It reads nothing but the plan
     and the parts (a day's drift settings travel in the plan's items: :func:`plan_dataset`), so that a pipeline
-    caches it on them."""
+    caches it on them; a day reads the ledger ``ledger_at`` opens."""
     drift = ints_from_struct(groups[0]).get("drift")
-    check = drift_check(drift["checkpoint_uri"], DriftConfig(**drift["settings"])) if drift else None
+    check = drift_check(ledger_at(drift["checkpoint_uri"]), DriftConfig(**drift["settings"])) if drift else None
     return dataset_metadata(merge(_joined(groups), parts_dirs, out_dir, check))
 
 
-def prepare_dataset(config: Any, out_dir: str, processes: Optional[int] = None) -> dict:
+def prepare_dataset(config: Any, out_dir: str, ledger_at: LedgerAt, processes: Optional[int] = None) -> dict:
     """Build the dataset ``cfg.data`` describes into ``out_dir`` on this machine; returns the stats dict."""
     cfg = from_dict(config)
-    check = drift_check(cfg.checkpoint.uri, cfg.data.drift) if is_daily(cfg.data.uri) else None
+    check = drift_check(ledger_at(cfg.checkpoint.uri), cfg.data.drift) if is_daily(cfg.data.uri) else None
     return prepare(data_plan(cfg), out_dir, processes or cfg.data.prep_processes, check_drift=check)
 
 
-def drift_check(checkpoint_uri: str, settings: DriftConfig) -> DriftCheck:
-    """Day partitions: the check of a day's dataset against the last day the checkpoint store trained.
+def drift_check(ledger: Any, settings: DriftConfig) -> DriftCheck:
+    """Day partitions: the check of a day's dataset against the last day ``ledger`` (the checkpoint store's
+    :class:`~components.checkpoint.days.DayLedger`) trained.
 
     It prints each warning and returns ``stats["drift"]``: ``{"summary"`` (what the train step records for the next
     day), ``"previous_day"``, ``"warnings"``, ``"errors"}``; a day with errors raises DataPrepError with the first,
@@ -105,7 +109,6 @@ def drift_check(checkpoint_uri: str, settings: DriftConfig) -> DriftCheck:
     """
 
     def check(stats: dict, counters: dict[str, DistinctCounter]) -> dict:
-        ledger = DayLedger(CheckpointStore(checkpoint_uri))
         last = ledger.last()
         previous = last.get("drift") if last else None
         summary = day_summary(stats, counters, ledger.seen_ids())

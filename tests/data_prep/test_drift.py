@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from components.checkpoint.days import ledger_at
 from components.checkpoint.days import DayLedger
 from components.checkpoint.store import CheckpointStore
 from components.config import DriftConfig
@@ -141,7 +142,7 @@ class _Days:
         parts = [tempfile.mkdtemp(prefix=f"parts-{day}-", dir=self.root) for _ in groups]
         for group, directory in zip(groups, parts):
             convert_units(group, directory)
-        return merge_parts(groups, parts, str(self.out(day)))
+        return merge_parts(groups, parts, str(self.out(day)), ledger_at)
 
     def stats(self, day: str) -> dict:
         return json.loads((self.out(day) / "stats.json").read_text())
@@ -192,6 +193,6 @@ def test_the_merge_step_compares_a_day_with_the_last_trained_one_and_refuses_a_b
 def test_a_run_without_day_partitions_has_no_drift(tmp_path):
     (tmp_path / "all.tsv").write_text("".join(_raw(i, click=0) for i in range(100)))  # no clicks: not checked
     config = {"data": {"source": "files", "uri": str(tmp_path / "all.tsv")}, "ps": {"workers": 1}}
-    stats = prepare_dataset(config, str(tmp_path / "out"), processes=1)
+    stats = prepare_dataset(config, str(tmp_path / "out"), ledger_at, processes=1)
     assert stats["drift"] is None and stats["day"] is None
     assert json.loads((tmp_path / "out" / "stats.json").read_text())["drift"] is None

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from components.checkpoint.days import ledger_at
 from components.config import to_dict
 from components.data_prep.id_counts import SKETCH_BYTES, CountSketch, oov_id
 from components.data_prep.multislot import Schema, parse_line, read_shards
@@ -152,8 +153,8 @@ def test_the_dataset_is_the_same_whatever_prep_parallelism_and_prep_processes(tm
         convert_units(group, str(part))
     # The count filter's sketch is the transform's: one task keeps its copy for the merge (64 MiB, not one per task).
     assert [p.name for p in parts if (p / SKETCH_FILE).is_file()] == ["parts-0"]
-    merge_parts(groups, [str(p) for p in parts], str(tmp_path / "fanned"))
-    one = prepare_dataset(cfg, str(tmp_path / "one"), processes=2)
+    merge_parts(groups, [str(p) for p in parts], str(tmp_path / "fanned"), ledger_at)
+    one = prepare_dataset(cfg, str(tmp_path / "one"), ledger_at, processes=2)
     assert dataset_files(tmp_path / "fanned") == dataset_files(tmp_path / "one")
     assert "transform/id_counts.npy" in dataset_files(tmp_path / "fanned")
     assert one["min_id_count"] == 2 and one["negative_sample_rate"] == 0.5 and one["oov"]["rows"]["train"] > 0

@@ -13,6 +13,7 @@ import yaml
 from google.protobuf import json_format, struct_pb2
 from kfp.pipeline_spec import pipeline_spec_pb2
 
+from components.checkpoint.days import ledger_at
 from components.config import ConfigError, DataSource, from_dict
 from components.data_prep.component import convert_data, merge_data, plan_data
 from components.data_prep.step import prepare_dataset
@@ -288,7 +289,8 @@ def test_local_pipeline_on_real_criteo_format(tmp_path):
     assert metrics["count"] == stats["rows"]["test"] and objective == metrics["auc"]
     parts = {p.parent.parent for p in (run_dir / "kfp").rglob("unit-*/result.json")}
     assert len(parts) == 2  # each convert task of the fan-out converted one file
-    prepare_dataset(config_struct(from_dict(compose_config(tmp_path / "one", *overrides))), str(tmp_path / "one"))
+    prepare_dataset(config_struct(from_dict(compose_config(tmp_path / "one", *overrides))), str(tmp_path / "one"),
+                    ledger_at)
     for rel in [rel for split in ("train", "valid", "test") for rel in stats["shards"][split]]:
         assert (tmp_path / "one" / rel).read_bytes() == (dataset / rel).read_bytes(), rel
 

@@ -234,10 +234,11 @@ def generate(overrides: list[str], out: Path, image: Optional[str] = None,
 
 def prepare_from_spec(spec_file: str) -> dict:
     """The ``prep`` service: build the dataset the job spec describes at its ``data_dir``."""
+    from components.checkpoint.days import ledger_at
     from components.data_prep.step import prepare_dataset
 
     spec = JobSpec.load(spec_file)
-    return prepare_dataset(spec.config, spec.data_dir)
+    return prepare_dataset(spec.config, spec.data_dir, ledger_at)
 
 
 def evaluate_from_spec(spec_file: str, out_dir: str = EVALUATION_MOUNT) -> str:
