@@ -20,7 +20,7 @@ from tests.train.backends.test_kubernetes_emulated import (EPOCH, JOB_RESOURCE, 
                                                            _run_objects, cluster, kubeconfig)
 
 __all__ = ["cluster", "kubeconfig"]  # fixtures of the launcher's emulated tests, used here too
-README = ROOT / "README.md"
+README = ROOT / "docs" / "kubeflow.md"  # the TrainerClient example
 SERVER_LINES = {0: ("I1129 server 0: 2 table shards loaded",), 1: ("I1129 server 1: 2 table shards loaded",)}
 
 
@@ -123,7 +123,7 @@ def test_the_servers_logs_of_an_sdk_trainjob_come_from_the_logs_helper(cluster, 
 
 
 def _readme_example() -> str:
-    """The README's TrainerClient example, as the file has it."""
+    """The TrainerClient example of docs/kubeflow.md, as the file has it."""
     blocks = [textwrap.dedent(code) for code in re.findall(r"^ *```python\n(.*?)^ *```", README.read_text(),
                                                            re.M | re.S)]
     (example,) = [code for code in blocks if "TrainerClient(" in code]
