@@ -367,8 +367,9 @@ def read_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
     return job, cfg
 
 
-def load_job(job_path: Optional[str]) -> JobSpec:
-    """The job spec, with the dataset on local disk and what to restore from after a restart."""
+def load_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
+    """The job spec, with the dataset on local disk and what to restore from after a restart, and its config (built
+    once, here)."""
     job, cfg = read_job(job_path)
     Path(job.workdir).mkdir(parents=True, exist_ok=True)
     data_dir = job.data_dir
@@ -377,7 +378,7 @@ def load_job(job_path: Optional[str]) -> JobSpec:
     attempt = int(os.environ.get(RESTART_ENV) or 0)
     restore = restart_target(CheckpointStore(cfg.checkpoint.uri), job.restore, attempt, cfg.table.shard_num,
                              job.run_id)
-    return dataclasses.replace(job, data_dir=data_dir, restore=restore)
+    return dataclasses.replace(job, data_dir=data_dir, restore=restore), cfg
 
 
 def fetch_dataset(uri: str, local: Path) -> Path:
@@ -402,8 +403,7 @@ def main(job_path: Optional[str]) -> None:
     # Nothing of a job outlives its launcher, even one killed outright: not this process, not what Paddle forks.
     die_with_parent(parent_from_env())
     children_die_with_this_process()
-    job = load_job(job_path)
-    cfg = from_dict(job.config)
+    job, cfg = load_job(job_path)
     stats = json.loads((Path(job.data_dir) / "stats.json").read_text())
     paddle = import_paddle()
     import paddle.distributed.fleet as fleet
