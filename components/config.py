@@ -19,6 +19,8 @@ from typing import Any, Optional
 
 from omegaconf import OmegaConf
 
+from components.redaction import redact, url_with_password
+
 
 def _vocabulary(name: str, values: list[str], doc: str) -> type[enum.Enum]:
     """A closed vocabulary whose member names are the config spellings.
@@ -425,9 +427,10 @@ class ConfigError(ValueError):
     """A config value that cannot work: names the key, the value and what is allowed."""
 
     def __init__(self, key: str, value: Any, allowed: str, hint: str = ""):
-        self.key, self.value = key, value
-        message = f"config key '{key}' has value {value!r}; allowed: {allowed}"
-        super().__init__(message + (f". {hint}" if hint else ""))
+        # Redacted: a URL's password or a credential's value is never echoed (nor kept for a caller to print).
+        self.key, self.value = key, redact(value) if isinstance(value, str) else value
+        message = f"config key '{key}' has value {self.value!r}; allowed: {allowed}"
+        super().__init__(redact(message + (f". {hint}" if hint else "")))
 
 
 # Tells apart runs started in the same second: ``${run_token:}`` in conf/config.yaml's run and sweep directories.
@@ -496,6 +499,7 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     ``check_storage=False`` skips listing ``data.uri``: a driver submitting to Kubeflow may hold no
     credentials for the cluster's storage; the run's first step checks it with the cluster's.
     """
+    _refuse_url_passwords(cfg)
     for key in ("ps.servers", "ps.workers", "ps.threads", "ps.batch_size", "ps.epochs",
                 "table.embedding_dim", "table.vocab_size", "table.learning_rate",
                 "model.learning_rate", "data.shards_per_worker", "data.prep_parallelism", "ps.patience",
@@ -593,6 +597,17 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
         raise ConfigError("eval.min_auc", cfg.eval.min_auc, "an AUC in [0, 1] (0: always export)")
     check_eval_slots(cfg.eval, slots_before_prep(cfg.data))
     _validate_cluster(cfg)
+
+
+def _refuse_url_passwords(cfg: CtrConfig) -> None:
+    """No ``user:password@`` in any value: the config is printed, kept in the run directory, compiled into the
+    pipeline and passed to every step and pod, so a password in it would be everywhere."""
+    found = next(url_with_password(to_dict(cfg)), None)
+    if found is not None:
+        raise ConfigError(*found, "a URL without a password (user:password@)",
+                          "the config is stored with the run and in the pipeline: give the store's credentials in "
+                          "the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, fsspec's "
+                          "FSSPEC_<PROTOCOL>_<OPTION>) and, on Kubeflow, as cluster.storage_secrets")
 
 
 # The sparse slots of synthetic data and of the two Criteo formats (components.data_prep.formats.CRITEO_SLOTS,

@@ -90,7 +90,8 @@ def check_checkpoint_store(cfg: CtrConfig, probe: bool = True) -> CtrConfig:
     from components.checkpoint.format import CheckpointError
     from components.checkpoint.lease import in_use_message, live_holder
     from components.checkpoint.restore import restore_target, warning
-    from components.checkpoint.store import CheckpointStore, CheckpointStoreError, redact
+    from components.checkpoint.store import CheckpointStore, CheckpointStoreError
+    from components.redaction import redact
 
     uri = cfg.checkpoint.uri
     try:
