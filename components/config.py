@@ -193,6 +193,9 @@ class PsConfig:
     geo_k_steps: int = 100  # geo: local steps between delta pushes
     sync_batches: int = 16  # sync: batches per worker between global barriers
     host: str = "127.0.0.1"  # local backend: the address every role binds and dials
+    # The local backend's PS plane is plaintext and answers any peer: a ps.host other than loopback is refused
+    # unless this is true (then with one warning).
+    allow_external_bind: bool = False
     # Every role reports (progress, or a heartbeat) this often.
     progress_period_s: float = 5.0
     # How long the servers may take to come up (rendezvous store, PS ports) before the job fails.
