@@ -63,6 +63,8 @@ CASES = {
         ["'checkpoint.resume'", "is corrupt", "no committed checkpoint there is intact"]),
     "ps.host not on this machine": (lambda tmp: ["ps.host=192.0.2.1"],  # TEST-NET-1: no machine's own
                                     ["'ps.host' has value '192.0.2.1'", "cannot listen on it"]),
+    "ps.host on every interface": (lambda tmp: ["ps.host=0.0.0.0"],
+                                   ["'ps.host' has value '0.0.0.0'", "a loopback address", "allow_external_bind"]),
     "cluster": (lambda tmp: ["+cluster=prod", "checkpoint.uri=s3://bucket/ctr"],
                 ["'cluster.host'", "cluster.submit=false"]),
 }
