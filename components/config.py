@@ -10,6 +10,7 @@ sees exactly the same types as the driver.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import math
 import re
 import uuid
@@ -399,7 +400,10 @@ class ClusterConfig:
     # No pod of the PS job running after this long (image pulls, scheduling) fails the step with the reasons.
     start_timeout_s: float = 1800.0
     paddle_port: int = 36000  # every PS pod listens here; server 0 serves the gloo store on port + 18
-    network_policy: bool = True  # admit the PS ports only from this job's pods
+    network_policy: bool = True  # the job's pods talk to each other, DNS and the store only (both directions)
+    # Where the pods may reach the store (CIDRs) when its URLs name no IP address (s3://bucket: the endpoint comes
+    # from the storage secret). The cloud metadata address 169.254.169.254 stays blocked whatever is listed.
+    store_egress: list[str] = field(default_factory=lambda: ["0.0.0.0/0"])
     mesh_encryption: bool = False  # opt in to Istio ambient mode (ztunnel mTLS, no sidecars) for PS traffic
     run_as_user: int = 1000
     queue_name: Optional[str] = None  # a Kueue LocalQueue: the TrainJob or JobSet waits there for quota
@@ -876,6 +880,12 @@ def _validate_cluster(cfg: CtrConfig) -> None:
     if cluster.queue_name is not None and cluster.backend.value not in KUEUE_BACKENDS:
         raise ConfigError("cluster.queue_name", cluster.queue_name, f"null with backend={cluster.backend.value}",
                           f"Kueue queues {' and '.join(KUEUE_BACKENDS)} jobs, not PaddleFlow's PaddleJob")
+    for i, cidr in enumerate(cluster.store_egress):
+        try:
+            ipaddress.ip_network(cidr)
+        except ValueError:
+            raise ConfigError(f"cluster.store_egress[{i}]", cidr, "a CIDR such as 10.0.0.0/8 or 0.0.0.0/0 (host bits "
+                              "zero)", "the pods may reach the store only at these addresses") from None
     for i, secret in enumerate(cluster.storage_secrets):
         if not secret.name or not secret.keys:
             raise ConfigError(f"cluster.storage_secrets[{i}]", {"name": secret.name, "keys": dict(secret.keys)},

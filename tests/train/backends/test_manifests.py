@@ -295,19 +295,55 @@ def test_a_configuration_error_fails_the_job_and_a_disruption_restarts_it_withou
     assert job["backoffLimit"] == 0 and job["template"]["spec"]["restartPolicy"] == "Never"
 
 
-def test_network_policy_admits_tcp_only_between_the_jobs_pods(prod):
-    """Every TCP port between the job's pods (gloo's transport listens on ephemeral ports), nothing from others."""
-    cfg = prod()
-    policy, job = _objects(cfg)
-    selector = {manifests.JOB_LABEL: "ctr-1a2b3c"}
-    assert policy["spec"]["podSelector"] == {"matchLabels": selector} and policy["spec"]["policyTypes"] == ["Ingress"]
-    (rule,) = policy["spec"]["ingress"]
-    assert rule["from"] == [{"podSelector": {"matchLabels": selector}}]
-    assert rule["ports"] == [{"protocol": "TCP"}]  # a port entry without a port: all ports of that protocol
-    for template in _pod_templates(job).values():  # the policy selects every pod of the job
-        assert template["metadata"]["labels"][manifests.JOB_LABEL] == "ctr-1a2b3c"
-        assert "istio.io/dataplane-mode" not in template["metadata"]["labels"]
-    assert len(_objects(prod("cluster.network_policy=false"))) == 1
+def _matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(key) == value for key, value in selector["matchLabels"].items())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_network_policy_lets_the_jobs_pods_reach_each_other_dns_and_the_store_only(prod, backend):
+    """Both directions: TCP on any port between the job's pods (gloo's transport listens on ephemeral ports), UDP and
+    TCP 53 to the cluster DNS, the store (cluster.store_egress for an s3:// one) without the metadata address; the
+    pods selected by the labels their controller sets."""
+    policy, *job = _objects(prod(f"cluster.backend={backend}"))
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    peers = [{"podSelector": spec["podSelector"]}]
+    if backend != "paddlejob":  # JobSet's own label (a TrainJob's JobSet has its name): not one the template sets
+        assert spec["podSelector"] == {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "ctr-1a2b3c"}}
+    assert spec["ingress"] == [{"from": peers, "ports": [{"protocol": "TCP"}]}]
+    to_pods, dns, store = spec["egress"]
+    assert to_pods == {"to": peers, "ports": [{"protocol": "TCP"}]}
+    assert dns == {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                           "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                   "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+    assert store == {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}}]}
+    runtime = job[0] if backend == "trainjob" else None
+    for role in ("ps", "worker"):  # every pod of the job, as its controller labels it, is selected
+        _, labels, _ = job_pod(job[-1], role, 0, runtime)
+        assert _matches(spec["podSelector"], labels)
+        assert "istio.io/dataplane-mode" not in labels
+    assert _round_trip(policy, "V1NetworkPolicy") == policy
+    assert len(_objects(prod(f"cluster.backend={backend}", "cluster.network_policy=false"))) == len(job)
+
+
+def test_a_store_named_by_its_address_is_the_only_store_the_pods_reach(prod):
+    cfg = prod("checkpoint.uri=http://10.1.2.3:9000/ckpt", "cluster.store_egress=[10.0.0.0/8,169.254.0.0/16]")
+    policy = manifests.job_manifests(_prepared(cfg), name="ctr-1a2b3c", namespace="team-a",
+                                     data_uri="https://10.1.2.4/dataset")[0]
+    assert policy["spec"]["egress"][2:] == [
+        {"to": [{"ipBlock": {"cidr": "10.1.2.4/32"}}], "ports": [{"protocol": "TCP", "port": 443}]},
+        {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 9000}]}]
+    # A bucket names no address: cluster.store_egress, the metadata address cut out of any range that holds it.
+    policy, _ = _objects(cfg)
+    assert policy["spec"]["egress"][2:] == [
+        {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 9000}]},
+        {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}},
+                {"ipBlock": {"cidr": "169.254.0.0/16", "except": ["169.254.169.254/32"]}}]}]
+    # None listed: no rule (an egress rule without "to" would admit every address).
+    policy, _ = _objects(prod("cluster.store_egress=[]"))
+    assert len(policy["spec"]["egress"]) == 2
+    with pytest.raises(ConfigError, match=r"'cluster.store_egress\[0\]' has value '10.0.0.1/8'; allowed: a CIDR"):
+        prod("cluster.store_egress=[10.0.0.1/8]")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -324,7 +360,8 @@ def test_pods_opt_out_of_sidecars_unless_mesh_encryption_puts_them_in_ambient_mo
 
 def test_mesh_encryption_admits_the_ambient_tunnel_port(prod):
     policy, _ = _objects(prod("cluster.mesh_encryption=true"))
-    # Istio ambient tunnels the pods' traffic through port 15008 of the receiving pod: the policy admits it.
+    # Istio ambient tunnels the pods' traffic through port 15008 of the receiving pod: the policy admits it (and
+    # egress to the job's pods admits every TCP port, that one included).
     assert policy["spec"]["ingress"][1] == {"ports": [{"protocol": "TCP", "port": 15008}]}
     assert _round_trip(policy, "V1NetworkPolicy") == policy
 
