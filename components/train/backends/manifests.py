@@ -27,8 +27,8 @@ cluster (the ``DisruptionTarget`` condition: preemption, eviction, node drain); 
 ``failurePolicy.rules`` then fail the whole job for the first and restart it without using up
 ``cluster.max_restarts`` for the second. Any other failure restarts it and counts.
 
-Security and multi-user namespaces: pods run as non-root without privilege escalation or capabilities and
-without an API token; credentials arrive only as ``secretKeyRef`` variables; images are pinned by digest when
+Security and multi-user namespaces: pods run as non-root without privilege escalation or capabilities, on a
+read-only root filesystem (emptyDirs at the scratch directory and /tmp) and without an API token; credentials arrive only as ``secretKeyRef`` variables; images are pinned by digest when
 one is given and pulled with ``cluster.image_pull_secrets``; a NetworkPolicy admits TCP between the job's own
 pods only and lets them reach nothing but each other, the cluster DNS and the store
 (:mod:`~components.train.backends.network_policy`); the pods opt out of Istio sidecar injection (a sidecar keeps a
@@ -214,7 +214,11 @@ def pod_security_context(cfg: CtrConfig) -> dict:
 
 
 CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "privileged": False,
-                              "capabilities": {"drop": ["ALL"]}}
+                              "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+# A PS container's writable places, each an emptyDir (the root filesystem is read-only): SCRATCH (HOME too: Paddle's
+# ~/.cache, matplotlib's ~/.config) and /tmp (Python's tempfile, glog's log files when not logging to stderr).
+TMP = "/tmp"
+WRITABLE_MOUNTS = {"scratch": SCRATCH, "tmp": TMP}
 
 
 def pod_labels(cfg: CtrConfig, name: str, role: Role) -> dict[str, str]:
@@ -251,7 +255,7 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
         "ports": ports,
         "resources": _resources(pods),
         "securityContext": CONTAINER_SECURITY_CONTEXT,
-        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH}],
+        "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in WRITABLE_MOUNTS.items()],
         # A role that fails leaves no termination message; the end of its log (its error) becomes it.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -268,7 +272,7 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(cfg),
         "containers": [container],
-        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "volumes": [{"name": volume, "emptyDir": {}} for volume in WRITABLE_MOUNTS],
     }
     if cfg.cluster.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": secret} for secret in cfg.cluster.image_pull_secrets]
