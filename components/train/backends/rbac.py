@@ -9,7 +9,8 @@ the deploy step (it creates the online server's InferenceService, or reads and r
 from __future__ import annotations
 
 from components.config import ClusterBackend, ClusterConfig, CtrConfig
-from components.train.backends.manifests import INFERENCE_SERVICES, JOBSET_API, KSERVE_API, PADDLEJOB_API, TRAINER_API
+from components.train.backends.manifests import (INFERENCE_SERVICES, JOB_LABEL, JOBSET_API, KSERVE_API, PADDLEJOB_API,
+                                                 TRAINER_API)
 
 
 def _group(api_version: str) -> str:
@@ -31,10 +32,54 @@ def launcher_token_secret(cluster: ClusterConfig) -> str:
     return f"{cluster.service_account}-token"
 
 
+# What the launcher may do and Kubernetes RBAC cannot scope to names: create (an object has no name before it exists),
+# and read (the names are made per run, by the launcher and by the job's controllers; admission never sees a read).
+UNNAMED_VERBS = {"create", "get", "list", "watch"}
+POLICY_NAME = "ctr-ps-launcher-deletes-its-own"
+
+
+def launcher_policy(cfg: CtrConfig) -> list[dict]:
+    """The ValidatingAdmissionPolicy (Kubernetes >= 1.30; cluster-scoped: a cluster admin applies it) and its binding
+    that scope what RBAC cannot: the launcher account may create, and delete, only objects labelled as a PS job's
+    (:data:`~components.train.backends.manifests.JOB_LABEL`). Its deletes are otherwise unscoped in the Role, since
+    each run names its objects anew."""
+    namespace, account = cfg.cluster.namespace, cfg.cluster.service_account
+    group, resources = JOB_RESOURCES[cfg.cluster.backend]
+    operations = ["CREATE", "DELETE"]
+    rules = [{"apiGroups": [group], "apiVersions": ["*"], "operations": operations, "resources": resources},
+             {"apiGroups": ["networking.k8s.io"], "apiVersions": ["*"], "operations": operations,
+              "resources": ["networkpolicies"]}]
+    name = f"{POLICY_NAME}.{namespace}"
+
+    return [
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+         "metadata": {"name": name},
+         "spec": {"failurePolicy": "Fail",
+                  "matchConstraints": {"resourceRules": rules},
+                  "matchConditions": [{"name": "the-launcher-account", "expression":
+                                       f"request.userInfo.username == 'system:serviceaccount:{namespace}:{account}'"}],
+                  "variables": [{"name": "obj", "expression":
+                                 "request.operation == 'DELETE' ? oldObject : object"}],
+                  "validations": [{"expression": f"has(variables.obj.metadata.labels) && "
+                                                 f"'{JOB_LABEL}' in variables.obj.metadata.labels",
+                                   "message": f"the launcher account {account} creates and deletes PS job objects only "
+                                              f"(labelled {JOB_LABEL})"}]}},
+        {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+         "metadata": {"name": name},
+         "spec": {"policyName": name, "validationActions": ["Deny"],
+                  "matchResources": {"namespaceSelector": {
+                      "matchLabels": {"kubernetes.io/metadata.name": namespace}}}}},
+    ]
+
+
 def launcher_rbac(cfg: CtrConfig) -> list[dict]:
     """What the launcher needs to run PS jobs of ``cluster.backend`` in its namespace, and the exit handler to
     delete what a run left (apply once): the launcher account, its Role and binding, and the account's token
-    Secret."""
+    Secret; then :func:`launcher_policy`, which limits its creates and deletes to PS job objects.
+
+    Every verb is scoped as far as Kubernetes lets it be: by name (``resourceNames``) where the name is known
+    before the run (the InferenceService); by the admission policy's label rule for deletes; create and the reads
+    (:data:`UNNAMED_VERBS`) cannot be."""
     namespace, account = cfg.cluster.namespace, cfg.cluster.service_account
     group, resources = JOB_RESOURCES[cfg.cluster.backend]
     rules = [
@@ -62,4 +107,5 @@ def launcher_rbac(cfg: CtrConfig) -> list[dict]:
          "metadata": {"name": ROLE_NAME, "namespace": namespace},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ROLE_NAME},
          "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
+        *launcher_policy(cfg),
     ]

@@ -433,7 +433,7 @@ def test_the_readiness_probe_passes_exactly_when_the_store_listens(prod):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rbac_grants_the_launcher_the_kinds_of_its_backend_only(prod, backend):
     cfg = prod(f"cluster.backend={backend}")
-    account, token, role, binding = rbac.launcher_rbac(cfg)
+    account, token, role, binding, _, _ = rbac.launcher_rbac(cfg)
     assert (account["kind"], account["metadata"]["name"]) == ("ServiceAccount", "ctr-ps-launcher")
     assert token["type"] == "kubernetes.io/service-account-token"
     assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "ctr-ps-launcher"}
@@ -452,6 +452,38 @@ def test_rbac_grants_the_launcher_the_kinds_of_its_backend_only(prod, backend):
     for api_version, kind in RUN_OBJECT_KINDS[cfg.cluster.backend]:
         resource = (api_version.split("/")[0], plurals.get(kind, f"{kind.lower()}s"))
         assert {"list", "delete"} <= may[resource], resource
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("deploy", [False, True])
+def test_the_launcher_role_has_no_unscoped_verb(prod, backend, deploy):
+    """Each verb is limited to names (resourceNames), or a delete limited by the admission policy to objects
+    labelled as a PS job's, or one Kubernetes cannot limit (create: no name yet; reads: names made per run)."""
+    cfg = prod(f"cluster.backend={backend}", f"cluster.serving.deploy={str(deploy).lower()}")
+    objects = {obj["kind"]: obj for obj in rbac.launcher_rbac(cfg)}
+    policy, binding = objects["ValidatingAdmissionPolicy"], objects["ValidatingAdmissionPolicyBinding"]
+    guarded = {(group, resource) for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+               if {"CREATE", "DELETE"} <= set(rule["operations"])
+               for group in rule["apiGroups"] for resource in rule["resources"]}
+    for rule in objects["Role"]["rules"]:
+        if rule.get("resourceNames"):
+            continue
+        for verb in set(rule["verbs"]) - rbac.UNNAMED_VERBS:
+            assert verb == "delete", rule  # no update, patch, deletecollection, escalate, bind, impersonate, "*"
+            assert {(g, r) for g in rule["apiGroups"] for r in rule["resources"]} <= guarded, rule
+    assert "*" not in {v for rule in objects["Role"]["rules"] for v in rule["verbs"]}
+    # The policy acts on the launcher account's requests, in its namespace, and denies.
+    account = f"system:serviceaccount:kubeflow:{cfg.cluster.service_account}"
+    assert policy["spec"]["matchConditions"] == [
+        {"name": "the-launcher-account", "expression": f"request.userInfo.username == '{account}'"}]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "kubeflow"}
+    (validation,) = policy["spec"]["validations"]
+    assert f"'{manifests.JOB_LABEL}' in variables.obj.metadata.labels" in validation["expression"]
+    # Every object the launcher creates carries that label: the policy admits its own objects.
+    assert all(manifests.JOB_LABEL in obj["metadata"]["labels"] for obj in _objects(cfg))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
