@@ -93,9 +93,9 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # (pkg/controller/job/pod_failure_policy.go), which JobSet's failurePolicy.rules match (RE2 patterns).
 CONFIG_ERROR_MESSAGE = f"failed with exit code {CONFIG_ERROR_EXIT} matching FailJob rule"
 DISRUPTION_MESSAGE = "has condition DisruptionTarget matching FailJob rule"
-# Where the train step finds the token of cluster.service_account (the launcher's; kfp.kubernetes mounts the
-# account's token Secret there): the step's pod runs as cluster.pipeline_service_account.
-LAUNCHER_TOKEN_DIR = "/var/run/secrets/ctr-ps-launcher"
+# The account (cluster.service_account) whose short-lived tokens a step that acts as the launcher requests with its
+# own pod's account (cluster.pipeline_service_account): components.train.backends.kubernetes.api.
+LAUNCHER_ACCOUNT_ENV = "CTR_PS_LAUNCHER_ACCOUNT"
 # Every object of a PS job carries the Kubeflow run that created it, so that the run's exit handler finds what a
 # cancelled or failed run left (components.train.backends.kubernetes.cleanup). KFP labels each pod of a run with
 # its run id (KFP_RUN_LABEL); the train step reads it from PIPELINE_RUN_ENV (set from that label, downward API).

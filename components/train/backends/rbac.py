@@ -1,14 +1,16 @@
 """What the launcher account may do: the manifests of ``k8s/rbac.yaml`` (applied once per namespace), written
 apart from the job's own objects (:mod:`components.train.backends.manifests`).
 
-Two tasks of a Kubeflow run act as that account, through its token Secret, which only they mount: the train step
-(it creates, follows and deletes the PS job) and the run's exit handler (it lists what the run left by the run's
-label and deletes it: :mod:`components.train.backends.kubernetes.cleanup`); with ``cluster.serving.deploy`` a third,
-the deploy step (it creates the online server's InferenceService, or reads and replaces it: :mod:`components.deploy`)."""
+Two tasks of a Kubeflow run act as that account, through short-lived tokens of it that only they request (bound to
+their pods, no token Secret): the train step (it creates, follows and deletes the PS job) and the run's exit handler
+(it lists what the run left by the run's label and deletes it: :mod:`components.train.backends.kubernetes.cleanup`);
+with ``cluster.serving.deploy`` a third, the deploy step (it creates the online server's InferenceService, or reads
+and replaces it: :mod:`components.deploy`). Any pod of the run's account could request such a token too: what
+the account may do is limited (the Role, the admission policy), not who may become it."""
 
 from __future__ import annotations
 
-from components.config import ClusterBackend, ClusterConfig, CtrConfig
+from components.config import ClusterBackend, CtrConfig
 from components.train.backends.manifests import (INFERENCE_SERVICES, JOB_LABEL, JOBSET_API, KSERVE_API, PADDLEJOB_API,
                                                  TRAINER_API)
 
@@ -26,10 +28,25 @@ JOB_RESOURCES = {
 ROLE_NAME = "ctr-ps-launcher"
 
 
-def launcher_token_secret(cluster: ClusterConfig) -> str:
-    """The Secret holding ``cluster.service_account``'s token (k8s/rbac.yaml creates it; the train step and the exit
-    handler mount it)."""
-    return f"{cluster.service_account}-token"
+TOKEN_ROLE_NAME = "ctr-ps-launcher-token"
+
+
+def token_requester(cfg: CtrConfig) -> list[dict]:
+    """The Role and binding that let ``cluster.pipeline_service_account`` (the steps' pods) request tokens of the
+    launcher account, and of no other (``resourceNames``): the steps that act as the launcher get short-lived
+    tokens bound to their pods (:func:`components.train.backends.kubernetes.api.launcher_configuration`) instead
+    of a token Secret that never expires."""
+    namespace, account = cfg.cluster.namespace, cfg.cluster.service_account
+    rule = {"apiGroups": [""], "resources": ["serviceaccounts/token"], "resourceNames": [account], "verbs": ["create"]}
+    return [
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+         "metadata": {"name": TOKEN_ROLE_NAME, "namespace": namespace}, "rules": [rule]},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": TOKEN_ROLE_NAME, "namespace": namespace},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TOKEN_ROLE_NAME},
+         "subjects": [{"kind": "ServiceAccount", "name": cfg.cluster.pipeline_service_account,
+                       "namespace": namespace}]},
+    ]
 
 
 # What the launcher may do and Kubernetes RBAC cannot scope to names: create (an object has no name before it exists),
@@ -74,8 +91,9 @@ def launcher_policy(cfg: CtrConfig) -> list[dict]:
 
 def launcher_rbac(cfg: CtrConfig) -> list[dict]:
     """What the launcher needs to run PS jobs of ``cluster.backend`` in its namespace, and the exit handler to
-    delete what a run left (apply once): the launcher account, its Role and binding, and the account's token
-    Secret; then :func:`launcher_policy`, which limits its creates and deletes to PS job objects.
+    delete what a run left (apply once): the launcher account (no token Secret), its Role and binding, what lets
+    the steps request its tokens (:func:`token_requester`); then :func:`launcher_policy`, which limits its creates
+    and deletes to PS job objects.
 
     Every verb is scoped as far as Kubernetes lets it be: by name (``resourceNames``) where the name is known
     before the run (the InferenceService); by the admission policy's label rule for deletes; create and the reads
@@ -98,14 +116,12 @@ def launcher_rbac(cfg: CtrConfig) -> list[dict]:
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace},
          "automountServiceAccountToken": False},
-        {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
-         "metadata": {"name": launcher_token_secret(cfg.cluster), "namespace": namespace,
-                      "annotations": {"kubernetes.io/service-account.name": account}}},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
          "metadata": {"name": ROLE_NAME, "namespace": namespace}, "rules": rules},
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
          "metadata": {"name": ROLE_NAME, "namespace": namespace},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ROLE_NAME},
          "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
+        *token_requester(cfg),
         *launcher_policy(cfg),
     ]

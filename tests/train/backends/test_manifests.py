@@ -433,10 +433,13 @@ def test_the_readiness_probe_passes_exactly_when_the_store_listens(prod):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rbac_grants_the_launcher_the_kinds_of_its_backend_only(prod, backend):
     cfg = prod(f"cluster.backend={backend}")
-    account, token, role, binding, _, _ = rbac.launcher_rbac(cfg)
+    account, role, binding, token_role, token_binding, _, _ = rbac.launcher_rbac(cfg)
     assert (account["kind"], account["metadata"]["name"]) == ("ServiceAccount", "ctr-ps-launcher")
-    assert token["type"] == "kubernetes.io/service-account-token"
-    assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "ctr-ps-launcher"}
+    # No token Secret: the run's account may request short-lived tokens of the launcher account, of no other.
+    assert token_role["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts/token"],
+                                    "resourceNames": ["ctr-ps-launcher"], "verbs": ["create"]}]
+    assert token_binding["subjects"] == [{"kind": "ServiceAccount", "name": "default-editor", "namespace": "kubeflow"}]
+    assert token_binding["roleRef"]["name"] == token_role["metadata"]["name"]
     granted = {(group, resource) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"]}
     kinds = {obj["kind"] for obj in _objects(cfg)}
@@ -460,18 +463,19 @@ def test_the_launcher_role_has_no_unscoped_verb(prod, backend, deploy):
     """Each verb is limited to names (resourceNames), or a delete limited by the admission policy to objects
     labelled as a PS job's, or one Kubernetes cannot limit (create: no name yet; reads: names made per run)."""
     cfg = prod(f"cluster.backend={backend}", f"cluster.serving.deploy={str(deploy).lower()}")
-    objects = {obj["kind"]: obj for obj in rbac.launcher_rbac(cfg)}
+    documents = rbac.launcher_rbac(cfg)
+    objects = {obj["kind"]: obj for obj in documents if obj["metadata"]["name"] != rbac.TOKEN_ROLE_NAME}
     policy, binding = objects["ValidatingAdmissionPolicy"], objects["ValidatingAdmissionPolicyBinding"]
     guarded = {(group, resource) for rule in policy["spec"]["matchConstraints"]["resourceRules"]
                if {"CREATE", "DELETE"} <= set(rule["operations"])
                for group in rule["apiGroups"] for resource in rule["resources"]}
-    for rule in objects["Role"]["rules"]:
+    for rule in [rule for obj in documents if obj["kind"] == "Role" for rule in obj["rules"]]:
         if rule.get("resourceNames"):
             continue
         for verb in set(rule["verbs"]) - rbac.UNNAMED_VERBS:
             assert verb == "delete", rule  # no update, patch, deletecollection, escalate, bind, impersonate, "*"
             assert {(g, r) for g in rule["apiGroups"] for r in rule["resources"]} <= guarded, rule
-    assert "*" not in {v for rule in objects["Role"]["rules"] for v in rule["verbs"]}
+    assert "*" not in {v for obj in documents if obj["kind"] == "Role" for rule in obj["rules"] for v in rule["verbs"]}
     # The policy acts on the launcher account's requests, in its namespace, and denies.
     account = f"system:serviceaccount:kubeflow:{cfg.cluster.service_account}"
     assert policy["spec"]["matchConditions"] == [
