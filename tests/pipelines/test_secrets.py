@@ -72,3 +72,16 @@ def test_redact_blanks_url_user_info_and_credential_values(monkeypatch):
 def test_a_config_error_never_holds_the_password():
     err = ConfigError("checkpoint.uri", URL, "anything", f"hint quoting {URL}")
     assert CANARY not in str(err) and CANARY not in repr(err.value)
+
+
+@pytest.mark.slow
+def test_a_local_run_keeps_no_credential_of_its_environment(tmp_path):
+    """A whole tiny local run (data prep, a 2 + 2 PS job, evaluation, export) with credentials in its environment:
+    none of them reaches a file of the run directory or a line of the output."""
+    run_dir = tmp_path / "run"
+    proc = _cli(tmp_path, "experiment=tiny", f"hydra.run.dir={run_dir}",
+                env={"AWS_SECRET_ACCESS_KEY": CANARY, "CTR_STORE_API_TOKEN": CANARY + "-token"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (run_dir / "metrics.json").is_file() and (run_dir / "config.yaml").is_file()
+    assert CANARY not in proc.stderr + proc.stdout
+    assert _files_holding(tmp_path, CANARY) == []
