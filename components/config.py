@@ -10,6 +10,7 @@ sees exactly the same types as the driver.
 from __future__ import annotations
 
 import enum
+import ipaddress
 import math
 import re
 import uuid
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any, Optional
 
 from omegaconf import OmegaConf
+
+from components.redaction import redact, url_with_password
 
 
 def _vocabulary(name: str, values: list[str], doc: str) -> type[enum.Enum]:
@@ -198,6 +201,9 @@ class PsConfig:
     geo_k_steps: int = 100  # geo: local steps between delta pushes
     sync_batches: int = 16  # sync: batches per worker between global barriers
     host: str = "127.0.0.1"  # local backend: the address every role binds and dials
+    # The local backend's PS plane is plaintext and answers any peer: a ps.host other than loopback is refused
+    # unless this is true (then with one warning).
+    allow_external_bind: bool = False
     # Every role reports (progress, or a heartbeat) this often.
     progress_period_s: float = 5.0
     # How long the servers may take to come up (rendezvous store, PS ports) before the job fails.
@@ -406,7 +412,10 @@ class ClusterConfig:
     # No pod of the PS job running after this long (image pulls, scheduling) fails the step with the reasons.
     start_timeout_s: float = 1800.0
     paddle_port: int = 36000  # every PS pod listens here; server 0 serves the gloo store on port + 18
-    network_policy: bool = True  # admit the PS ports only from this job's pods
+    network_policy: bool = True  # the job's pods talk to each other, DNS and the store only (both directions)
+    # Where the pods may reach the store (CIDRs) when its URLs name no IP address (s3://bucket: the endpoint comes
+    # from the storage secret). The cloud metadata address 169.254.169.254 stays blocked whatever is listed.
+    store_egress: list[str] = field(default_factory=lambda: ["0.0.0.0/0"])
     mesh_encryption: bool = False  # opt in to Istio ambient mode (ztunnel mTLS, no sidecars) for PS traffic
     run_as_user: int = 1000
     queue_name: Optional[str] = None  # a Kueue LocalQueue: the TrainJob or JobSet waits there for quota
@@ -437,9 +446,10 @@ class ConfigError(ValueError):
     """A config value that cannot work: names the key, the value and what is allowed."""
 
     def __init__(self, key: str, value: Any, allowed: str, hint: str = ""):
-        self.key, self.value = key, value
-        message = f"config key '{key}' has value {value!r}; allowed: {allowed}"
-        super().__init__(message + (f". {hint}" if hint else ""))
+        # Redacted: a URL's password or a credential's value is never echoed (nor kept for a caller to print).
+        self.key, self.value = key, redact(value) if isinstance(value, str) else value
+        message = f"config key '{key}' has value {self.value!r}; allowed: {allowed}"
+        super().__init__(redact(message + (f". {hint}" if hint else "")))
 
 
 # Tells apart runs started in the same second: ``${run_token:}`` in conf/config.yaml's run and sweep directories.
@@ -522,6 +532,7 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     ``check_storage=False`` skips listing ``data.uri``: a driver submitting to Kubeflow may hold no
     credentials for the cluster's storage; the run's first step checks it with the cluster's.
     """
+    _refuse_url_passwords(cfg)
     for key in ("ps.servers", "ps.workers", "ps.threads", "ps.batch_size", "ps.epochs",
                 "table.embedding_dim", "table.vocab_size", "table.learning_rate",
                 "model.learning_rate", "data.shards_per_worker", "data.prep_parallelism", "ps.patience",
@@ -624,6 +635,17 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
         raise ConfigError("eval.min_auc", cfg.eval.min_auc, "an AUC in [0, 1] (0: always export)")
     check_eval_slots(cfg.eval, slots_before_prep(cfg.data))
     _validate_cluster(cfg)
+
+
+def _refuse_url_passwords(cfg: CtrConfig) -> None:
+    """No ``user:password@`` in any value: the config is printed, kept in the run directory, compiled into the
+    pipeline and passed to every step and pod, so a password in it would be everywhere."""
+    found = next(url_with_password(to_dict(cfg)), None)
+    if found is not None:
+        raise ConfigError(*found, "a URL without a password (user:password@)",
+                          "the config is stored with the run and in the pipeline: give the store's credentials in "
+                          "the environment (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, fsspec's "
+                          "FSSPEC_<PROTOCOL>_<OPTION>) and, on Kubeflow, as cluster.storage_secrets")
 
 
 # The sparse slots of synthetic data and of the two Criteo formats (components.data_prep.formats.CRITEO_SLOTS,
@@ -889,6 +911,12 @@ def _validate_cluster(cfg: CtrConfig) -> None:
     if cluster.queue_name is not None and cluster.backend.value not in KUEUE_BACKENDS:
         raise ConfigError("cluster.queue_name", cluster.queue_name, f"null with backend={cluster.backend.value}",
                           f"Kueue queues {' and '.join(KUEUE_BACKENDS)} jobs, not PaddleFlow's PaddleJob")
+    for i, cidr in enumerate(cluster.store_egress):
+        try:
+            ipaddress.ip_network(cidr)
+        except ValueError:
+            raise ConfigError(f"cluster.store_egress[{i}]", cidr, "a CIDR such as 10.0.0.0/8 or 0.0.0.0/0 (host bits "
+                              "zero)", "the pods may reach the store only at these addresses") from None
     for i, secret in enumerate(cluster.storage_secrets):
         if not secret.name or not secret.keys:
             raise ConfigError(f"cluster.storage_secrets[{i}]", {"name": secret.name, "keys": dict(secret.keys)},

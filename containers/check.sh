@@ -44,17 +44,20 @@ fail() { printf '\ncontainers FAILED: %s\n' "$*" >&2; exit 1; }
 since() { echo $(( $(date +%s) - $1 )); }
 record() { printf '%s=%s\n' "$1" "$2" >> "$WORK/measurements.env"; }
 
+# The compose file's networks (components/train/backends/docker_compose.py compose_networks), as podman names them.
+project_networks() { printf '%s\n' "${PROJECT}_job" "${PROJECT}_serving" "${PROJECT}_store"; }
+
 project_down() {
     podman-compose -p "$PROJECT" -f "$COMPOSE" down -v -t 5 > "$LOGS/down.log" 2>&1 || true
-    # podman-compose 1.0 removes containers and (with -v) volumes, but leaves the project network.
-    podman network rm -f "${PROJECT}_default" >> "$LOGS/down.log" 2>&1 || true
+    # podman-compose 1.0 removes containers and (with -v) volumes, but leaves the project's networks.
+    project_networks | xargs podman network rm -f >> "$LOGS/down.log" 2>&1 || true
 }
 
 assert_nothing_left() {
     local left
     left=$(podman ps -a --filter "label=io.podman.compose.project=$PROJECT" --format '{{.Names}}')
     left+=$(podman volume ls --filter "label=io.podman.compose.project=$PROJECT" --format ' volume {{.Name}}')
-    left+=$(podman network ls --format '{{.Name}}' | grep -x "${PROJECT}_default" | sed 's/^/ network /' || true)
+    left+=$(podman network ls --format '{{.Name}}' | grep -xF "$(project_networks)" | sed 's/^/ network /' || true)
     [ -z "$left" ] || fail "down left behind:$left"
     echo "down: no container, volume or network of $PROJECT left"
 }
@@ -62,7 +65,7 @@ assert_nothing_left() {
 sweep() {  # whatever an interrupted earlier run left, found by the project's labels and names
     podman ps -aq --filter "label=io.podman.compose.project=$PROJECT" | xargs -r podman rm -f > /dev/null
     podman volume ls -q --filter "label=io.podman.compose.project=$PROJECT" | xargs -r podman volume rm > /dev/null
-    podman network rm -f "${PROJECT}_default" > /dev/null 2>&1 || true
+    project_networks | xargs podman network rm -f > /dev/null 2>&1 || true
 }
 
 cleanup() {

@@ -18,8 +18,8 @@ them: this runs the job. Every container's output is printed as it comes, prefix
 non-zero, fails its healthcheck, or the whole run exceeds ``--timeout``, the running containers are stopped and
 the script says what failed, where, and how long the others took to stop. Exit status: 0 when every service
 exited 0, 1 otherwise. Needs only the standard library and PyYAML (a dependency of podman-compose). Remove the
-project afterwards with ``podman-compose -p PROJECT -f FILE down -v`` and ``podman network rm PROJECT_default``
-(podman-compose 1.0 leaves the network behind).
+project afterwards with ``podman-compose -p PROJECT -f FILE down -v`` and ``podman network rm PROJECT_job
+PROJECT_serving PROJECT_store`` (podman-compose 1.0 leaves the networks behind).
 """
 
 from __future__ import annotations

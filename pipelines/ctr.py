@@ -46,7 +46,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # The data and a resume target in the cluster's storage are checked by the run's first step, which
     # holds the cluster's credentials; this machine may have none.
     validate(typed, check_storage=not on_kubeflow)
-    check_local_host(typed)
+    exposed = check_local_host(typed)
+    if exposed:
+        print(exposed, flush=True)
     check_local_workers_device(typed)
     check_network(typed)
     if typed.plan:

@@ -20,6 +20,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Optional
 
+from components.redaction import redact
+
 if TYPE_CHECKING:
     from pipelines.local import PipelineRunError
 
@@ -122,7 +124,7 @@ def reported_in_one_line() -> Iterator[None]:
         if found is None:
             raise
         status, message = found
-        print(f"error: {message}", file=sys.stderr, flush=True)
+        print(f"error: {redact(message)}", file=sys.stderr, flush=True)
         raise SystemExit(status) from None
 
 

@@ -149,7 +149,10 @@ def write_run_files(cfg: CtrConfig, run_dir: Path) -> Path:
     pipeline_path = Path(compile_pipeline(cfg, run_dir / PIPELINE_FILE))
     (run_dir / CONFIG_FILE).write_text(OmegaConf.to_yaml(OmegaConf.create(to_dict(compiled_config(cfg)))))
     (run_dir / "k8s").mkdir(exist_ok=True)
-    (run_dir / RBAC_FILE).write_text(yaml.dump_all(launcher_rbac(cfg), Dumper=_PlainDumper, sort_keys=False))
+    header = (f"# The launcher account and what it may do: kubectl apply -f {RBAC_FILE}, once per namespace. The last\n"
+              "# two documents are cluster-scoped (a cluster admin applies them; Kubernetes >= 1.30): an admission\n"
+              "# policy that lets the account create and delete PS job objects only, which RBAC cannot say.\n")
+    (run_dir / RBAC_FILE).write_text(header + yaml.dump_all(launcher_rbac(cfg), Dumper=_PlainDumper, sort_keys=False))
     header = (f"# The objects the train step creates (cluster.backend={cfg.cluster.backend.value}), for review: e.g.\n"
               f"#   kubectl apply --dry-run=server -f {PS_JOB_FILE}\n"
               f"# A run differs in what only it decides: the name ({REVIEW_NAME} here, <run>-<random> in a run), the\n"

@@ -39,9 +39,8 @@ from components.export.component import export_model
 from components.export.signing import AUTO, SECRET_MOUNT
 from components.resolve.component import resolve_config
 from components.resolve.step import RUN_PARAMETERS, config_struct, day_gated, run_parameters
-from components.train.backends.manifests import (KFP_RUN_LABEL, KFP_WORKFLOW_LABEL, LAUNCHER_TOKEN_DIR,
+from components.train.backends.manifests import (KFP_RUN_LABEL, KFP_WORKFLOW_LABEL, LAUNCHER_ACCOUNT_ENV,
                                                  PIPELINE_RUN_ENV, PIPELINE_RUN_NAME_ENV)
-from components.train.backends.rbac import launcher_token_secret
 from components.train.component import train
 
 PIPELINE_NAME = "ctr-ps-training"
@@ -91,8 +90,8 @@ LAUNCHER_POD_FIELDS = {"POD_NAME": "metadata.name", "POD_UID": "metadata.uid", "
                        PIPELINE_RUN_NAME_ENV: f"metadata.labels['{KFP_WORKFLOW_LABEL}']"}
 LAUNCHER_TASKS = ("train", EXIT_TASK)
 # The deploy step acts as the launcher account too, in its own pod's namespace; it owns and labels nothing (the
-# InferenceService outlives the run).
-DEPLOY_POD_FIELDS = {"POD_NAMESPACE": "metadata.namespace"}
+# InferenceService outlives the run): its pod's name and uid only bind the launcher tokens it requests.
+DEPLOY_POD_FIELDS = {"POD_NAME": "metadata.name", "POD_UID": "metadata.uid", "POD_NAMESPACE": "metadata.namespace"}
 
 # Pipeline outputs: what a local run copies into its run directory. The serving model is not one: the AUC gate
 # may skip its export (pipelines.local finds it when it was made).
@@ -282,13 +281,13 @@ def add_kubernetes_settings(cluster: ClusterConfig, tasks: dict) -> None:
 def add_launcher_access(cluster: ClusterConfig, task, pod_fields: dict[str, str] = LAUNCHER_POD_FIELDS) -> None:
     """What a task that acts on PS jobs (or the InferenceService) needs: what it reads of its own pod
     (``pod_fields``, env name -> field path: :data:`LAUNCHER_POD_FIELDS`, its pod's identity and run) and, mounted
-    into it alone, the token of the account that may create and delete PS jobs (the run's pods run as
-    ``cluster.pipeline_service_account``, which may not)."""
+    into it alone, the name of the account that may create and delete PS jobs, whose short-lived tokens it
+    requests (the run's pods run as ``cluster.pipeline_service_account``, which may not act on PS jobs itself)."""
     from kfp import kubernetes
 
     for env, field_path in pod_fields.items():
         kubernetes.use_field_path_as_env(task, env_name=env, field_path=field_path)
-    kubernetes.use_secret_as_volume(task, secret_name=launcher_token_secret(cluster), mount_path=LAUNCHER_TOKEN_DIR)
+    task.set_env_variable(LAUNCHER_ACCOUNT_ENV, cluster.service_account)
 
 
 def compile_pipeline(cfg: CtrConfig, path: str | os.PathLike) -> str:

@@ -30,6 +30,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
 from components.config import is_remote_uri
+from components.redaction import redact
 
 ERROR_FILE = "error.txt"
 JOBS_FILE = "jobs.jsonl"
@@ -107,10 +108,10 @@ def _job_record(job_return: JobReturn, seconds: float) -> dict:
     metrics = json.loads(metrics_file.read_text()) if status == "completed" and metrics_file.exists() else {}
     run_file = job_dir / "kubeflow_run.json"
     kubeflow = json.loads(run_file.read_text()) if run_file.exists() else {}
-    return {"job": int(hydra.job.num), "status": status, "overrides": list(job_return.overrides or []),
+    return {"job": int(hydra.job.num), "status": status, "overrides": [redact(o) for o in job_return.overrides or []],
             "objective": None if objective is None or not math.isfinite(objective) else float(objective),
             "metrics": {k: metrics[k] for k in METRIC_COLUMNS if metrics.get(k) is not None},
-            "seconds": round(seconds, 1), "dir": str(job_dir), "error": error.splitlines()[0] if error else "",
+            "seconds": round(seconds, 1), "dir": str(job_dir), "error": redact(error.splitlines()[0]) if error else "",
             "kubeflow_run_id": kubeflow.get("run_id", ""), "kubeflow_url": kubeflow.get("url", "")}
 
 

@@ -16,7 +16,7 @@ PACKAGES = ("components", "pipelines")
 ORCHESTRATION = {"kfp", "kubernetes"}
 # What the PS side may import of this project: itself and the layers below it.
 PS_SIDE = "components.ps"
-BELOW_PS = ("components.config", "components.days", "components.checkpoint", "components.data_prep",
+BELOW_PS = ("components.config", "components.redaction", "components.days", "components.checkpoint", "components.data_prep",
             "components.metrics")
 
 

@@ -51,6 +51,7 @@ from typing import Any, Callable, Iterable
 
 from components.checkpoint.format import (MANIFEST, MODEL_META, CheckpointError, checkpoint_file,
                                           file_digest)
+from components.redaction import redact
 from components.safe_paths import UnsafePathError, check_rel
 
 log = logging.getLogger(__name__)
@@ -159,37 +160,6 @@ _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirecto
 _PERMANENT_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
 # No credentials found (botocore): an S3 store the environment holds no keys for.
 _NO_CREDENTIALS = _no_credentials_types()
-_SECRET_NAME = re.compile(r"secret|token|passw|credential|access_key|accesskey|api_key|apikey|private|^key$",
-                          re.IGNORECASE)
-_URL_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*://)[^/@\s]+@")
-
-
-def _secret_values(storage_options: dict | None) -> list[str]:
-    values = [v for k, v in os.environ.items() if _SECRET_NAME.search(k) and len(v) >= 6]
-
-    def walk(options: Any) -> None:
-        if isinstance(options, dict):
-            for k, v in options.items():
-                if isinstance(v, (dict, list, tuple)):
-                    walk(v)
-                elif isinstance(v, str) and _SECRET_NAME.search(str(k)) and len(v) >= 4:
-                    values.append(v)
-        elif isinstance(options, (list, tuple)):
-            for v in options:
-                walk(v)
-
-    walk(storage_options or {})
-    return sorted(set(values), key=len, reverse=True)
-
-
-def redact(text: str, storage_options: dict | None = None) -> str:
-    """``text`` without credential values (from the environment or ``storage_options``) or URL passwords."""
-    text = _URL_USERINFO.sub(r"\1***@", str(text))
-    for secret in _secret_values(storage_options):
-        text = text.replace(secret, "***")
-    return text
-
-
 def _reason(exc: BaseException) -> str:
     message = str(exc).strip()
     if isinstance(exc, OSError) and exc.errno in errno.errorcode:  # the symbol people search for: ENOSPC, EACCES

@@ -24,7 +24,7 @@ from components.config import CtrConfig
 from components.export.serve_command import PUBLIC_KEY_ENV, READY_PATH, SERVING_PORT, serve_command
 from components.export.store import export_store_uri
 from components.train.backends.manifests import (CONTAINER_SECURITY_CONTEXT, INFERENCE_SERVICES, KSERVE_API, SCRATCH,
-                                                 storage_secret_env)
+                                                 TMP, storage_secret_env)
 from components.train.process_plan import compile_time_plan, step_memory
 
 SERVING_API, PLURAL, KIND = KSERVE_API, INFERENCE_SERVICES, "InferenceService"
@@ -33,7 +33,6 @@ PORT_NAME = "http1"
 # Where the serving container finds the export signing key (as the export step mounts the same Secret).
 SIGNING_KEY_DIR = "/var/run/secrets/ctr-export-signing"
 PUBLIC_KEY_ITEM = "key.pub"
-TMP = "/tmp"
 COMPONENT_LABEL = "serving"
 # A new replica loads the export before it is Ready (a base's shards from the store): give it time before the
 # kubelet's probe counts failures.
@@ -69,8 +68,8 @@ def serving_container(cfg: CtrConfig) -> dict:
         "ports": [{"name": PORT_NAME, "containerPort": SERVING_PORT, "protocol": "TCP"}],
         "readinessProbe": {"httpGet": {"path": READY_PATH, "port": SERVING_PORT}, **READY_PROBE},
         "resources": _resources(cfg),
-        "securityContext": {**CONTAINER_SECURITY_CONTEXT, "readOnlyRootFilesystem": True, "runAsNonRoot": True,
-                            "runAsUser": uid, "runAsGroup": uid, "seccompProfile": {"type": "RuntimeDefault"}},
+        "securityContext": {**CONTAINER_SECURITY_CONTEXT, "runAsNonRoot": True, "runAsUser": uid, "runAsGroup": uid,
+                            "seccompProfile": {"type": "RuntimeDefault"}},
         "volumeMounts": [{"name": "signing-key", "mountPath": SIGNING_KEY_DIR, "readOnly": True},
                          {"name": "scratch", "mountPath": SCRATCH}, {"name": "tmp", "mountPath": TMP}],
     }

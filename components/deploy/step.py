@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional
 
 from kubernetes.client.exceptions import ApiException
 
-from components.checkpoint.store import redact
+from components.redaction import redact
 from components.config import CtrConfig, from_dict
 from components.deploy.inference_service import KIND, PLURAL, SERVING_API, inference_service
 from components.export.store import export_store_uri

@@ -23,7 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from components.checkpoint.store import redact
+from components.redaction import redact
 from components.config import CtrConfig
 from components.export.manifest import (MANIFEST, SIGNATURE, ServingModelError, check_replaceable, local_file,
                                         store_rel, swap_in)

@@ -10,9 +10,10 @@ Paddle 2.6.2 binds two kinds of sockets of its own choosing:
   machine's host name resolves to (on many machines the LAN address). It is given the interface that holds
   ``POD_IP``'s address instead.
 
-The brpc PS servers bind ``POD_IP:PADDLE_PORT`` themselves. A host that does not resolve to an address of the
-machine leaves Paddle's choice in place (a pod's own DNS name before it is published), so a job starts
-wherever it did before; on Kubernetes the NetworkPolicy admits only the job's own pods anyway.
+The brpc PS servers bind ``POD_IP:PADDLE_PORT`` themselves. Nothing falls back to every interface: a store host
+that does not resolve yet (a pod's own DNS name before its headless service publishes it) is waited for, up to
+:data:`RESOLVE_TIMEOUT_S`, and then fails the process naming the host. A transport interface that cannot be found
+leaves Paddle's choice, the one address the machine's host name resolves to.
 """
 
 from __future__ import annotations
@@ -22,9 +23,12 @@ import ipaddress
 import os
 import socket
 import struct
+import time
 from typing import Optional
 
 _SIOCGIFADDR = 0x8915
+# How long server 0 waits for its own DNS name to resolve before its rendezvous store gives up.
+RESOLVE_TIMEOUT_S = 60.0
 
 
 def _interface_address(name: str) -> Optional[str]:
@@ -51,6 +55,20 @@ def interface_of(host: str) -> Optional[str]:
     return None
 
 
+def resolved_own_host(host: str, timeout_s: float = RESOLVE_TIMEOUT_S, poll_s: float = 1.0) -> str:
+    """``host``'s address once it resolves (a pod's DNS name is published a moment after the pod starts); an
+    OSError naming it after ``timeout_s``, rather than listening on every interface."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return socket.gethostbyname(host)
+        except OSError as err:
+            if time.monotonic() >= deadline:
+                raise OSError(f"the rendezvous store's host {host!r} (PADDLE_GLOO_HTTP_ENDPOINT) did not resolve "
+                              f"within {timeout_s:.0f}s ({err}); it is not bound to every interface instead") from None
+            time.sleep(poll_s)
+
+
 def bind_to_own_host() -> None:
     """Patch Paddle (before ``fleet.init``) so its gloo store and transport bind this process's host."""
     from paddle.distributed.fleet.base import role_maker
@@ -59,13 +77,8 @@ def bind_to_own_host() -> None:
     store_host = os.environ.get("PADDLE_GLOO_HTTP_ENDPOINT", "").rpartition(":")[0]
     if store_host:
         def server_bind(self, _host=store_host):
-            port = self.server_address[1]  # KVHTTPServer passes ('', port)
-            try:
-                self.server_address = (_host, port)
-                http_server.HTTPServer.server_bind(self)
-            except OSError:  # a pod whose own DNS name does not resolve yet: every interface, as Paddle does
-                self.server_address = ("", port)
-                http_server.HTTPServer.server_bind(self)
+            self.server_address = (resolved_own_host(_host), self.server_address[1])  # Paddle passes ('', port)
+            http_server.HTTPServer.server_bind(self)
 
         http_server.KVHTTPServer.server_bind = server_bind
     iface = interface_of(os.environ.get("POD_IP", ""))

@@ -42,7 +42,8 @@ import numpy as np
 
 from components.checkpoint.format import TABLES
 from components.checkpoint.protocol import JOB_STORE_RETRIES
-from components.checkpoint.store import CheckpointStore, CheckpointStoreError, redact
+from components.checkpoint.store import CheckpointStore, CheckpointStoreError
+from components.redaction import redact
 from components.ps.contract import PROGRESS, emit
 from components.ps.liveness import Heartbeat, brpc_answers, die_with_parent
 

@@ -90,7 +90,8 @@ def check_checkpoint_store(cfg: CtrConfig, probe: bool = True) -> CtrConfig:
     from components.checkpoint.format import CheckpointError
     from components.checkpoint.lease import in_use_message, live_holder
     from components.checkpoint.restore import restore_target, warning
-    from components.checkpoint.store import CheckpointStore, CheckpointStoreError, redact
+    from components.checkpoint.store import CheckpointStore, CheckpointStoreError
+    from components.redaction import redact
 
     uri = cfg.checkpoint.uri
     try:
@@ -128,22 +129,33 @@ def pinned(cfg: CtrConfig, target: Any) -> CtrConfig:
     return dataclasses.replace(cfg, checkpoint=checkpoint)
 
 
-def check_local_host(cfg: CtrConfig) -> None:
-    """The local backend's ``ps.host`` is an address of this machine: every role binds it (a ConfigError now, not
-    an OSError in the train step after data prep)."""
+def check_local_host(cfg: CtrConfig) -> Optional[str]:
+    """The local backend's ``ps.host`` is an address of this machine (every role binds it: a ConfigError now, not
+    an OSError in the train step after data prep), and a loopback one unless ``ps.allow_external_bind``: the PS
+    plane is plaintext and answers any peer that reaches it (docs/security.md). Returns the warning to print once
+    (the driver does) when an external address is allowed, else None."""
+    import ipaddress
     import socket
 
     if cfg.cluster.backend is not ClusterBackend.local:
-        return
+        return None
     host = cfg.ps.host
     try:
-        family = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]
+        family, _, _, _, address = socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0]
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
     except OSError as err:
         reason = err.strerror or str(err)
         raise ConfigError("ps.host", host, "an address of this machine (127.0.0.1, or one of its interfaces')",
                           f"the local backend's servers and workers cannot listen on it: {reason}") from None
+    if ipaddress.ip_address(address[0]).is_loopback:
+        return None
+    exposure = (f"every role's plaintext PS, worker and rendezvous ports listen on {address[0]}, open to any "
+                "peer that reaches it (brpc takes table commands such as PS_STOP_SERVER from anyone connected)")
+    if not cfg.ps.allow_external_bind:
+        raise ConfigError("ps.host", host, "a loopback address (127.0.0.1) unless ps.allow_external_bind=true",
+                          f"{exposure}; keep 127.0.0.1, or set ps.allow_external_bind=true on a trusted network")
+    return f"warning: ps.host={host}: {exposure} (ps.allow_external_bind=true)"
 
 
 def check_passes_left(cfg: CtrConfig, store: Any, ckpt_id: str) -> None:

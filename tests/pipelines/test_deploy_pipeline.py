@@ -35,8 +35,9 @@ def test_deploy_model_follows_the_export_inside_the_auc_gate_as_the_launcher(tmp
     executors = documents[1]["platforms"]["kubernetes"]["deploymentSpec"]["executors"]
     platform = executors[f"exec-{DEPLOY_TASK}"]
     assert {f["name"]: f["fieldPath"] for f in platform["fieldPathAsEnv"]} == DEPLOY_POD_FIELDS
-    assert [(v["secretName"], v["mountPath"]) for v in platform["secretAsVolume"]] == [
-        ("ctr-ps-launcher-token", manifests.LAUNCHER_TOKEN_DIR)]
+    assert "secretAsVolume" not in platform  # it requests the launcher account's tokens: none is mounted
+    env = documents[0]["deploymentSpec"]["executors"][f"exec-{DEPLOY_TASK}"]["container"]["env"]
+    assert {"name": manifests.LAUNCHER_ACCOUNT_ENV, "value": "ctr-ps-launcher"} in env
     assert "secretAsEnv" not in platform  # it reads no storage; the InferenceService's pods have their references
 
     role = next(obj for obj in yaml.safe_load_all((out / RBAC_FILE).read_text()) if obj["kind"] == "Role")

@@ -70,6 +70,8 @@ CASES = {
         ["'model.network' has value 'no_such_package.nets:network'", "cannot import 'no_such_package.nets'"]),
     "dense adagrad outside geo": (lambda tmp: ["model.optimizer=adagrad"],
                                   ["'model.optimizer' has value 'adagrad'", "only with ps.mode=geo"]),
+    "ps.host on every interface": (lambda tmp: ["ps.host=0.0.0.0"],
+                                   ["'ps.host' has value '0.0.0.0'", "a loopback address", "allow_external_bind"]),
     "cluster": (lambda tmp: ["+cluster=prod", "checkpoint.uri=s3://bucket/ctr"],
                 ["'cluster.host'", "cluster.submit=false"]),
 }

@@ -135,11 +135,14 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
         assert [secret.secret_name for secret in k8s.image_pull_secret] == ["regcred"]
         pod_fields = {f.name: f.field_path for f in k8s.field_path_as_env}
         assert pod_fields == (LAUNCHER_POD_FIELDS if name in launchers else {}), name
-        # Only the train step and the clean-up carry the token of the account that may create and delete PS jobs.
+        # Only the train step and the clean-up request tokens of the account that may create and delete PS jobs (no
+        # token Secret is mounted anywhere); the export step alone carries the key that signs serving.json
+        # (export.signing_key=auto on Kubeflow).
         volumes = [(v.secret_name, v.mount_path) for v in k8s.secret_as_volume]
-        # The export step alone carries the key that signs serving.json (export.signing_key=auto on Kubeflow).
-        assert volumes == ([("ctr-ps-launcher-token", manifests.LAUNCHER_TOKEN_DIR)] if name in launchers else
-                           [("ctr-export-signing", SECRET_MOUNT)] if name == "exec-export-model" else []), name
+        assert volumes == ([("ctr-export-signing", SECRET_MOUNT)] if name == "exec-export-model" else []), name
+        env = {e["name"]: e["value"] for e in documents[0]["deploymentSpec"]["executors"][name]["container"].get(
+            "env", [])}
+        assert env.get(manifests.LAUNCHER_ACCOUNT_ENV) == ("ctr-ps-launcher" if name in launchers else None), name
 
     # The PS job objects written for review: its pods opt out of sidecars and pull with the secrets.
     runtime, trainjob = [obj for obj in yaml.safe_load_all(ps_job_text) if obj["kind"] != "NetworkPolicy"]
@@ -366,7 +369,7 @@ def test_cli_compiles_without_submitting(tmp_path):
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["cluster"]["runner"] == "kubeflow" and config["checkpoint"]["uri"] == "s3://bucket/x"
     kinds = {doc["kind"] for doc in yaml.safe_load_all((run_dir / "k8s/rbac.yaml").read_text())}
-    assert {"ServiceAccount", "Secret", "Role", "RoleBinding"} <= kinds
+    assert {"ServiceAccount", "Role", "RoleBinding", "ValidatingAdmissionPolicy"} <= kinds and "Secret" not in kinds
     assert [doc["kind"] for doc in yaml.safe_load_all((run_dir / "k8s/ps-job.yaml").read_text())] == \
         ["NetworkPolicy", "JobSet"]
     # Nothing ran here: no PS process, no kfp.local artifacts, no submission record.
@@ -399,8 +402,9 @@ def test_cli_writes_a_trainjob_to_review_that_trainer_would_accept(tmp_path):
     jobset = trainjob_jobset(objects["TrainingRuntime"], objects["TrainJob"])
     jsonschema.validate(jobset, schema("jobset.x-k8s.io_jobsets.yaml"))
     assert objects["TrainJob"]["spec"]["trainer"]["numNodes"] == 2
-    rbac = {doc["kind"]: doc for doc in yaml.safe_load_all((run_dir / "k8s/rbac.yaml").read_text())}
-    assert {"trainjobs", "trainingruntimes"} <= set(rbac["Role"]["rules"][0]["resources"])
+    rbac = {(doc["kind"], doc["metadata"]["name"]): doc
+            for doc in yaml.safe_load_all((run_dir / "k8s/rbac.yaml").read_text())}
+    assert {"trainjobs", "trainingruntimes"} <= set(rbac["Role", "ctr-ps-launcher"]["rules"][0]["resources"])
 
 
 def test_cli_reports_an_unreachable_host_in_one_line(tmp_path):

@@ -48,6 +48,7 @@ EXPORT_MOUNT = "/serving"  # the export store, written by `export`, read by `ser
 # components/export/signing.py under HOME, /scratch): a volume, so that `serving` verifies with `export`'s key.
 SIGNING_MOUNT = "/scratch/.config/paddle-ps-pipelines/export-signing"
 SERVING_PROFILE = "serving"  # the services that serve: started by `--profile serving` only (they do not end)
+JOB_NETWORK, STORE_NETWORK, SERVING_NETWORK = "job", "store", "serving"  # compose_networks
 SPEC_MOUNT = "/etc/ctr-ps/job-spec.json"
 # A sub-directory, not the mount itself: data prep stages a sibling directory and renames it into place.
 DATA_DIR = f"{DATA_MOUNT}/dataset"
@@ -128,9 +129,11 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> 
     credentials = {name: None for secret in cfg.cluster.storage_secrets for name in secret.keys}
     store = [f"checkpoints:{CHECKPOINT_MOUNT}"] if _local_path(cfg.checkpoint.uri) is not None else []
     spec_volume = f"./{spec_file}:{SPEC_MOUNT}:ro"
+    networks = compose_networks(cfg)
+    job_networks = [name for name in networks if name != SERVING_NETWORK]
 
     def service(service_image: str, command: list[str], env: dict, volumes: list[str]) -> dict:
-        return {"image": service_image, "user": str(cfg.cluster.run_as_user),
+        return {"image": service_image, "user": str(cfg.cluster.run_as_user), "networks": list(job_networks),
                 # An init as PID 1 forwards `docker compose down`'s SIGTERM and reaps Paddle's helper processes.
                 "init": True,
                 "restart": "no",  # the job decides: a failed role fails the job
@@ -179,18 +182,33 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> 
                          [f"dataset:{DATA_MOUNT}:ro", *store, *exports, f"signing:{SIGNING_MOUNT}"])
         export["depends_on"] = {"evaluate": {"condition": "service_completed_successfully"}}
         services["export"] = export
-        services["serving"] = serving_service(cfg, image, credentials, [f"{v}:ro" for v in exports])
+        services["serving"] = serving_service(cfg, image, credentials, [f"{v}:ro" for v in exports],
+                                              [n for n in networks if n != JOB_NETWORK])
         for name in ("export", "serving"):
             services[name]["profiles"] = [SERVING_PROFILE]
         volumes.update({"exports": {}} if exports else {}, signing={})
-    return {"name": PROJECT, "services": services, "volumes": volumes}
+    if cfg.export.format is not ExportFormat.sharded:
+        del networks[SERVING_NETWORK]
+    return {"name": PROJECT, "services": services, "volumes": volumes, "networks": networks}
 
 
-def serving_service(cfg: CtrConfig, image: str, credentials: dict, exports: list[str]) -> dict:
+def compose_networks(cfg: CtrConfig) -> dict[str, dict]:
+    """The job's services talk on :data:`JOB_NETWORK`, an internal network (no route out of it, nothing published
+    on it): only the job reaches the job. Only a remote store (data, checkpoints, exports) adds
+    :data:`STORE_NETWORK`, a routed one, to reach it; the online server alone is on :data:`SERVING_NETWORK`, whose
+    port is published on the host's loopback (a port is not published from an internal network)."""
+    networks = {JOB_NETWORK: {"internal": True}, SERVING_NETWORK: {}}
+    if any(is_remote_uri(uri) for uri in (cfg.data.uri, cfg.checkpoint.uri, export_store_uri(cfg))):
+        networks[STORE_NETWORK] = {}
+    return networks
+
+
+def serving_service(cfg: CtrConfig, image: str, credentials: dict, exports: list[str], networks: list[str]) -> dict:
     """The online server on the export store (once ``export`` exited 0), on loopback only: the job's other
-    services publish nothing. It verifies the export with ``export``'s public key (the ``signing`` volume)."""
+    services publish nothing, and it is on none of their networks. It verifies the export with ``export``'s public
+    key (the ``signing`` volume)."""
     ready = f"http://127.0.0.1:{SERVING_PORT}{READY_PATH}"
-    return {"image": image, "user": str(cfg.cluster.run_as_user), "init": True, "restart": "no",
+    return {"image": image, "user": str(cfg.cluster.run_as_user), "networks": networks, "init": True, "restart": "no",
             "command": serve_command(export_store_uri(cfg), cfg.cluster.serving.name, host="0.0.0.0"),
             "environment": {PUBLIC_KEY_ENV: f"{SIGNING_MOUNT}/key.pub", **credentials},
             "volumes": [*exports, f"signing:{SIGNING_MOUNT}:ro"],

@@ -27,12 +27,13 @@ cluster (the ``DisruptionTarget`` condition: preemption, eviction, node drain); 
 ``failurePolicy.rules`` then fail the whole job for the first and restart it without using up
 ``cluster.max_restarts`` for the second. Any other failure restarts it and counts.
 
-Security and multi-user namespaces: pods run as non-root without privilege escalation or capabilities and
-without an API token; credentials arrive only as ``secretKeyRef`` variables; images are pinned by digest when
+Security and multi-user namespaces: pods run as non-root without privilege escalation or capabilities, on a
+read-only root filesystem (emptyDirs at the scratch directory and /tmp) and without an API token; credentials arrive only as ``secretKeyRef`` variables; images are pinned by digest when
 one is given and pulled with ``cluster.image_pull_secrets``; a NetworkPolicy admits TCP between the job's own
-pods only; the pods opt out of Istio sidecar injection (a sidecar keeps a Job's pod from completing) unless
-``cluster.mesh_encryption`` puts them in Istio's ambient mode (ztunnel mTLS without sidecars); a
-``cluster.queue_name`` puts the TrainJob or JobSet in a Kueue queue.
+pods only and lets them reach nothing but each other, the cluster DNS and the store
+(:mod:`~components.train.backends.network_policy`); the pods opt out of Istio sidecar injection (a sidecar keeps a
+Job's pod from completing) unless ``cluster.mesh_encryption`` puts them in Istio's ambient mode (ztunnel mTLS
+without sidecars); a ``cluster.queue_name`` puts the TrainJob or JobSet in a Kueue queue.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from typing import Optional
 from components.config import ClusterBackend, CtrConfig, PodConfig, to_dict
 from components.ps.contract import (CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, ClusterLayout, JobSpec, Role,
                                     host_layout, ready_probe_command, role_env)
+from components.train.backends.network_policy import policy_spec
 from components.train.job import PreparedJob, planned_config
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
@@ -77,7 +79,8 @@ TRAINER_REPLICATED_JOB = {Role.SERVER: "ps", Role.WORKER: TRAINER_NODE}
 # A TrainJob's pods name their hosts after the JobSet Trainer made for it (the TrainJob's name), read from the pod's
 # JobSet label into JOB_NAME_ENV: so one runtime serves TrainJobs of any name (the ClusterTrainingRuntime, a TrainJob
 # the kubeflow SDK names), not only the one the launcher names after its runtime.
-JOBSET_NAME_FIELD, JOB_NAME_ENV = "metadata.labels['jobset.sigs.k8s.io/jobset-name']", "PS_JOB_NAME"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"  # JobSet sets it on every pod (under a TrainJob: its name)
+JOBSET_NAME_FIELD, JOB_NAME_ENV = f"metadata.labels['{JOBSET_NAME_LABEL}']", "PS_JOB_NAME"
 # The pod annotations JobSet (under a TrainJob too) and an Indexed Job set, read through the downward API.
 JOBSET_INDEX_FIELD = "metadata.annotations['jobset.sigs.k8s.io/job-index']"
 JOBSET_RESTART_FIELD = "metadata.annotations['jobset.sigs.k8s.io/restart-attempt']"
@@ -90,9 +93,9 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # (pkg/controller/job/pod_failure_policy.go), which JobSet's failurePolicy.rules match (RE2 patterns).
 CONFIG_ERROR_MESSAGE = f"failed with exit code {CONFIG_ERROR_EXIT} matching FailJob rule"
 DISRUPTION_MESSAGE = "has condition DisruptionTarget matching FailJob rule"
-# Where the train step finds the token of cluster.service_account (the launcher's; kfp.kubernetes mounts the
-# account's token Secret there): the step's pod runs as cluster.pipeline_service_account.
-LAUNCHER_TOKEN_DIR = "/var/run/secrets/ctr-ps-launcher"
+# The account (cluster.service_account) whose short-lived tokens a step that acts as the launcher requests with its
+# own pod's account (cluster.pipeline_service_account): components.train.backends.kubernetes.api.
+LAUNCHER_ACCOUNT_ENV = "CTR_PS_LAUNCHER_ACCOUNT"
 # Every object of a PS job carries the Kubeflow run that created it, so that the run's exit handler finds what a
 # cancelled or failed run left (components.train.backends.kubernetes.cleanup). KFP labels each pod of a run with
 # its run id (KFP_RUN_LABEL); the train step reads it from PIPELINE_RUN_ENV (set from that label, downward API).
@@ -211,7 +214,11 @@ def pod_security_context(cfg: CtrConfig) -> dict:
 
 
 CONTAINER_SECURITY_CONTEXT = {"allowPrivilegeEscalation": False, "privileged": False,
-                              "capabilities": {"drop": ["ALL"]}}
+                              "capabilities": {"drop": ["ALL"]}, "readOnlyRootFilesystem": True}
+# A PS container's writable places, each an emptyDir (the root filesystem is read-only): SCRATCH (HOME too: Paddle's
+# ~/.cache, matplotlib's ~/.config) and /tmp (Python's tempfile, glog's log files when not logging to stderr).
+TMP = "/tmp"
+WRITABLE_MOUNTS = {"scratch": SCRATCH, "tmp": TMP}
 
 
 def pod_labels(cfg: CtrConfig, name: str, role: Role) -> dict[str, str]:
@@ -248,7 +255,7 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
         "ports": ports,
         "resources": _resources(pods),
         "securityContext": CONTAINER_SECURITY_CONTEXT,
-        "volumeMounts": [{"name": "scratch", "mountPath": SCRATCH}],
+        "volumeMounts": [{"name": volume, "mountPath": path} for volume, path in WRITABLE_MOUNTS.items()],
         # A role that fails leaves no termination message; the end of its log (its error) becomes it.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
@@ -265,7 +272,7 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt:
         "automountServiceAccountToken": False,
         "securityContext": pod_security_context(cfg),
         "containers": [container],
-        "volumes": [{"name": "scratch", "emptyDir": {}}],
+        "volumes": [{"name": volume, "emptyDir": {}} for volume in WRITABLE_MOUNTS],
     }
     if cfg.cluster.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": secret} for secret in cfg.cluster.image_pull_secrets]
@@ -378,31 +385,30 @@ def paddlejob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: 
     }
 
 
-# Istio ambient's mTLS tunnel (HBONE): ztunnel carries the pods' traffic to this port of the receiving pod.
-HBONE_PORT = 15008
+def job_pod_selector(cfg: CtrConfig, name: str) -> dict[str, str]:
+    """The labels that select every pod of the job ``name``, as its controller sets them: JobSet's name label (a
+    TrainJob's JobSet has the TrainJob's name); paddle-operator labels each pod apart, so a PaddleJob's pods are
+    selected by the job label of their template (:func:`pod_labels`)."""
+    if cfg.cluster.backend is ClusterBackend.paddlejob:
+        return {JOB_LABEL: name}
+    return {JOBSET_NAME_LABEL: name}
 
 
-def network_policy(cfg: CtrConfig, name: str, namespace: str, owner: Optional[dict]) -> dict:
-    """The job's pods take TCP from each other on any port, and nothing from anyone else.
-
-    Any port, not only the PS and gloo ports: gloo's worker-to-worker transport listens on ephemeral ports
-    (34077 in one local run). With ``cluster.mesh_encryption`` the policy also admits Istio ambient's tunnel
-    port from anywhere, as Istio documents: ztunnel authenticates that traffic by mTLS identity.
-    """
-    ingress = [{"from": [{"podSelector": {"matchLabels": {JOB_LABEL: name}}}], "ports": [{"protocol": "TCP"}]}]
-    if cfg.cluster.mesh_encryption:
-        ingress.append({"ports": [{"protocol": "TCP", "port": HBONE_PORT}]})
-    return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
-        "metadata": _metadata(cfg, f"{name}-ps", namespace, owner),
-        "spec": {"podSelector": {"matchLabels": {JOB_LABEL: name}}, "policyTypes": ["Ingress"], "ingress": ingress},
-    }
+def network_policy(cfg: CtrConfig, name: str, namespace: str, owner: Optional[dict], store_uris: list[Optional[str]]
+                   ) -> dict:
+    """The job's NetworkPolicy (:func:`~components.train.backends.network_policy.policy_spec`) over the pods the
+    job's controller labels (:func:`job_pod_selector`)."""
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": _metadata(cfg, f"{name}-ps", namespace, owner),
+            "spec": policy_spec(cfg, job_pod_selector(cfg, name), store_uris)}
 
 
 def _job_objects(cfg: CtrConfig, spec_json: str, *, name: str, namespace: str, attempt: int,
-                 owner: Optional[dict]) -> list[dict]:
-    objects = [network_policy(cfg, name, namespace, owner)] if cfg.cluster.network_policy else []
+                 owner: Optional[dict], data_uri: str) -> list[dict]:
+    """``data_uri``: where the pods read the dataset (with ``checkpoint.uri`` and a warm start's store, what the
+    NetworkPolicy lets them reach)."""
+    store_uris = [data_uri, cfg.checkpoint.uri, cfg.checkpoint.warm_start]
+    objects = [network_policy(cfg, name, namespace, owner, store_uris)] if cfg.cluster.network_policy else []
     if cfg.cluster.backend is ClusterBackend.trainjob:
         objects += [training_runtime(cfg, name, namespace, spec_json, owner),
                     trainjob(cfg, name, namespace, spec_json, owner)]
@@ -421,7 +427,8 @@ def job_manifests(job: PreparedJob, *, name: str, namespace: str, data_uri: str,
     TrainJob running it, a JobSet or a PaddleJob. The job object (the one to follow) is the last. Each is
     labelled with ``pipeline_run`` (:data:`PIPELINE_RUN_LABEL`), the Kubeflow run creating it, if known."""
     spec_json = job.spec(data_uri, WORKDIR, STAGING).to_json()
-    objects = _job_objects(job.cfg, spec_json, name=name, namespace=namespace, attempt=attempt, owner=owner)
+    objects = _job_objects(job.cfg, spec_json, name=name, namespace=namespace, attempt=attempt, owner=owner,
+                           data_uri=data_uri)
     if pipeline_run:
         for obj in objects:
             obj["metadata"]["labels"][PIPELINE_RUN_LABEL] = pipeline_run
@@ -448,7 +455,8 @@ def review_manifests(cfg: CtrConfig, data_uri: str, name: str = REVIEW_NAME) -> 
     (read from the store when the step starts; none here) and the owner (the step's pod)."""
     spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=pod_data_uri(data_uri), workdir=WORKDIR,
                    staging_dir=STAGING)
-    return _job_objects(cfg, spec.to_json(), name=name, namespace=cfg.cluster.namespace, attempt=0, owner=None)
+    return _job_objects(cfg, spec.to_json(), name=name, namespace=cfg.cluster.namespace, attempt=0, owner=None,
+                        data_uri=spec.data_dir)
 
 
 def job_pods_selector(name: str) -> str:
@@ -463,7 +471,7 @@ def role_pod_selector(cfg: CtrConfig, name: str, role: Role, index: Optional[int
         if index is None:
             raise ValueError("paddle-operator labels each pod of a role apart: name its index")
         return f"paddle-res-name={name}-{rjob}-{index}"  # the operator's per-pod label
-    selector = f"jobset.sigs.k8s.io/jobset-name={name},jobset.sigs.k8s.io/replicatedjob-name={rjob}"
+    selector = f"{JOBSET_NAME_LABEL}={name},jobset.sigs.k8s.io/replicatedjob-name={rjob}"
     if index is None:
         return selector
     # Trainer's JobSet has the TrainJob's name and one Indexed Job per role: the pod's completion index is the role's.

@@ -217,7 +217,7 @@ def test_the_job_spec_is_one_file_every_service_mounts_read_only():
 
 def test_compose_document_structure():
     doc = yaml.safe_load(COMPOSE_YAML.read_text())
-    assert set(doc) == {"name", "services", "volumes"}
+    assert set(doc) == {"name", "services", "volumes", "networks"}
     services = doc["services"]
     assert list(services) == ["prep", "ps-0", "ps-1", "worker-0", "worker-1", "evaluate", "export", "serving"]
     for name, service in services.items():
@@ -234,9 +234,13 @@ def test_compose_document_structure():
             assert target in services and dependency["condition"] in DEPENDENCY_CONDITIONS, (name, target)
             if dependency["condition"] == "service_healthy":
                 assert services[target]["healthcheck"]["test"][0] == "CMD"
-    # The PS ports stay on the job's own network; only the online server is published, on loopback.
+    # The PS ports stay on the job's own network, internal (no route out); only the online server is published,
+    # on loopback, from a network of its own.
     assert {name: service["ports"] for name, service in services.items() if "ports" in service} == {
         "serving": ["127.0.0.1:8080:8080"]}
+    assert doc["networks"] == {"job": {"internal": True}, "serving": {}}
+    assert {name: service["networks"] for name, service in services.items()} == {
+        **{name: ["job"] for name in services if name != "serving"}, "serving": ["serving"]}
     assert services["ps-0"]["depends_on"] == {"prep": {"condition": "service_completed_successfully"}}
     assert services["worker-1"]["depends_on"] == {f"ps-{i}": {"condition": "service_healthy"} for i in range(2)}
     # Only a job whose every process exited 0 is evaluated.
@@ -244,6 +248,15 @@ def test_compose_document_structure():
         name: {"condition": "service_completed_successfully"} for name in ("ps-0", "ps-1", "worker-0", "worker-1")}
     assert mounts(services["evaluate"])[compose.DATA_MOUNT][1] == ["ro"]
     assert mounts(services["evaluate"])[compose.EVALUATION_MOUNT] == ("evaluation", [])
+
+
+def test_a_remote_store_adds_a_routed_network_to_reach_it_and_a_single_file_export_no_serving_one():
+    _, doc = generated("checkpoint.uri=s3://bucket/ckpt")
+    assert doc["networks"] == {"job": {"internal": True}, "serving": {}, "store": {}}
+    assert all(s["networks"] == (["serving", "store"] if name == "serving" else ["job", "store"])
+               for name, s in doc["services"].items())
+    _, doc = generated("export.format=single")
+    assert doc["networks"] == {"job": {"internal": True}} and "serving" not in doc["services"]
 
 
 def test_server_healthcheck_passes_only_while_the_ps_port_accepts_tcp():

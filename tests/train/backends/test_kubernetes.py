@@ -688,8 +688,13 @@ def _wait_for(condition: Callable[[], object], timeout_s: float = 10.0) -> None:
         threading.Event().wait(0.005)
 
 
-def test_clients_act_as_the_launcher_token_else_the_pods_account_else_the_kubeconfig(monkeypatch, tmp_path):
+def test_clients_act_as_the_launcher_account_through_short_lived_tokens_else_the_pods_account_else_the_kubeconfig(
+        monkeypatch):
+    import datetime
+
     from kubernetes import client, config
+
+    from components.train.backends.kubernetes import api
 
     loaded = []
 
@@ -698,23 +703,54 @@ def test_clients_act_as_the_launcher_token_else_the_pods_account_else_the_kubeco
 
     monkeypatch.setattr(config, "load_incluster_config", no_service_account)
     monkeypatch.setattr(config, "load_kube_config", lambda client_configuration=None: loaded.append("kubeconfig"))
-    apis = KubeApis.from_environment(token_dir=str(tmp_path / "not-mounted"))
+    apis = KubeApis.from_environment()
     assert loaded == ["kubeconfig"]
     assert (type(apis.custom), type(apis.core), type(apis.networking)) == (
         client.CustomObjectsApi, client.CoreV1Api, client.NetworkingV1Api)
 
-    # In the train step: the launcher account's token Secret, mounted; every client sends its token.
-    (tmp_path / "token").write_text("launcher-token")
-    (tmp_path / "ca.crt").write_text("-----BEGIN CERTIFICATE-----")
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    apis = KubeApis.from_environment(token_dir=str(tmp_path))
-    assert loaded == ["kubeconfig"]  # not asked again
-    for api in (apis.custom, apis.core, apis.networking):
-        configuration = api.api_client.configuration
-        assert configuration.host == "https://10.96.0.1:443"
-        assert configuration.api_key["authorization"] == "bearer launcher-token"
-        assert configuration.ssl_ca_cert == str(tmp_path / "ca.crt")
+    # In a step: the pod's own account (its projected token) requests tokens of the launcher account, bound to the
+    # pod, each living an hour; every client sends the current one, renewed before it expires.
+    def in_cluster(client_configuration=None):
+        client_configuration.host = "https://10.96.0.1:443"
+        client_configuration.api_key = {"authorization": "bearer pods-own-token"}
+
+    now, requests = [1_000_000.0], []
+
+    def token_request(self, name, namespace, body, **kwargs):
+        sent = self.api_client.configuration.api_key["authorization"]
+        requests.append((name, namespace, body.spec.expiration_seconds, body.spec.bound_object_ref.uid, sent))
+        expiry = datetime.datetime.fromtimestamp(now[0] + body.spec.expiration_seconds, datetime.timezone.utc)
+        status = client.V1TokenRequestStatus(token=f"launcher-token-{len(requests)}", expiration_timestamp=expiry)
+        return client.AuthenticationV1TokenRequest(spec=body.spec, status=status)
+
+    monkeypatch.setattr(config, "load_incluster_config", in_cluster)
+    monkeypatch.setattr(client.CoreV1Api, "create_namespaced_service_account_token", token_request)
+    monkeypatch.setattr(api.time, "time", lambda: now[0])
+    monkeypatch.setenv(manifests.LAUNCHER_ACCOUNT_ENV, "ctr-ps-launcher")
+    monkeypatch.setenv("POD_NAMESPACE", "team-a")
+    monkeypatch.setenv("POD_NAME", "run-train-abc")
+    monkeypatch.setenv("POD_UID", "uid-1")
+    apis = KubeApis.from_environment()
+    assert requests == [("ctr-ps-launcher", "team-a", 3600, "uid-1", "bearer pods-own-token")]
+
+    def sent():
+        return {api.api_client.configuration.get_api_key_with_prefix("authorization")
+                for api in (apis.custom, apis.core, apis.networking)}
+
+    assert sent() == {"Bearer launcher-token-1"}
+    now[0] += 3600 - 301  # still five minutes to go: the same token
+    assert sent() == {"Bearer launcher-token-1"} and len(requests) == 1
+    now[0] += 2  # then a new one
+    assert sent() == {"Bearer launcher-token-2"} and len(requests) == 2
+
+    # Refused (no k8s/rbac.yaml applied): one line naming the account and what to apply.
+    def refused(self, name, namespace, body, **kwargs):
+        raise client.ApiException(status=403, reason="Forbidden")
+
+    monkeypatch.setattr(client.CoreV1Api, "create_namespaced_service_account_token", refused)
+    with pytest.raises(PermissionError, match="cannot get a token of the launcher account ctr-ps-launcher in "
+                                              "namespace team-a: .*k8s/rbac.yaml"):
+        KubeApis.from_environment()
 
 
 @pytest.mark.parametrize("backend", JOBSET_BACKENDS)

@@ -295,19 +295,55 @@ def test_a_configuration_error_fails_the_job_and_a_disruption_restarts_it_withou
     assert job["backoffLimit"] == 0 and job["template"]["spec"]["restartPolicy"] == "Never"
 
 
-def test_network_policy_admits_tcp_only_between_the_jobs_pods(prod):
-    """Every TCP port between the job's pods (gloo's transport listens on ephemeral ports), nothing from others."""
-    cfg = prod()
-    policy, job = _objects(cfg)
-    selector = {manifests.JOB_LABEL: "ctr-1a2b3c"}
-    assert policy["spec"]["podSelector"] == {"matchLabels": selector} and policy["spec"]["policyTypes"] == ["Ingress"]
-    (rule,) = policy["spec"]["ingress"]
-    assert rule["from"] == [{"podSelector": {"matchLabels": selector}}]
-    assert rule["ports"] == [{"protocol": "TCP"}]  # a port entry without a port: all ports of that protocol
-    for template in _pod_templates(job).values():  # the policy selects every pod of the job
-        assert template["metadata"]["labels"][manifests.JOB_LABEL] == "ctr-1a2b3c"
-        assert "istio.io/dataplane-mode" not in template["metadata"]["labels"]
-    assert len(_objects(prod("cluster.network_policy=false"))) == 1
+def _matches(selector: dict, labels: dict) -> bool:
+    return all(labels.get(key) == value for key, value in selector["matchLabels"].items())
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_network_policy_lets_the_jobs_pods_reach_each_other_dns_and_the_store_only(prod, backend):
+    """Both directions: TCP on any port between the job's pods (gloo's transport listens on ephemeral ports), UDP and
+    TCP 53 to the cluster DNS, the store (cluster.store_egress for an s3:// one) without the metadata address; the
+    pods selected by the labels their controller sets."""
+    policy, *job = _objects(prod(f"cluster.backend={backend}"))
+    spec = policy["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    peers = [{"podSelector": spec["podSelector"]}]
+    if backend != "paddlejob":  # JobSet's own label (a TrainJob's JobSet has its name): not one the template sets
+        assert spec["podSelector"] == {"matchLabels": {"jobset.sigs.k8s.io/jobset-name": "ctr-1a2b3c"}}
+    assert spec["ingress"] == [{"from": peers, "ports": [{"protocol": "TCP"}]}]
+    to_pods, dns, store = spec["egress"]
+    assert to_pods == {"to": peers, "ports": [{"protocol": "TCP"}]}
+    assert dns == {"to": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+                           "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}],
+                   "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]}
+    assert store == {"to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}}]}
+    runtime = job[0] if backend == "trainjob" else None
+    for role in ("ps", "worker"):  # every pod of the job, as its controller labels it, is selected
+        _, labels, _ = job_pod(job[-1], role, 0, runtime)
+        assert _matches(spec["podSelector"], labels)
+        assert "istio.io/dataplane-mode" not in labels
+    assert _round_trip(policy, "V1NetworkPolicy") == policy
+    assert len(_objects(prod(f"cluster.backend={backend}", "cluster.network_policy=false"))) == len(job)
+
+
+def test_a_store_named_by_its_address_is_the_only_store_the_pods_reach(prod):
+    cfg = prod("checkpoint.uri=http://10.1.2.3:9000/ckpt", "cluster.store_egress=[10.0.0.0/8,169.254.0.0/16]")
+    policy = manifests.job_manifests(_prepared(cfg), name="ctr-1a2b3c", namespace="team-a",
+                                     data_uri="https://10.1.2.4/dataset")[0]
+    assert policy["spec"]["egress"][2:] == [
+        {"to": [{"ipBlock": {"cidr": "10.1.2.4/32"}}], "ports": [{"protocol": "TCP", "port": 443}]},
+        {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 9000}]}]
+    # A bucket names no address: cluster.store_egress, the metadata address cut out of any range that holds it.
+    policy, _ = _objects(cfg)
+    assert policy["spec"]["egress"][2:] == [
+        {"to": [{"ipBlock": {"cidr": "10.1.2.3/32"}}], "ports": [{"protocol": "TCP", "port": 9000}]},
+        {"to": [{"ipBlock": {"cidr": "10.0.0.0/8"}},
+                {"ipBlock": {"cidr": "169.254.0.0/16", "except": ["169.254.169.254/32"]}}]}]
+    # None listed: no rule (an egress rule without "to" would admit every address).
+    policy, _ = _objects(prod("cluster.store_egress=[]"))
+    assert len(policy["spec"]["egress"]) == 2
+    with pytest.raises(ConfigError, match=r"'cluster.store_egress\[0\]' has value '10.0.0.1/8'; allowed: a CIDR"):
+        prod("cluster.store_egress=[10.0.0.1/8]")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -324,7 +360,8 @@ def test_pods_opt_out_of_sidecars_unless_mesh_encryption_puts_them_in_ambient_mo
 
 def test_mesh_encryption_admits_the_ambient_tunnel_port(prod):
     policy, _ = _objects(prod("cluster.mesh_encryption=true"))
-    # Istio ambient tunnels the pods' traffic through port 15008 of the receiving pod: the policy admits it.
+    # Istio ambient tunnels the pods' traffic through port 15008 of the receiving pod: the policy admits it (and
+    # egress to the job's pods admits every TCP port, that one included).
     assert policy["spec"]["ingress"][1] == {"ports": [{"protocol": "TCP", "port": 15008}]}
     assert _round_trip(policy, "V1NetworkPolicy") == policy
 
@@ -396,10 +433,13 @@ def test_the_readiness_probe_passes_exactly_when_the_store_listens(prod):
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_rbac_grants_the_launcher_the_kinds_of_its_backend_only(prod, backend):
     cfg = prod(f"cluster.backend={backend}")
-    account, token, role, binding = rbac.launcher_rbac(cfg)
+    account, role, binding, token_role, token_binding, _, _ = rbac.launcher_rbac(cfg)
     assert (account["kind"], account["metadata"]["name"]) == ("ServiceAccount", "ctr-ps-launcher")
-    assert token["type"] == "kubernetes.io/service-account-token"
-    assert token["metadata"]["annotations"] == {"kubernetes.io/service-account.name": "ctr-ps-launcher"}
+    # No token Secret: the run's account may request short-lived tokens of the launcher account, of no other.
+    assert token_role["rules"] == [{"apiGroups": [""], "resources": ["serviceaccounts/token"],
+                                    "resourceNames": ["ctr-ps-launcher"], "verbs": ["create"]}]
+    assert token_binding["subjects"] == [{"kind": "ServiceAccount", "name": "default-editor", "namespace": "kubeflow"}]
+    assert token_binding["roleRef"]["name"] == token_role["metadata"]["name"]
     granted = {(group, resource) for rule in role["rules"] for group in rule["apiGroups"]
                for resource in rule["resources"]}
     kinds = {obj["kind"] for obj in _objects(cfg)}
@@ -415,6 +455,39 @@ def test_rbac_grants_the_launcher_the_kinds_of_its_backend_only(prod, backend):
     for api_version, kind in RUN_OBJECT_KINDS[cfg.cluster.backend]:
         resource = (api_version.split("/")[0], plurals.get(kind, f"{kind.lower()}s"))
         assert {"list", "delete"} <= may[resource], resource
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("deploy", [False, True])
+def test_the_launcher_role_has_no_unscoped_verb(prod, backend, deploy):
+    """Each verb is limited to names (resourceNames), or a delete limited by the admission policy to objects
+    labelled as a PS job's, or one Kubernetes cannot limit (create: no name yet; reads: names made per run)."""
+    cfg = prod(f"cluster.backend={backend}", f"cluster.serving.deploy={str(deploy).lower()}")
+    documents = rbac.launcher_rbac(cfg)
+    objects = {obj["kind"]: obj for obj in documents if obj["metadata"]["name"] != rbac.TOKEN_ROLE_NAME}
+    policy, binding = objects["ValidatingAdmissionPolicy"], objects["ValidatingAdmissionPolicyBinding"]
+    guarded = {(group, resource) for rule in policy["spec"]["matchConstraints"]["resourceRules"]
+               if {"CREATE", "DELETE"} <= set(rule["operations"])
+               for group in rule["apiGroups"] for resource in rule["resources"]}
+    for rule in [rule for obj in documents if obj["kind"] == "Role" for rule in obj["rules"]]:
+        if rule.get("resourceNames"):
+            continue
+        for verb in set(rule["verbs"]) - rbac.UNNAMED_VERBS:
+            assert verb == "delete", rule  # no update, patch, deletecollection, escalate, bind, impersonate, "*"
+            assert {(g, r) for g in rule["apiGroups"] for r in rule["resources"]} <= guarded, rule
+    assert "*" not in {v for obj in documents if obj["kind"] == "Role" for rule in obj["rules"] for v in rule["verbs"]}
+    # The policy acts on the launcher account's requests, in its namespace, and denies.
+    account = f"system:serviceaccount:kubeflow:{cfg.cluster.service_account}"
+    assert policy["spec"]["matchConditions"] == [
+        {"name": "the-launcher-account", "expression": f"request.userInfo.username == '{account}'"}]
+    assert binding["spec"]["validationActions"] == ["Deny"]
+    assert binding["spec"]["policyName"] == policy["metadata"]["name"]
+    assert binding["spec"]["matchResources"]["namespaceSelector"]["matchLabels"] == {
+        "kubernetes.io/metadata.name": "kubeflow"}
+    (validation,) = policy["spec"]["validations"]
+    assert f"'{manifests.JOB_LABEL}' in variables.obj.metadata.labels" in validation["expression"]
+    # Every object the launcher creates carries that label: the policy admits its own objects.
+    assert all(manifests.JOB_LABEL in obj["metadata"]["labels"] for obj in _objects(cfg))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

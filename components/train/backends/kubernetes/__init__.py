@@ -18,9 +18,10 @@ from the latest committed checkpoint (``PS_RESTART_ATTEMPT``).
 A TrainJob or JobSet waiting in a Kueue queue (suspended) is not failing to start: ``cluster.start_timeout_s``
 counts from its admission.
 
-The step's pod runs as a plain account; the launcher acts as ``cluster.service_account`` through that account's
-token, mounted at :data:`~components.train.backends.manifests.LAUNCHER_TOKEN_DIR` into the train step and the exit
-handler only (:mod:`components.train.backends.rbac`).
+The step's pod runs as a plain account; the launcher acts as ``cluster.service_account`` through tokens of that
+account that the step requests, each bound to its pod and expiring within the hour
+(:func:`~.api.launcher_configuration`; only the train step, the exit handler and the deploy step ask,
+:mod:`components.train.backends.rbac`).
 
 The package, by concern: :mod:`.api` (the API clients and the objects the launcher creates), :mod:`.status` (what
 each kind's status means), :mod:`.pod_log` (a role's log, followed), :mod:`.diagnosis` (why a job failed or

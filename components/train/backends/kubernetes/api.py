@@ -4,8 +4,9 @@
 from __future__ import annotations
 
 import os
+import threading
+import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional
 
 from kubernetes.client.exceptions import ApiException
@@ -15,6 +16,9 @@ from components.train.backends import manifests
 
 # Every API call but the log stream gets a deadline, so a hung API server cannot hang the step.
 REQUEST_TIMEOUT_S = 30
+# The launcher account's tokens (launcher_configuration): an hour each (the API server's minimum is 10 minutes),
+# renewed five minutes before they expire.
+LAUNCHER_TOKEN_S, TOKEN_RENEW_S = 3600, 300
 PROPAGATION = "Background"  # the pods are deleted with their job
 STARTED_PHASES = ("Running", "Succeeded", "Failed")  # pod phases
 ENDED_PHASES = ("Succeeded", "Failed")
@@ -29,23 +33,20 @@ class KubeApis:
     networking: Any  # NetworkingV1Api: NetworkPolicy
 
     @classmethod
-    def from_environment(cls, token_dir: str = manifests.LAUNCHER_TOKEN_DIR) -> "KubeApis":
-        """Clients acting as the launcher account whose token is mounted at ``token_dir``; without one, as the
-        pod's own service account, else as the kubeconfig's user (a developer's machine)."""
+    def from_environment(cls) -> "KubeApis":
+        """Clients acting as the launcher account that ``$CTR_PS_LAUNCHER_ACCOUNT`` names (a pipeline step:
+        :func:`launcher_configuration`); without it, as the pod's own service account, else as the kubeconfig's
+        user (a developer's machine)."""
         from kubernetes import client, config
-        from kubernetes.config.incluster_config import InClusterConfigLoader
 
         configuration = client.Configuration()
-        token = Path(token_dir) / "token"
         try:
-            if token.is_file():
-                InClusterConfigLoader(token_filename=str(token), cert_filename=str(Path(token_dir) / "ca.crt")
-                                      ).load_and_set(configuration)
-            else:
-                config.load_incluster_config(client_configuration=configuration)
+            config.load_incluster_config(client_configuration=configuration)
         except config.ConfigException:
             config.load_kube_config(client_configuration=configuration)
-        return cls.of(configuration)
+            return cls.of(configuration)
+        account = os.environ.get(manifests.LAUNCHER_ACCOUNT_ENV)
+        return cls.of(launcher_configuration(configuration, account) if account else configuration)
 
     @classmethod
     def of(cls, configuration: Any) -> "KubeApis":
@@ -55,6 +56,47 @@ class KubeApis:
         api = client.ApiClient(configuration)
         return cls(custom=client.CustomObjectsApi(api), core=client.CoreV1Api(api),
                    networking=client.NetworkingV1Api(api))
+
+
+def launcher_configuration(own: Any, account: str, lifetime_s: int = LAUNCHER_TOKEN_S) -> Any:
+    """A client configuration of the API server ``own`` (the pod's account's) that acts as ``account``, in the pod's
+    namespace, with tokens the pod's account requests (TokenRequest: ``serviceaccounts/token``, which
+    ``k8s/rbac.yaml`` lets it create for that account alone): each lives ``lifetime_s`` seconds, is bound to this
+    pod (void once the pod is gone) and is renewed :data:`TOKEN_RENEW_S` before it expires. No token of the launcher
+    account is stored anywhere. A request that is refused fails here, naming the account."""
+    import copy
+
+    from kubernetes import client
+
+    core = client.CoreV1Api(client.ApiClient(own))
+    namespace = os.environ.get("POD_NAMESPACE", "")
+    bound = (client.V1BoundObjectReference(api_version="v1", kind="Pod", name=os.environ["POD_NAME"],
+                                           uid=os.environ["POD_UID"]) if os.environ.get("POD_UID") else None)
+    launcher = copy.copy(own)
+    launcher.api_key, launcher.api_key_prefix = {}, {}
+    expires_at = [0.0]
+    lock = threading.Lock()
+
+    def renew(configuration: Any) -> None:
+        with lock:
+            if time.time() < expires_at[0] - TOKEN_RENEW_S:
+                return
+            request = client.AuthenticationV1TokenRequest(spec=client.V1TokenRequestSpec(
+                audiences=[], expiration_seconds=lifetime_s, bound_object_ref=bound))
+            try:
+                status = core.create_namespaced_service_account_token(
+                    account, namespace, request, _request_timeout=REQUEST_TIMEOUT_S).status
+            except ApiException as err:
+                raise PermissionError(f"cannot get a token of the launcher account {account} in namespace "
+                                      f"{namespace}: {api_reason(err, None)}; apply the run directory's "
+                                      "k8s/rbac.yaml (it lets the pipeline's account request one)") from None
+            configuration.api_key["authorization"] = status.token
+            configuration.api_key_prefix["authorization"] = "Bearer"
+            expires_at[0] = status.expiration_timestamp.timestamp()
+
+    launcher.refresh_api_key_hook = renew
+    renew(launcher)
+    return launcher
 
 
 def launcher_namespace(cluster: ClusterConfig) -> str:
