@@ -16,7 +16,7 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from omegaconf import OmegaConf
 
@@ -486,6 +486,17 @@ def from_dict(raw: Any) -> CtrConfig:
         raw = ints_from_struct(raw)
     merged = OmegaConf.merge(OmegaConf.structured(CtrConfig), raw)
     return OmegaConf.to_object(merged)  # type: ignore[return-value]
+
+
+T = TypeVar("T")
+
+
+def section_from_dict(section: type[T], raw: Any) -> T:
+    """One typed section (``ModelConfig``, ``TableConfig``, ...) from its dict: what a checkpoint records of the model
+    and the table it was trained with, read without building a whole config."""
+    if isinstance(raw, dict):
+        raw = ints_from_struct(raw)
+    return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(section), raw))  # type: ignore[return-value]
 
 
 def to_dict(cfg: CtrConfig) -> dict:

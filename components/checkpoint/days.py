@@ -139,9 +139,7 @@ def write_counters(store: "CheckpointStore", rel: str, counters: dict[str, "Dist
 
     buffer = io.BytesIO()
     save_counters(buffer, counters)
-    path = store.fs_path(None, rel)
-    store.ensure_parent(path)
-    store.fs.pipe_file(path, buffer.getvalue())
+    store.put_bytes(rel, buffer.getvalue())
 
 
 def read_counters(store: "CheckpointStore", rel: str) -> dict[str, "DistinctCounter"]:
@@ -149,4 +147,4 @@ def read_counters(store: "CheckpointStore", rel: str) -> dict[str, "DistinctCoun
 
     from components.data_prep.distinct import load_counters
 
-    return load_counters(io.BytesIO(store.fs.cat_file(store.fs_path(None, rel))))
+    return load_counters(io.BytesIO(store.get_bytes(rel)))

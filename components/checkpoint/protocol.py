@@ -70,9 +70,7 @@ def upload_worker_rows(store: CheckpointStore, epoch: int, worker: int, ids: np.
                        local_root: Path) -> None:
     local = local_root / f"rows-worker-{worker}.npz"
     np.savez(local, ids=ids.astype(np.uint64), rows=rows)
-    target = store.fs_path(None, _worker_part(epoch, worker))
-    store.ensure_parent(target)
-    store.fs.put_file(str(local), target)
+    store.put_file(local, _worker_part(epoch, worker))
 
 
 def merged_worker_rows(store: CheckpointStore, epoch: int, workers: int, staging: Path):
@@ -86,10 +84,10 @@ def merged_worker_rows(store: CheckpointStore, epoch: int, workers: int, staging
     for i in range(workers):
         path = staging / WORKER_ROWS / f"worker-{i}.npz"
         path.parent.mkdir(parents=True, exist_ok=True)
-        store.fs.get_file(store.fs_path(None, _worker_part(epoch, i)), str(path))
+        store.get_file(_worker_part(epoch, i), path)
         with np.load(path) as part:
             parts.append((part["ids"], part["rows"]))
-    store.fs.rm(store.fs_path(None, f"{WORKER_ROWS_SCRATCH}/e{epoch:04d}"), recursive=True)
+    store.remove_tree(f"{WORKER_ROWS_SCRATCH}/e{epoch:04d}")
     ids = np.concatenate([p[0] for p in parts])
     rows = np.concatenate([p[1] for p in parts]).astype(np.float64)
     unique, inverse, counts = np.unique(ids, return_inverse=True, return_counts=True)
@@ -107,9 +105,7 @@ def upload_scores(store: CheckpointStore, round_key: str, split: str, worker: in
     """One worker's score counts of ``split`` in checkpoint round ``round_key``, into the store's scratch area."""
     local = local_root / f"scores-{split}-worker-{worker}.npz"
     counts.save(local)
-    target = store.fs_path(None, _scores_part(round_key, split, worker))
-    store.ensure_parent(target)
-    store.fs.put_file(str(local), target)
+    store.put_file(local, _scores_part(round_key, split, worker))
     local.unlink()
 
 
@@ -124,9 +120,9 @@ def merged_scores(store: CheckpointStore, round_key: str, splits: tuple[str, ...
         parts = []
         for worker in range(workers):
             local = staging / SCORES / f".{split}-worker-{worker}.npz"
-            part = store.fs_path(None, _scores_part(round_key, split, worker))
-            store.fs.get_file(part, str(local))
-            store.fs.rm_file(part)
+            part = _scores_part(round_key, split, worker)
+            store.get_file(part, local)
+            store.remove(part)
             parts.append(ScoreCounts.load(local))
             local.unlink()
         merged[split] = ScoreCounts.merge(parts)
@@ -143,9 +139,7 @@ def upload_row_predictions(store: CheckpointStore, round_key: str, worker: int, 
     """One worker's per-row test predictions of checkpoint round ``round_key``, into the store's scratch area."""
     local = local_root / f"{TEST_ROWS}-worker-{worker}.npz"
     predictions.save(local)
-    target = store.fs_path(None, _row_predictions_part(round_key, worker))
-    store.ensure_parent(target)
-    store.fs.put_file(str(local), target)
+    store.put_file(local, _row_predictions_part(round_key, worker))
     local.unlink()
 
 
@@ -156,18 +150,16 @@ def collected_row_predictions(store: CheckpointStore, round_key: str, workers: i
         final = staging / row_predictions_file(worker)
         final.parent.mkdir(parents=True, exist_ok=True)
         local = final.with_name(f".{final.name}.tmp")
-        part = store.fs_path(None, _row_predictions_part(round_key, worker))
-        store.fs.get_file(part, str(local))
+        part = _row_predictions_part(round_key, worker)
+        store.get_file(part, local)
         os.replace(local, final)
-        store.fs.rm_file(part)
+        store.remove(part)
 
 
 def clear_scores(store: CheckpointStore, round_key: Optional[str] = None) -> None:
     """Remove a merged round's scratch folder, or (no ``round_key``) the score parts a killed job left in the scratch
     area (only for a job holding the store's lease)."""
-    path = store.fs_path(None, f"{SCORES_SCRATCH}/{round_key}" if round_key else SCORES_SCRATCH)
-    if store.fs.exists(path):
-        store.fs.rm(path, recursive=True)
+    store.remove_tree(f"{SCORES_SCRATCH}/{round_key}" if round_key else SCORES_SCRATCH)
 
 
 def commit_checkpoint(store: CheckpointStore, ckpt_id: str, local_dir: Path, server_files: dict, meta: dict,

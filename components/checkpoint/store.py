@@ -443,6 +443,47 @@ class CheckpointStore:
 
         self._retry(f"deleting {self.url(None, rel)}", rm)
 
+    # -- the job's exchange area (control folders beside the checkpoints: worker parts, score parts, the day ledger) --
+
+    def put_file(self, local: str | os.PathLike, rel: str) -> None:
+        """Upload the file ``local`` to ``rel`` (a path of the store outside any checkpoint), retried like every
+        write: a store that refuses it (a full disk, no permission) raises :class:`StoreRefused` naming the cause."""
+        path = self.fs_path(None, _check_rel(rel))
+
+        def put() -> None:
+            self.ensure_parent(path)
+            self.fs.put_file(str(local), path)
+
+        self._retry(f"uploading {local} to {self.url(None, rel)}", put)
+
+    def get_file(self, rel: str, local: str | os.PathLike) -> None:
+        """Download ``rel`` (outside any checkpoint) to the file ``local``."""
+        path = self.fs_path(None, _check_rel(rel))
+        self._retry(f"downloading {self.url(None, rel)}", lambda: self.fs.get_file(path, str(local)))
+
+    def put_bytes(self, rel: str, data: bytes) -> None:
+        path = self.fs_path(None, _check_rel(rel))
+
+        def put() -> None:
+            self.ensure_parent(path)
+            self.fs.pipe_file(path, data)
+
+        self._retry(f"writing {self.url(None, rel)}", put)
+
+    def get_bytes(self, rel: str) -> bytes:
+        path = self.fs_path(None, _check_rel(rel))
+        return self._retry(f"reading {self.url(None, rel)}", lambda: self.fs.cat_file(path))
+
+    def remove_tree(self, rel: str) -> None:
+        """Remove the folder (or file) ``rel`` outside any checkpoint, and everything below it; absent is fine."""
+        path = self.fs_path(None, _check_rel(rel))
+
+        def rm() -> None:
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
+
+        self._retry(f"deleting {self.url(None, rel)}", rm)
+
     def probe(self) -> None:
         """Write, read back and delete a small file: a store this job cannot use (no such bucket, no permission,
         a read-only or missing directory, no endpoint) fails here, before anything expensive starts.

@@ -22,7 +22,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from components.checkpoint.format import CheckpointError
-from components.config import from_dict
+from components.config import ModelConfig, section_from_dict
 from components.data_prep.multislot import Schema
 from components.export.manifest import ServingModelError
 from components.ps.scoring import negative_sample_rate, network_program
@@ -135,7 +135,7 @@ def rows_program(meta: dict[str, Any], dense: dict[str, np.ndarray]) -> RowsProg
     :class:`CheckpointError` when ``dense`` lacks a parameter."""
     import paddle
 
-    model_cfg = from_dict({"model": meta["model"]}).model
+    model_cfg = section_from_dict(ModelConfig, meta["model"])
     schema = Schema.from_dict(meta["schema"])
     dim = int(meta["table"]["embedding_dim"])
     row_feeds = []

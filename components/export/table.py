@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Optional
 import numpy as np
 
 from components.checkpoint import format as ckpt_io
-from components.config import TableConfig, from_dict
+from components.config import TableConfig, section_from_dict
 from components.ps.accessor import read_sparse_shard
 from components.ps.sharding import default_shard_num
 
@@ -52,7 +52,7 @@ class CheckpointTable:
         self.manifest = ckpt_io.verify(self.root, parts=ckpt_io.SCORING_PARTS)
         self.manifest_sha256 = ckpt_io.file_digest(self.root / ckpt_io.MANIFEST)[1]
         self.meta: dict[str, Any] = json.loads((self.root / ckpt_io.MODEL_META).read_text())
-        self.config: TableConfig = from_dict({"table": self.meta["table"]}).table
+        self.config: TableConfig = section_from_dict(TableConfig, self.meta["table"])
         self.shard_num = self.config.shard_num or default_shard_num(int(self.meta.get("servers") or 1))
         self.embedding_dim = self.config.embedding_dim
         self._fetch = fetch

@@ -14,8 +14,9 @@ What crosses it, and nothing else:
   :func:`parse_event`;
 * **readiness**: a server is ready for workers once an endpoint accepts TCP (:func:`ready_probe_command`);
 * **exit status**: 0 when the process's part of the job is done; :data:`CONFIG_ERROR_EXIT` when its job spec,
-  config or environment cannot work, which no restart can mend (launchers fail the job at once); anything else
-  is a failure a whole-job restart from the latest checkpoint may get past.
+  config or environment cannot work, and :data:`STORE_REFUSED_EXIT` when the checkpoint store refused a write for
+  good, which no restart can mend (launchers fail the job at once); anything else is a failure a whole-job restart
+  from the latest checkpoint may get past.
 
 The process side is :mod:`components.ps.role`; it imports nothing of the orchestration layers (kfp,
 kubernetes), and neither does this module.
@@ -42,6 +43,10 @@ INDEX_ENV = "PS_ROLE_INDEX"  # the process's index among its role
 ROLE_ENV = "PS_ROLE"  # server | worker
 # The exit status of a process whose job spec, config or environment cannot work (sysexits.h EX_CONFIG).
 CONFIG_ERROR_EXIT = 78
+# The checkpoint store refused a write for good (a full disk, no permission, no credentials: StoreRefused), said on
+# the process's last line after STORE_REFUSED_PREFIX: the user's to fix, which no restart mends (sysexits' EX_IOERR).
+STORE_REFUSED_EXIT = 74
+STORE_REFUSED_PREFIX = "checkpoint store refused: "
 # Event tags: the first word of an event line, then its JSON payload.
 PROGRESS, EPOCH, CHECKPOINT, DONE = "@progress", "@epoch", "@checkpoint", "@done"
 HEARTBEAT = "@heartbeat"  # alive, nothing else to report: {role, index, waiting (in a collective)}

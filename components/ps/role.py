@@ -34,14 +34,14 @@ from omegaconf.errors import OmegaConfBaseException
 from components.checkpoint import format as checkpoint
 from components.checkpoint import protocol
 from components.checkpoint.restore import restart_target, restore_dense, resume_state, server_restore_dir
-from components.checkpoint.store import CheckpointStore
+from components.checkpoint.store import CheckpointStore, StoreRefused
 from components.config import ConfigError, CtrConfig, Mode, from_dict, validate
 from components.data_prep.multislot import Schema
 from components.ps import models
 from components.ps.checkpointing import SCORED_SPLITS, Checkpointer
 from components.days import day_of
-from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV, JobSpec, emit,
-                                    wait_until_listening)
+from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV,
+                                    STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX, JobSpec, emit, wait_until_listening)
 from components.ps.liveness import Heartbeat, children_die_with_this_process, die_with_parent, parent_from_env
 from components.ps.models import EMBEDDING_TABLE
 from components.ps.network import bind_to_own_host
@@ -458,6 +458,10 @@ if __name__ == "__main__":
     except ConfigError as err:
         print(f"configuration error: {err}", file=sys.stderr, flush=True)
         sys.exit(CONFIG_ERROR_EXIT)
+    except StoreRefused as err:
+        print(f"{STORE_REFUSED_PREFIX}{err}", flush=True)
+        sys.stderr.flush()
+        os._exit(STORE_REFUSED_EXIT)  # not sys.exit: Paddle's client threads crash a normal teardown (below)
     except BaseException:  # noqa: BLE001 - reported, then the process ends either way
         traceback.print_exc()
         sys.stdout.flush()

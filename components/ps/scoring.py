@@ -23,7 +23,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from components.checkpoint import format as ckpt_io
-from components.config import ModelConfig, from_dict
+from components.config import ModelConfig, section_from_dict
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components.ps import models
 from components.ps.models import EMBEDDING_TABLE
@@ -135,7 +135,7 @@ def checkpoint_program(checkpoint: ckpt_io.Checkpoint,
 
     Raises :class:`~components.checkpoint.CheckpointError` when the checkpoint lacks one of them.
     """
-    model_cfg = from_dict({"model": checkpoint.meta["model"]}).model
+    model_cfg = section_from_dict(ModelConfig, checkpoint.meta["model"])
     schema = Schema.from_dict(checkpoint.meta["schema"])
     table = local_table(checkpoint)
     program = build_program(model_cfg, schema, *table.shape, table_dtype=table.dtype.name,

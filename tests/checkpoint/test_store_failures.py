@@ -109,3 +109,24 @@ def test_an_s3_store_without_credentials_is_refused_in_one_line(moto_endpoint, m
     assert "NoCredentialsError" in line and "set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY" in line
     assert "s3://no-such-bucket-for-this-test/ckpt/_probe-" in line
     assert "cannot delete the probe file" not in caplog.text  # the error says it; no second line
+
+
+def test_a_worker_part_that_hits_a_full_disk_is_refused_naming_enospc(tmp_path, monkeypatch):
+    """The job's exchange area (score and row parts, the day ledger) goes through the store's retries and errors:
+    a full disk is a StoreRefused naming the cause and the path, not a bare OSError from deep in fsspec."""
+    import numpy as np
+
+    from components.checkpoint.protocol import upload_scores
+    from components.metrics import ScoreCounts
+
+    store = CheckpointStore(str(tmp_path / "store"))
+    monkeypatch.setattr(cs, "_sleep", lambda s: None)
+
+    def put_file(local, path, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(store.fs, "put_file", put_file)
+    counts = ScoreCounts.of(np.array([0, 1]), np.array([0.2, 0.7]))
+    with pytest.raises(StoreRefused, match=r"uploading .* to file://.*/_scores/r1/test-worker-0.npz failed: "
+                                           r".*\(ENOSPC\)"):
+        upload_scores(store, "r1", "test", 0, counts, tmp_path)

@@ -33,7 +33,8 @@ from typing import Callable, Optional
 from components.checkpoint.lease import StoreLease
 from components.checkpoint.restore import restart_target
 from components.checkpoint.store import CheckpointStoreError
-from components.ps.contract import HEARTBEAT, ClusterLayout, Role, endpoint_accepts, role_env
+from components.ps.contract import (HEARTBEAT, STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX, ClusterLayout, Role,
+                                    endpoint_accepts, role_env)
 from components.ps.liveness import PARENT_PID_ENV, process_state
 from components.train.backends.base import JobBackend, StepInputs
 from components.train.job import (JobResult, PreparedJob, PsJobError, PsJobStoreError, StopSignals, check_lease,
@@ -184,6 +185,15 @@ class LocalJob(JobBackend):
         return RoleFailed(process.name, f"PS job {self.job_id}: {process.name} {what} {why}; its log: "
                                         f"{process.log_path}\nLast lines:\n{tail}", what, restartable)
 
+    def _store_refused(self, process: Process) -> PsJobStoreError:
+        """A role the checkpoint store refused (a full disk, no permission): one line with the store's own reason,
+        the user's to fix (exit 2), no restart."""
+        time.sleep(0.3)  # let the pump catch the last lines
+        said = next((line for line in reversed(process.tail) if line.startswith(STORE_REFUSED_PREFIX)),
+                    f"{STORE_REFUSED_PREFIX}(see the log)")
+        return PsJobStoreError(process.name, f"PS job {self.job_id}: {process.name}: {said}; its log: "
+                                             f"{process.log_path}")
+
     def prepare(self) -> None:
         self.work_root.mkdir(parents=True, exist_ok=True)
         self.layout = local_layout(self.cfg.ps.servers, self.cfg.ps.workers, self.cfg.ps.host, self.job_id)
@@ -296,6 +306,8 @@ class LocalJob(JobBackend):
             self._sample_server_memory()
             codes = [p.popen.poll() for p in self.processes]
             for p, code in zip(self.processes, codes):
+                if code == STORE_REFUSED_EXIT:
+                    raise self._store_refused(p)
                 if code not in (None, 0):
                     raise self._failure(p, f"exited with code {code}{_signal_name(code)}", code not in NOT_RESTARTED)
             if all(code == 0 for code in codes):
