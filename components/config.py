@@ -211,10 +211,15 @@ class PsConfig:
     # A role that reports nothing for this long (stopped, hung) fails the job, naming it. A worker waiting in a
     # barrier for a slower one is not counted as stalled. Shorter stalls (a 20 s stop, a network blip) pass.
     stall_timeout_s: float = 120.0
-    # Paddle's PS RPC settings (brpc gflags FLAGS_pserver_*): a deadline per RPC, per connection attempt,
-    # and how often a server retries saving a table.
+    # Paddle's PS RPC settings (brpc gflags FLAGS_pserver_*), set for network blips (docs/operations.md, the fault
+    # matrix). A deadline per RPC: long enough for a pull that waits behind a server's save of a large table; a role
+    # that hangs is caught sooner by ps.stall_timeout_s.
     rpc_timeout_ms: int = 600_000
-    rpc_connect_timeout_ms: int = 10_000
+    # A deadline per connection attempt. Paddle's client tries a connection 4 times (its max_retry of 3 is fixed in
+    # the wheel), so 30 s carries a 60 s cut of a link: measured, 10 s (Paddle's default) failed one RPC for good
+    # after 40 s of a 60 s cut (its gradient lost); a dead server refuses at once, whatever this value.
+    rpc_connect_timeout_ms: int = 30_000
+    # How often a server retries saving a table.
     table_save_max_retry: int = 3
     # Batches whose gradients a worker sums into one push of each table. Paddle's client merges about 13 (its
     # push_dense/push_sparse merge limits of 12): the servers' optimizers then step once per 13 batches with the
