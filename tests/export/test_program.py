@@ -60,14 +60,19 @@ def test_every_family_exports_only_allowed_ops_and_the_list_holds_nothing_they_d
     assert used == ALLOWED_OPS  # an op no export writes does not belong in the list
 
 
-@pytest.mark.parametrize("op", ("save", "print"))
-def test_a_program_holding_an_op_outside_the_list_is_refused_naming_it(exported, tmp_path, op):
-    source = exported["dnn"][0]
-    altered = tmp_path / "altered"
-    shutil.copytree(source, altered)
+def _copy_with_its_program(source, copy):
+    """``source``'s export copied to ``copy``: ``(its parsed program, the global block, an activation's name)``."""
+    shutil.copytree(source, copy)
     program = paddle.static.Program.parse_from_string((source / PROGRAM_FILES[0]).read_bytes())
     block = program.global_block()
     target = next(name for name in block.vars if not block.vars[name].persistable and name not in ("feed", "fetch"))
+    return program, block, target
+
+
+@pytest.mark.parametrize("op", ("save", "print"))
+def test_a_program_holding_an_op_outside_the_list_is_refused_naming_it(exported, tmp_path, op):
+    altered = tmp_path / "altered"
+    program, block, target = _copy_with_its_program(exported["dnn"][0], altered)
     if op == "save":
         block.append_op(type="save", inputs={"X": [block.var(target)]}, outputs={},
                         attrs={"file_path": str(tmp_path / "leaked"), "overwrite": True})
@@ -86,12 +91,8 @@ def test_a_program_holding_an_op_outside_the_list_is_refused_naming_it(exported,
 
 
 def test_an_op_a_custom_network_declares_loads_and_only_where_declared(exported, tmp_path):
-    source = exported["dnn"][0]
     extended = tmp_path / "extended"
-    shutil.copytree(source, extended)
-    program = paddle.static.Program.parse_from_string((source / PROGRAM_FILES[0]).read_bytes())
-    block = program.global_block()
-    target = next(name for name in block.vars if not block.vars[name].persistable and name not in ("feed", "fetch"))
+    program, block, target = _copy_with_its_program(exported["dnn"][0], extended)
     block.append_op(type="tanh", inputs={"X": [block.var(target)]}, outputs={"Out": [block.var(target)]})
     (extended / PROGRAM_FILES[0]).write_bytes(program.desc.serialize_to_string())
     with pytest.raises(ServingModelError, match="holds op.s. tanh .*list them in model.extra_ops"):
