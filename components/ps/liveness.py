@@ -114,11 +114,17 @@ def brpc_answers(endpoint: str, timeout_s: float) -> bool:
         return False
 
 
+# A worker samples its progress this often for the training curve (:data:`CURVE_KEY` of its next progress event), so
+# that a pass of a few seconds still draws a curve; the events themselves keep to ps.progress_period_s.
+CURVE_SAMPLE_S = 0.5
+CURVE_KEY = "curve"  # a progress event's samples since the last event: [[examples, loss, auc], ...]
+
+
 class Heartbeat:
     """Reports this process alive every ``period_s`` from a daemon thread.
 
     ``progress()``: the progress event's payload to report instead of a heartbeat (a worker in a pass), or
-    None. ``healthy()``: False skips a beat (a server whose brpc service does not answer). ``publish(payload)``: also
+    None; sampled every :data:`CURVE_SAMPLE_S` in between, the samples ride in the event (:data:`CURVE_KEY`). ``healthy()``: False skips a beat (a server whose brpc service does not answer). ``publish(payload)``: also
     given each progress payload (worker 0 on a Kubeflow Trainer pod: :mod:`components.ps.trainer_status`).
     """
 
@@ -155,13 +161,22 @@ class Heartbeat:
             self.beat()
 
     def _run(self) -> None:
-        while not self._stop.wait(self.period_s):
+        tick = min(CURVE_SAMPLE_S, self.period_s) if self.progress is not None else self.period_s
+        samples: list[list] = []
+        next_report = time.monotonic() + self.period_s
+        while not self._stop.wait(tick):
+            payload = self.progress() if self.progress is not None and not self._waiting else None
+            if payload is not None and payload.get("loss") is not None:
+                samples.append([payload["examples"], payload["loss"], payload["auc"]])
+            if time.monotonic() < next_report:
+                continue
+            next_report = time.monotonic() + self.period_s
             if self.healthy is not None and not self.healthy():
                 continue
-            payload = self.progress() if self.progress is not None and not self._waiting else None
             if payload is not None:
-                emit(PROGRESS, **payload)
+                emit(PROGRESS, **payload, **({CURVE_KEY: samples} if samples else {}))
                 if self.publish is not None:
                     self.publish(payload)
             else:
                 self.beat()
+            samples = []

@@ -294,15 +294,19 @@ class EventLog:
     def _add_to_curve(self, source: str, event: dict) -> None:
         # Before a worker's first batch it reports no loss, and early in a pass the AUC can be NaN (one class seen
         # so far): no curve point keeps either.
-        values = [event.get("loss"), event.get("auc")]
-        if event.get("role") != Role.WORKER.value or any(v is None or not math.isfinite(v) for v in values):
+        if event.get("role") != Role.WORKER.value:
+            return
+        # The worker's samples since its last event (components.ps.liveness.CURVE_KEY), else the event itself.
+        samples = event.get("curve") or [[event.get("examples"), event.get("loss"), event.get("auc")]]
+        samples = [s for s in samples if s[0] is not None and all(v is not None and math.isfinite(v) for v in s[1:])]
+        if not samples:
             return
         passes = self._passes.setdefault(source, {})
-        passes[event["epoch"]] = max(passes.get(event["epoch"], 0), int(event["examples"]))
+        passes[event["epoch"]] = max(passes.get(event["epoch"], 0), int(samples[-1][0]))
         # A restarted job retrains from its checkpoint: the examples of the passes before this one, as reported.
         before = sum(n for epoch, n in passes.items() if epoch < event["epoch"])
         points = self.curve.setdefault(source, [])
-        points.append([before + int(event["examples"]), float(event["loss"]), float(event["auc"])])
+        points.extend([before + int(examples), float(loss), float(auc)] for examples, loss, auc in samples)
         if len(points) > 2 * CURVE_POINTS:
             points[:] = points[::2]
 

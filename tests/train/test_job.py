@@ -125,3 +125,26 @@ def test_a_long_save_is_work_while_the_servers_report_rows_written(monkeypatch):
     _report(events, "server-0")
     assert [name for name, _ in events.stalled(running, stall_s=20.0, first_report_s=60.0)] == ["worker-0",
                                                                                                "worker-1"]
+
+
+def test_a_progress_events_curve_samples_each_become_a_point():
+    events = EventLog(echo=lambda line: None)
+    _report(events, "worker-0", "@progress", role="worker", index=0, epoch=1, examples=900, examples_per_s=100.0,
+            loss=0.5, auc=0.6, curve=[[300, 0.7, float("nan")], [600, 0.6, 0.55], [900, 0.5, 0.6]])
+    _report(events, "worker-0", "@progress", role="worker", index=0, epoch=2, examples=200, examples_per_s=100.0,
+            loss=0.45, auc=0.65, curve=[[200, 0.45, 0.65]])
+    assert events.curve == {"worker-0": [[600, 0.6, 0.55], [900, 0.5, 0.6], [1100, 0.45, 0.65]]}
+
+
+def test_a_workers_heartbeat_samples_its_progress_between_its_events(capsys):
+    from components.ps.liveness import CURVE_SAMPLE_S, Heartbeat
+
+    examples = iter(range(100, 100_000, 100))
+    beat = Heartbeat("worker", 0, 4 * CURVE_SAMPLE_S, progress=lambda: dict(
+        role="worker", index=0, epoch=1, examples=next(examples), examples_per_s=1.0, loss=0.5, auc=0.6)).start()
+    time.sleep(9 * CURVE_SAMPLE_S)
+    beat.stop()
+    events = [json.loads(line.split(" ", 1)[1]) for line in capsys.readouterr().out.splitlines()
+              if line.startswith("@progress")]
+    assert len(events) == 2 and [len(event["curve"]) for event in events] == [4, 4]
+    assert events[0]["curve"][-1][0] == events[0]["examples"]  # the event's own sample closes its curve
