@@ -240,7 +240,7 @@ def test_markdown_report_contains_numbers(tmp_path, evaluated):
     assert f"| AUC / reference AUC | {metrics['auc'] / 0.8:.2%} |" in text
     assert "| Reference (Bayes-optimal) logloss | 0.5000 |" in text
     assert f"| {calibration[0]['bin']} | {calibration[0]['count']:,} |" in text
-    assert "| examples_per_s | 123,456.8 |" in text
+    assert "| Examples per second | 123,456.8 |" in text  # the key as a reader says it
     assert "| wall_time_s[worker] | 61.5 |" in text
     assert "| sparse_dim | 1,000,003 |" in text
     assert "| lr | 0.001 |" in text
