@@ -246,7 +246,7 @@ def test_markdown_report_contains_numbers(tmp_path, evaluated):
     assert "| lr | 0.001 |" in text
     assert "| note | a\\|b |" in text
     assert "![ROC curve](roc.png)" in text
-    assert "## Baseline" in text and "| lift_auc | 0.02 |" in text and "## Empty" not in text
+    assert "## Baseline" in text and "| Lift (model AUC - baseline AUC) | 0.02 |" in text and "## Empty" not in text
 
 
 def test_markdown_report_leaves_out_missing_sections(tmp_path, evaluated):
