@@ -5,8 +5,8 @@ run of the same data and seed.
 
 Every run is ``python -m pipelines.ctr`` with the default synthetic data of ``--rows`` rows, two passes, and one
 fault injected from outside once the run is where the fault belongs (mid-pass: the first progress line of pass 1;
-mid-save: the first ``saving`` or ``uploading`` line of a server's sidecar in the run's log). Data prep and the baseline come from the
-step cache after the first run, so each run costs its training. The faults:
+mid-save: the first ``saving`` or ``uploading`` line of a server's sidecar in the run's log). Data prep and the
+baseline come from the step cache after the first run, so each run costs its training. The faults:
 
 * ``kill -9`` of a worker and of a server, mid-pass and (a server) mid-save;
 * a worker stopped (``SIGSTOP``) for 30 s, and for longer than ``ps.stall_timeout_s`` (set to 30 s for that row);
@@ -17,9 +17,9 @@ step cache after the first run, so each run costs its training. The faults:
 
 Per fault: the exit status; detected after (s: from the fault to the launcher's line about it, a restart or an
 error); training again after (s: from the fault to the next progress line that advanced); the examples trained
-twice (the restart line's count); the RPCs that failed for good (their gradients lost); the test AUC against the undisturbed run's; the job's processes left once the
-command ended. The table is printed and written to ``--out``. Needs root (iptables, tmpfs). About 20 minutes on
-2 cores with the defaults.
+twice (the restart line's count); the RPCs that failed for good (their gradients lost); the test AUC against the
+undisturbed run's; the job's processes left once the command ended. The table is printed and written to
+``--out``. Needs root (iptables, tmpfs). About 20 minutes on 2 cores with the defaults.
 """
 
 from __future__ import annotations

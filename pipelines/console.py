@@ -181,7 +181,6 @@ class RunConsole:
             self.started[started["step"]] = time.monotonic()
         elif ended:
             self._step_ended(ended["step"], ended["status"])
-
         elif (event := parse_progress(plain)) is not None:
             self._progress(event)
         elif (event := parse_epoch(plain)) is not None:

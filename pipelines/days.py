@@ -72,5 +72,3 @@ def run_days_locally(cfg: CtrConfig) -> dict:
     for name in ("metrics.json", "report.md", "report.html"):  # the last day's are the run's
         shutil.copyfile(Path(day_config(cfg, todo[-1]).run_dir) / name, Path(cfg.run_dir) / name)
     return metrics
-
-

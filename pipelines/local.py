@@ -235,13 +235,13 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     pipeline_root = run_dir / "kfp"
     workspace = pipeline_root / "workspace"  # must exist; kfp.local deletes it after the run
     workspace.mkdir(parents=True, exist_ok=True)
+    cache_root = local_cache_root(cfg)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
-               workspace_root=str(workspace), enable_caching=cfg.cluster.local_cache,
-               cache_root=str(local_cache_root(cfg)))
+               workspace_root=str(workspace), enable_caching=cfg.cluster.local_cache, cache_root=str(cache_root))
     started = time.time()
     stdout, print_function = sys.stdout, builtins.print
     with open(log_path(run_dir), "a") as log:
-        cache = CacheHits(local_cache_root(cfg))
+        cache = CacheHits(cache_root)
         console = RunConsole(stdout, log, verbose=cfg.verbose, period_s=cfg.ps.progress_period_s,
                              dataset_step=MERGE_STEP,
                              dataset_stats=lambda: read_stats(_merged_stats(pipeline_root) or cache.dataset_stats()))

@@ -47,9 +47,9 @@ PIPELINE_NAME = "ctr-ps-training"
 # Every task, in a topological order. convert-data runs inside the data-prep fan-out: a ParallelFor over the plan's
 # groups, the root DAG's PREP_LOOP; export-model inside the AUC gate, the root DAG's EXPORT_GATE.
 # fit-baseline (with eval.baseline, the default) needs only the dataset: on Kubeflow it runs beside the train step.
-TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", "fit-baseline", "train", "evaluate-model",
-         "export-model")
 BASELINE_TASK = "fit-baseline"
+TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", BASELINE_TASK, "train", "evaluate-model",
+         "export-model")
 PREP_LOOP, EXPORT_GATE = "for-loop-1", "condition-2"
 # With cluster.serving.deploy (Kubeflow only), inside the AUC gate after the export: the online server's
 # InferenceService created or updated (components.deploy), acting as the launcher account.

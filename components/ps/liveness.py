@@ -124,7 +124,8 @@ class Heartbeat:
     """Reports this process alive every ``period_s`` from a daemon thread.
 
     ``progress()``: the progress event's payload to report instead of a heartbeat (a worker in a pass), or
-    None; sampled every :data:`CURVE_SAMPLE_S` in between, the samples ride in the event (:data:`CURVE_KEY`). ``healthy()``: False skips a beat (a server whose brpc service does not answer). ``publish(payload)``: also
+    None; sampled every :data:`CURVE_SAMPLE_S` in between, the samples ride in the event (:data:`CURVE_KEY`).
+    ``healthy()``: False skips a beat (a server whose brpc service does not answer). ``publish(payload)``: also
     given each progress payload (worker 0 on a Kubeflow Trainer pod: :mod:`components.ps.trainer_status`).
     """
 

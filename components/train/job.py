@@ -27,6 +27,7 @@ from components.checkpoint.store import CheckpointStore, CheckpointStoreError
 from components.config import CtrConfig, to_dict
 from components.days import day_of
 from components.ps.contract import CHECKPOINT, DAY_EVAL, EPOCH, HEARTBEAT, PROGRESS, JobSpec, Role, parse_event
+from components.ps.liveness import CURVE_KEY
 from components.ps.shard_uploader import clear_records
 from components.train import planner
 
@@ -297,7 +298,7 @@ class EventLog:
         if event.get("role") != Role.WORKER.value:
             return
         # The worker's samples since its last event (components.ps.liveness.CURVE_KEY), else the event itself.
-        samples = event.get("curve") or [[event.get("examples"), event.get("loss"), event.get("auc")]]
+        samples = event.get(CURVE_KEY) or [[event.get("examples"), event.get("loss"), event.get("auc")]]
         samples = [s for s in samples if s[0] is not None and all(v is not None and math.isfinite(v) for v in s[1:])]
         if not samples:
             return

@@ -22,7 +22,7 @@ from typing import Optional
 
 from components.checkpoint.restore import STATE_FILE, RestoreTarget
 from components.checkpoint.store import CheckpointStore
-from components.ps.contract import CHECKPOINT, CONFIG_ERROR_EXIT, EPOCH, STORE_REFUSED_EXIT, PROGRESS, parse_event
+from components.ps.contract import CHECKPOINT, CONFIG_ERROR_EXIT, EPOCH, PROGRESS, STORE_REFUSED_EXIT, parse_event
 
 # Exit statuses a whole-job restart cannot mend, so the job fails at once: the contract's configuration error (the
 # job spec, the config, the GPU guard), its store refusal (a full disk), and 2, Python's own for a command line it
