@@ -109,9 +109,11 @@ class KubernetesJob(JobBackend):
         # What the current attempt trained (worker 0's events, every worker's heartbeat records): a restart says
         # what it loses. The roles' liveness: their heartbeat records in the store, under the one stall rule.
         self.attempt = Attempt(1)
+        # A role's first beat may come long after the job's first pod ran (its own pod waits for a node, pulls its
+        # image, fetches its data): it has cluster.start_timeout_s more than a local process.
         ps = self.cfg.ps
         self.liveness = Liveness(job.store, self.job_name(0), ps.stall_timeout_s,
-                                 ps.startup_timeout_s + ps.stall_timeout_s,
+                                 self.cfg.cluster.start_timeout_s + ps.startup_timeout_s + ps.stall_timeout_s,
                                  on_progress=lambda source, epoch, examples: self.attempt.progress(source, epoch,
                                                                                                    examples))
         self.restarts: list[Restart] = []
