@@ -25,7 +25,7 @@ def test_services_start_after_their_dependencies_under_podman_compose_names():
     project, services = compose_up.load(COMPOSE_YAML)
     assert project == "ctr-ps"
     # The serving profile's services (export, serving) are left out, as a plain `docker compose up` leaves them.
-    assert [s.name for s in services] == ["prep", "ps-0", "ps-1", "worker-0", "worker-1", "evaluate"]
+    assert [s.name for s in services] == ["prep", "watch", "ps-0", "ps-1", "worker-0", "worker-1", "evaluate"]
     assert {s.name: s.container for s in services}["ps-1"] == "ctr-ps_ps-1_1"
     worker = {s.name: s for s in services}["worker-0"]
     assert worker.depends_on == {"ps-0": "service_healthy", "ps-1": "service_healthy"}
@@ -49,13 +49,15 @@ def test_bad_durations_are_refused(text):
         compose_up.seconds(text)
 
 
-def test_a_server_starts_only_once_prep_exited_0_and_never_after_it_failed():
+def test_a_server_starts_only_once_prep_exited_0_and_the_watch_holds_the_lease_and_never_after_prep_failed():
     run = run_of_committed_file()
-    prep, server = run.services["prep"], run.services["ps-0"]
+    prep, watch, server = run.services["prep"], run.services["watch"], run.services["ps-0"]
     assert run.blocked(server) == (False, None)  # prep not started
     prep.logs = STARTED
     assert run.blocked(server) == (False, None)  # running
     prep.exit_code = 0
+    assert run.blocked(watch) == (True, None) and run.blocked(server) == (False, None)
+    watch.logs, watch.healthy = STARTED, True  # it holds the store's lease
     assert run.blocked(server) == (True, None)
     prep.exit_code = 1
     assert run.blocked(server) == (False, "prep exited with code 1")
