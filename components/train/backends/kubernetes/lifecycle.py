@@ -24,7 +24,7 @@ from components.ps.contract import Role
 from components.train.backends import manifests
 from components.train.backends.base import JobBackend, StepInputs
 from components.train.backends.kubernetes.api import KubeApis, KubeObject, api_reason, launcher_namespace, transient
-from components.train.backends.kubernetes.diagnosis import PodDiagnosis, config_error, disrupted
+from components.train.backends.kubernetes.diagnosis import PodDiagnosis, disrupted
 from components.train.backends.kubernetes.pod_log import WORKER_0, PodLog
 from components.train.backends.kubernetes.status import STATUS_RULES, Outcome
 from components.train.job import PreparedJob, PsJobError, RoleFailed, check_lease

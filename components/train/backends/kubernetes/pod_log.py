@@ -15,7 +15,6 @@ from kubernetes.watch.watch import iter_resp_lines
 from urllib3.exceptions import HTTPError
 
 from components.train.backends.kubernetes.api import ENDED_PHASES, REQUEST_TIMEOUT_S, STARTED_PHASES, KubeApis
-from components.train.job import EventLog
 
 WORKER_0 = "worker-0"
 
