@@ -98,3 +98,43 @@ def test_the_committed_file_is_what_the_driver_reads():
         if "healthcheck" in service:
             assert compose_up.seconds(service["healthcheck"]["interval"]) > 0
             assert int(service["healthcheck"]["retries"]) > 0
+
+
+class FakeLogs:
+    """A container's `podman logs --follow`: it ends once the container is stopped."""
+
+    def __init__(self, container: str, stopped: set):
+        self.container, self.stopped = container, stopped
+
+    def wait(self):
+        assert self.container in self.stopped, f"waiting for good on {self.container}'s log"
+
+    def poll(self):
+        return 0 if self.container in self.stopped else None
+
+
+def test_a_paused_container_is_resumed_before_the_job_is_stopped(monkeypatch):
+    """A hung role made with `podman pause` takes no signal and podman refuses to stop it: the driver resumes it
+    first, or it would wait on its log for good."""
+    run = run_of_committed_file()
+    paused, stopped, calls = {"ctr-ps_worker-1_1"}, set(), []
+
+    def podman(*args, check=True):
+        calls.append(args[0])
+        if args[0] == "inspect":
+            container, template = args[-1], args[2]
+            status = "paused" if container in paused else "exited" if container in stopped else "running"
+            return type("Done", (), {"stdout": f"{status} 143" if "ExitCode" in template else status})()
+        if args[0] == "unpause":
+            paused.difference_update(args[1:])
+        if args[0] == "stop":
+            stopped.update(c for c in args[3:] if c not in paused)
+        return type("Done", (), {"stdout": ""})()
+
+    monkeypatch.setattr(compose_up, "podman", podman)
+    for name in ("ps-0", "worker-1"):
+        service = run.services[name]
+        service.logs = FakeLogs(service.container, stopped)
+    lines = run.stop_all()
+    assert calls.index("unpause") < calls.index("stop") and not paused
+    assert "worker-1: stopped" in " ".join(lines) and "ps-0: stopped" in " ".join(lines)
