@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path, PurePosixPath
@@ -283,11 +284,15 @@ def watch_from_spec(spec_file: str, ready: Optional[str] = None) -> str:
     from components.checkpoint.lease import StoreLease, new_run_id
     from components.checkpoint.store import CheckpointStore
     from components.train import liveness
-    from components.train.job import clean_store
+    from components.train.job import PsJobError, StopSignals, clean_store
 
     cfg = from_dict(JobSpec.load(spec_file).config)
     store, ps = CheckpointStore(cfg.checkpoint.uri), cfg.ps
-    with StoreLease(store, new_run_id()) as lease:
+
+    def stopped(signum: int) -> PsJobError:  # `compose down`, or the driver stopping a failed job: the lease goes back
+        return PsJobError("watch", f"stopped by {signal.Signals(signum).name}; the store's lease is given back")
+
+    with StopSignals(stopped), StoreLease(store, new_run_id()) as lease:
         clean_store(store)
         Path(ready or WATCH_READY).touch()
         started = time.monotonic()

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import re
 import shlex
+import signal
 import socket
 import subprocess
 import sys
@@ -434,6 +435,27 @@ def test_the_watch_service_fails_in_one_line_on_a_stalled_role_or_a_store_anothe
     error = capsys.readouterr().err
     assert error.startswith("error: ") and "another-run" in error and error.count("\n") == 1
     assert not ready.exists()  # no role may start on a store another job holds
+
+
+def test_the_watch_service_gives_the_lease_back_when_it_is_stopped(tmp_path):
+    """`compose down`, or the driver stopping a job another service failed, sends the watch SIGTERM: the next job on
+    the store must not wait for its lease to expire."""
+    spec_file, ready = _watch_spec(tmp_path), tmp_path / "watch.ready"
+    script = (f"from components.train.backends import docker_compose as c; c.WATCH_READY = {str(ready)!r}; "
+              f"import sys; sys.exit(c.main(['watch', {str(spec_file)!r}]))")
+    watch = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert watch.poll() is None and time.monotonic() < deadline, watch.stderr.read()
+            time.sleep(0.05)
+        assert CheckpointStore(str(tmp_path / "ckpt")).read_json(None, LEASE) is not None
+        watch.send_signal(signal.SIGTERM)
+        assert watch.wait(30) == 1
+    finally:
+        watch.kill()
+    assert watch.stderr.read().strip() == "error: stopped by SIGTERM; the store's lease is given back"
+    assert CheckpointStore(str(tmp_path / "ckpt")).read_json(None, LEASE) is None
 
 
 def test_the_serving_profile_exports_the_evaluated_model_and_serves_its_store_on_loopback():
