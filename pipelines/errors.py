@@ -46,7 +46,7 @@ def _user_error_classes() -> dict[type, ExitStatus]:
     from components.checkpoint.format import CheckpointError
     from components.config import ConfigError
     from components.data_prep.sources import DataPrepError
-    from components.train.backends.local import RoleFailed
+    from components.train.job import RoleFailed
     from pipelines.kubeflow import SubmitError
 
     return {ConfigError: ExitStatus.USER_ERROR, DataPrepError: ExitStatus.USER_ERROR,

@@ -11,7 +11,12 @@
   after the server's brpc service answered (``/health`` on its PS port). A worker that waits in a collective
   (barrier, all-reduce: Paddle holds the GIL there too, so the thread is silent) says so first
   (:meth:`Heartbeat.waiting`), and the launcher does not count its silence as a stall while another worker is
-  still working (:meth:`components.train.job.EventLog.stalled`).
+  still working.
+* :class:`HeartbeatRecord`: each beat is also written, as a small object, into the checkpoint store
+  (``_liveness/<role>-<index>.json``: :func:`record_rel`), the one place every backend shares (a pod has no API
+  token; its log is read for worker 0 only). The launchers judge liveness from these records, the same way on
+  every backend, under one stall rule (:mod:`components.train.liveness`); the stdout events stay for the progress
+  shown. The store holds one job at a time (its lease), so its ``_liveness`` folder is the job's.
 """
 
 from __future__ import annotations
@@ -20,12 +25,14 @@ import ctypes
 import multiprocessing.util
 import os
 import signal
+import sys
 import threading
 import time
 import urllib.request
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
+from components.checkpoint.store import CheckpointStore, CheckpointStoreError
 from components.ps.contract import HEARTBEAT, PROGRESS, emit
 
 PARENT_PID_ENV = "PS_PARENT_PID"  # set by a launcher whose children must not outlive it
@@ -119,6 +126,51 @@ def brpc_answers(endpoint: str, timeout_s: float) -> bool:
 CURVE_SAMPLE_S = 0.5
 CURVE_KEY = "curve"  # a progress event's samples since the last event: [[examples, loss, auc], ...]
 
+LIVENESS = "_liveness"  # the store's folder of the roles' heartbeat records
+# Tries per record write: a beat that cannot be written is skipped, the next one tries again (a heartbeat thread
+# that retried for long would itself look stalled).
+RECORD_TRIES = 2
+
+
+def record_rel(role: str, index: int) -> str:
+    return f"{LIVENESS}/{role}-{index}.json"
+
+
+def clear_heartbeats(store: CheckpointStore) -> None:
+    """Remove the heartbeat records an earlier job (or attempt) left: only its lease's holder may, before its
+    roles start."""
+    for name in store.list_control(LIVENESS):
+        store.remove(f"{LIVENESS}/{name}")
+
+
+class HeartbeatRecord:
+    """One role's heartbeat record in the store: ``{role, index, job, seq, time, waiting, work, epoch, examples,
+    done}``. ``seq`` grows with every write, so a reader tells a fresh beat from an old one on its own clock (hosts'
+    clocks differ); ``job`` is the job the role belongs to (``SYS_JOB_ID``: a restarted Kubernetes job has a new
+    name, so its old pods' last beats are told apart); ``work``: a server's save or upload that advanced."""
+
+    def __init__(self, store: CheckpointStore, role: str, index: int, job: str):
+        self.store, self.role, self.index, self.job = store, role, index, job
+        self.seq = 0
+        self._lock = threading.Lock()  # the beat thread and a server's upload loop both write
+
+    @classmethod
+    def from_env(cls, uri: str, role: str, index: int) -> "HeartbeatRecord":
+        return cls(CheckpointStore(uri, retries=RECORD_TRIES), role, index, os.environ.get("SYS_JOB_ID", ""))
+
+    def write(self, waiting: bool = False, progress: Optional[dict] = None, work: Optional[str] = None,
+              done: bool = False) -> None:
+        with self._lock:
+            self.seq += 1
+            record = {"role": self.role, "index": self.index, "job": self.job, "seq": self.seq, "time": time.time(),
+                      "waiting": waiting, "work": work, "done": done,
+                      "epoch": (progress or {}).get("epoch"), "examples": (progress or {}).get("examples")}
+            try:
+                self.store.write_json(None, record_rel(self.role, self.index), record)
+            except CheckpointStoreError as err:  # the launcher sees the store's trouble through its lease
+                print(f"warning: {self.role} {self.index}: heartbeat not recorded: {err}", file=sys.stderr,
+                      flush=True)
+
 
 class Heartbeat:
     """Reports this process alive every ``period_s`` from a daemon thread.
@@ -127,14 +179,16 @@ class Heartbeat:
     None; sampled every :data:`CURVE_SAMPLE_S` in between, the samples ride in the event (:data:`CURVE_KEY`).
     ``healthy()``: False skips a beat (a server whose brpc service does not answer). ``publish(payload)``: also
     given each progress payload (worker 0 on a Kubeflow Trainer pod: :mod:`components.ps.trainer_status`).
+    ``record``: where each beat is also written in the store (None: stdout only).
     """
 
     def __init__(self, role: str, index: int, period_s: float,
                  progress: Optional[Callable[[], Optional[dict]]] = None,
                  healthy: Optional[Callable[[], bool]] = None,
-                 publish: Optional[Callable[[dict], None]] = None):
+                 publish: Optional[Callable[[dict], None]] = None,
+                 record: Optional[HeartbeatRecord] = None):
         self.role, self.index, self.period_s = role, index, period_s
-        self.progress, self.healthy, self.publish = progress, healthy, publish
+        self.progress, self.healthy, self.publish, self.record = progress, healthy, publish, record
         self._waiting = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{role}-{index}", daemon=True)
@@ -149,6 +203,13 @@ class Heartbeat:
 
     def beat(self) -> None:
         emit(HEARTBEAT, role=self.role, index=self.index, waiting=self._waiting > 0)
+        if self.record is not None:
+            self.record.write(waiting=self._waiting > 0)
+
+    def done(self) -> None:
+        """The role's part of the job is done (after :meth:`stop`): the last record says so."""
+        if self.record is not None:
+            self.record.write(done=True)
 
     @contextmanager
     def waiting(self) -> Iterator[None]:
@@ -178,6 +239,8 @@ class Heartbeat:
                 emit(PROGRESS, **payload, **({CURVE_KEY: samples} if samples else {}))
                 if self.publish is not None:
                     self.publish(payload)
+                if self.record is not None:
+                    self.record.write(progress=payload)
             else:
                 self.beat()
             samples = []

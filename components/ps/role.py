@@ -42,7 +42,8 @@ from components.ps.checkpointing import SCORED_SPLITS, Checkpointer
 from components.days import day_of
 from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV,
                                     STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX, JobSpec, emit, wait_until_listening)
-from components.ps.liveness import Heartbeat, children_die_with_this_process, die_with_parent, parent_from_env
+from components.ps.liveness import (Heartbeat, HeartbeatRecord, children_die_with_this_process, die_with_parent,
+                                    parent_from_env)
 from components.ps.models import EMBEDDING_TABLE
 from components.ps.network import bind_to_own_host
 from components.ps.pull_scoring import split_share
@@ -166,7 +167,8 @@ class Worker:
         # Worker 0 on a Kubeflow Trainer pod also shows its progress in the TrainJob's status.
         reporter = TrainerStatusReporter.from_env() if self.index == 0 else None
         self.heartbeat = Heartbeat("worker", self.index, cfg.ps.progress_period_s, progress=self._progress,
-                                   publish=progress_publisher(reporter, cfg.ps.epochs) if reporter else None)
+                                   publish=progress_publisher(reporter, cfg.ps.epochs) if reporter else None,
+                                   record=HeartbeatRecord.from_env(cfg.checkpoint.uri, "worker", self.index))
 
     # -- training -------------------------------------------------------------------------------
     def _tensor(self, var) -> np.ndarray:
@@ -350,6 +352,7 @@ class Worker:
         if self.index == 0:
             self.fleet.fleet._runtime_handle._worker.stop_server()
         self.heartbeat.stop()
+        self.heartbeat.done()
         emit(DONE, role="worker", index=self.index)
 
 
@@ -411,7 +414,12 @@ def main(job_path: Optional[str]) -> None:
 
     bind_to_own_host()
     install_ps_desc_settings(rpc_gflags(cfg))
-    fleet.init(PaddleCloudRoleMaker(is_collective=False))
+    role_maker = PaddleCloudRoleMaker(is_collective=False)
+    # Paddle waits an hour for every process to join the gloo rendezvous: a job one of whose roles never came up
+    # fails within ps.startup_timeout_s instead. Its barriers keep Paddle's bound (days): a worker may wait a whole
+    # pass for a slower one; the launchers' stall rule bounds them (components.train.liveness).
+    role_maker._gloo._init_timeout_seconds = int(cfg.ps.startup_timeout_s)
+    fleet.init(role_maker)
     program = build_train_program(cfg, stats, paddle)
     if fleet.is_server():
         serve(cfg, job, fleet, paddle)

@@ -4,15 +4,15 @@ Servers need not share a disk with the workers (they are separate pods), so each
 table files. ``run_server()`` holds the GIL for the server's lifetime (no Python thread of the server runs
 while it serves), so the uploader is a separate process (``python -m components.ps.shard_uploader``), started
 by the server and ended with it (it dies with the server: :func:`components.ps.liveness.die_with_parent`). For
-the same reason it is the sidecar that sends the server's heartbeats, on the server's stdout, each after the
-server's brpc service answered (:class:`components.ps.liveness.Heartbeat`).
+the same reason it is the sidecar that sends the server's heartbeats, on the server's stdout and into its heartbeat
+record in the store, each after the server's brpc service answered (:class:`components.ps.liveness.Heartbeat`).
 
 Protocol, all through the store (see :mod:`components.checkpoint.protocol`):
 
 1. worker 0 announces the save (``_upload/<ckpt_id>.saving.json`` with the staging path, the same path string on
    every machine: :func:`announce_save`), then has the servers save into it. While a server writes, its uploader
    reports the rows written so far (a progress event each time they grew): a long save is work, not a hang, and
-   the launchers' stall watchdog sees it (:meth:`components.train.job.EventLog.stalled`);
+   the launchers' stall rule sees it (:mod:`components.train.liveness`);
 2. worker 0 writes ``_upload/<ckpt_id>.request.json``; each server's uploader uploads the files under the path
    that carry its server index (``part-<iii>-*`` sparse shards, ``part-<iii>.*`` dense slices) into
    ``<ckpt_id>/tables/...`` (reporting the bytes uploaded so far), and writes ``_upload/<ckpt_id>.server-<i>.json``
@@ -45,7 +45,7 @@ from components.checkpoint.protocol import JOB_STORE_RETRIES
 from components.checkpoint.store import CheckpointStore, CheckpointStoreError
 from components.redaction import redact
 from components.ps.contract import PROGRESS, emit
-from components.ps.liveness import Heartbeat, brpc_answers, die_with_parent
+from components.ps.liveness import Heartbeat, HeartbeatRecord, brpc_answers, die_with_parent
 
 log = logging.getLogger("shard_uploader")
 
@@ -131,9 +131,10 @@ class EvictionCount:
 
 
 def upload_shards(store: CheckpointStore, ckpt_id: str, tables_dir: Path, server: int,
-                  evictions: Optional[EvictionCount] = None) -> dict:
+                  evictions: Optional[EvictionCount] = None, heartbeat: Optional[HeartbeatRecord] = None) -> dict:
     """Upload this server's files of one save; returns the answer: ``files`` (entries), ``rows`` (lines of its
-    sparse shards), ``evicted`` (with ``evictions``: rows of its last save this one lacks; None the first time)."""
+    sparse shards), ``evicted`` (with ``evictions``: rows of its last save this one lacks; None the first time).
+    ``heartbeat``: the server's heartbeat record, which says each file sent is work."""
     files, rows, uploaded = {}, 0, 0
     mine = own_files(tables_dir, server)
     shards = [p for p in mine if is_sparse_shard(p)]
@@ -145,6 +146,8 @@ def upload_shards(store: CheckpointStore, ckpt_id: str, tables_dir: Path, server
         files[rel] = store.upload_file(path, ckpt_id, rel)
         uploaded += files[rel]["size"]
         emit(PROGRESS, role="server", index=server, state="uploading", checkpoint=ckpt_id, bytes=uploaded)
+        if heartbeat is not None:
+            heartbeat.write(work="uploading")
         path.unlink()  # staged on this server's disk only until it is in the store
     return {"files": files, "rows": rows, "evicted": evicted}
 
@@ -166,7 +169,10 @@ def pending_requests(store: CheckpointStore, server: int, served: set[str]) -> l
     return control_records(store, ".request.json", served)
 
 
-def serve(store: CheckpointStore, server: int, parent_pid: int, workdir: Optional[Path] = None) -> None:
+def serve(store: CheckpointStore, server: int, parent_pid: int, workdir: Optional[Path] = None,
+          heartbeat: Optional[HeartbeatRecord] = None) -> None:
+    """Watch the saves and answer the upload requests while the server ``parent_pid`` lives; ``heartbeat``: the
+    server's heartbeat record, which says each time its save advanced (work, not a hang)."""
     served: set[str] = set()
     watches: dict[str, SaveWatch] = {}
     reported: dict[str, int] = {}
@@ -185,13 +191,15 @@ def serve(store: CheckpointStore, server: int, parent_pid: int, workdir: Optiona
                 reported[ckpt_id] = rows
                 emit(PROGRESS, role="server", index=server, state="saving", checkpoint=ckpt_id, rows=rows,
                      rows_per_s=rows / max(time.time() - watch.started, 1e-9))
+                if heartbeat is not None:
+                    heartbeat.write(work="saving")
         for ckpt_id, request in requests:
             served.add(ckpt_id)
             watches.pop(ckpt_id, None)
             reported.pop(ckpt_id, None)
             try:
                 answer = upload_shards(store, ckpt_id, Path(request["tables_dir"]), server,
-                                       evictions if request.get("count_evicted") else None)
+                                       evictions if request.get("count_evicted") else None, heartbeat)
                 store.write_json(None, answer_rel(ckpt_id, server), answer)
             except Exception as err:  # reported to worker 0, which fails the job with it
                 report_failure(store, ckpt_id, server, err)
@@ -276,12 +284,13 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     die_with_parent(args.parent_pid)
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s: %(message)s", stream=sys.stdout)
+    heartbeat = HeartbeatRecord.from_env(args.store, "server", args.server)
     if args.endpoint:
         timeout_s = min(args.report_every, 5.0)
-        Heartbeat("server", args.server, args.report_every,
-                  healthy=lambda: brpc_answers(args.endpoint, timeout_s)).start()
+        Heartbeat("server", args.server, args.report_every, healthy=lambda: brpc_answers(args.endpoint, timeout_s),
+                  record=heartbeat).start()
     serve(CheckpointStore(args.store, retries=JOB_STORE_RETRIES), args.server, args.parent_pid,
-          Path(args.workdir) if args.workdir else None)
+          Path(args.workdir) if args.workdir else None, heartbeat)
 
 
 if __name__ == "__main__":

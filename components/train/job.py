@@ -4,9 +4,9 @@
 and plans the table's memory, before any process starts; a backend (:mod:`components.train.backends`) then
 starts the roles with :meth:`PreparedJob.spec`. The roles print events (:mod:`components.ps.contract`),
 which :class:`EventLog` turns into progress lines and the :class:`JobResult`, whether they arrive through a
-local pipe or a pod's log stream; it also knows when each process last reported, which is how a launcher
-finds a stalled one (:meth:`EventLog.stalled`). :class:`StopSignals` turns SIGTERM, SIGINT and SIGHUP into an
-exception in the launcher, so that it tears its job down before it exits.
+local pipe or a pod's log stream (whether a role is alive is read from the store: :mod:`components.train.liveness`).
+:class:`StopSignals` turns SIGTERM, SIGINT and SIGHUP into an exception in the launcher, so that it tears its job
+down before it exits.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import math
 import re
 import signal
 import threading
-import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -26,8 +25,8 @@ from components.checkpoint.restore import RestoreTarget, restore_target
 from components.checkpoint.store import CheckpointStore, CheckpointStoreError
 from components.config import CtrConfig, to_dict
 from components.days import day_of
-from components.ps.contract import CHECKPOINT, DAY_EVAL, EPOCH, HEARTBEAT, PROGRESS, JobSpec, Role, parse_event
-from components.ps.liveness import CURVE_KEY
+from components.ps.contract import CHECKPOINT, DAY_EVAL, EPOCH, PROGRESS, JobSpec, Role, parse_event
+from components.ps.liveness import CURVE_KEY, clear_heartbeats
 from components.ps.shard_uploader import clear_records
 from components.train import planner
 
@@ -38,6 +37,15 @@ class PsJobError(RuntimeError):
     def __init__(self, role: str, message: str):
         self.role = role
         super().__init__(message)
+
+
+class RoleFailed(PsJobError):
+    """A role of the job died or stalled: ``what`` happened to it, in one phrase; ``restartable`` unless no whole-job
+    restart can mend it (a configuration error)."""
+
+    def __init__(self, role: str, message: str, what: str, restartable: bool):
+        super().__init__(role, message)
+        self.what, self.restartable = what, restartable
 
 
 class PsJobStoreError(PsJobError, CheckpointStoreError):
@@ -128,10 +136,12 @@ def prepare_job(cfg: CtrConfig, stats: Optional[dict], run_id: Optional[str] = N
 
 def clean_store(store: CheckpointStore) -> None:
     """Drop what a killed job (or attempt) left in the store: saves that never committed (invisible, but their
-    files stay), the upload records and score counts of a checkpoint in progress. Only its lease's holder may."""
+    files stay), the upload records and score counts of a checkpoint in progress, the roles' heartbeat records. Only
+    its lease's holder may."""
     store.cleanup_incomplete()
     clear_records(store)
     clear_scores(store)
+    clear_heartbeats(store)
 
 
 def plan_job(cfg: CtrConfig, stats: Optional[dict], store: CheckpointStore,
@@ -156,10 +166,6 @@ def plan_table(cfg: CtrConfig, stats: Optional[dict],
 def plan_lines(plan: Optional[planner.MemoryPlan]) -> list[str]:
     return plan.lines() if plan else ["memory plan: none in geo mode (servers keep a MemorySparseGeoTable, "
                                       "each worker a dense vocab_size x embedding_dim copy)"]
-
-
-# Server states that are work: a save writing rows, an upload sending bytes (each reported only as it advances).
-SERVER_WORK = ("saving", "uploading")
 
 
 def format_progress(event: dict) -> str:
@@ -242,9 +248,6 @@ class EventLog:
         self.epochs: list[dict] = []
         self.checkpoints: list[dict] = []
         self.day_eval: Optional[dict] = None
-        # source -> (when it last reported, on time.monotonic(); whether it said it waits in a collective)
-        self.last_report: dict[str, tuple[float, bool]] = {}
-        self.last_server_work: dict[str, float] = {}  # server -> when its save or upload last advanced
         self._lock = threading.Lock()
 
     def feed(self, source: str, line: str) -> bool:
@@ -254,9 +257,6 @@ class EventLog:
             return False
         tag, event = parsed
         with self._lock:
-            self.last_report[source] = (time.monotonic(), tag == HEARTBEAT and bool(event.get("waiting")))
-            if tag == PROGRESS and event.get("state") in SERVER_WORK:
-                self.last_server_work[source] = time.monotonic()
             if tag == PROGRESS:
                 self.progress[source] = event
                 self._add_to_curve(source, event)
@@ -285,11 +285,9 @@ class EventLog:
         return True
 
     def new_attempt(self) -> None:
-        """A restarted job's processes start under the old names: what the failed attempt's reported (when, how
-        far) must not make them look stalled, nor stand for their progress."""
+        """A restarted job's processes start under the old names: how far the failed attempt's went must not stand
+        for their progress."""
         with self._lock:
-            self.last_report.clear()
-            self.last_server_work.clear()
             self.progress.clear()
 
     def _add_to_curve(self, source: str, event: dict) -> None:
@@ -310,30 +308,6 @@ class EventLog:
         points.extend([before + int(examples), float(loss), float(auc)] for examples, loss, auc in samples)
         if len(points) > 2 * CURVE_POINTS:
             points[:] = points[::2]
-
-    def stalled(self, running: dict[str, float], stall_s: float, first_report_s: float) -> list[tuple[str, float]]:
-        """``(source, seconds silent)`` of the stalled processes among ``running`` (source -> when it started, on
-        time.monotonic()), longest silent first.
-
-        A process is stalled when it has reported nothing for ``stall_s`` (before its first report, for
-        ``first_report_s``), except a worker whose last report said it waits in a collective while another
-        worker that is not waiting reported within ``stall_s``, or a server's save or upload advanced within it
-        (a checkpoint of a large table takes minutes): it waits for that one.
-        """
-        now = time.monotonic()
-        with self._lock:
-            reports = {source: self.last_report.get(source) for source in running}
-            server_work = [self.last_server_work.get(source) for source in running]
-        working = any(report is not None and not report[1] and now - report[0] <= stall_s
-                      for source, report in reports.items() if source.startswith(Role.WORKER.value)) or \
-            any(when is not None and now - when <= stall_s for when in server_work)
-        out = []
-        for source, started in running.items():
-            report = reports[source]
-            since, limit = (report[0], stall_s) if report else (started, first_report_s)
-            if now - since > limit and not (report and report[1] and working):
-                out.append((source, now - since))
-        return sorted(out, key=lambda item: -item[1])
 
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)

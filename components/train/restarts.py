@@ -1,8 +1,9 @@
 """Whole-job restarts of a PS job after a role failed or hung: which failures restart it, what it resumes from, and
 what the failure cost.
 
-A launcher that restarts a job itself (the ``local`` backend) stops every process of the failed attempt and starts
-the whole job again, up to ``cluster.max_restarts`` times, from the newest intact checkpoint the run committed
+A launcher that restarts a job itself (the ``local`` backend; the Kubernetes launcher after a hung role, and after
+a failed PaddleJob) stops every process of the failed attempt and starts the whole job again, up to
+``cluster.max_restarts`` times, from the newest intact checkpoint the run committed
 (:func:`components.checkpoint.restore.restart_target`, chosen once by the launcher and verified), else from what the
 first attempt started from. A role that exits with a status no restart can mend (:data:`NOT_RESTARTED`) fails the
 job at once.
@@ -48,12 +49,16 @@ class Attempt:
             return
         tag, event = parsed
         if tag == PROGRESS and event.get("role") == "worker" and "examples" in event:
-            self.in_pass[source] = (int(event["epoch"]), int(event["examples"]))
+            self.progress(source, int(event["epoch"]), int(event["examples"]))
         elif tag == EPOCH:
             self.passes_done += int(event["examples"])
             self.last_pass = int(event["epoch"])
         elif tag == CHECKPOINT:
             self.at_checkpoint[event["id"]] = (self.trained(), time.monotonic())
+
+    def progress(self, source: str, epoch: int, examples: int) -> None:
+        """Worker ``source`` trained ``examples`` of pass ``epoch`` so far (its event, or its heartbeat record)."""
+        self.in_pass[source] = (epoch, examples)
 
     def trained(self) -> int:
         """Examples this attempt trained so far: its finished passes, and the workers' last reports in the next."""

@@ -25,7 +25,7 @@ def test_services_start_after_their_dependencies_under_podman_compose_names():
     project, services = compose_up.load(COMPOSE_YAML)
     assert project == "ctr-ps"
     # The serving profile's services (export, serving) are left out, as a plain `docker compose up` leaves them.
-    assert [s.name for s in services] == ["prep", "ps-0", "ps-1", "worker-0", "worker-1", "evaluate"]
+    assert [s.name for s in services] == ["prep", "watch", "ps-0", "ps-1", "worker-0", "worker-1", "evaluate"]
     assert {s.name: s.container for s in services}["ps-1"] == "ctr-ps_ps-1_1"
     worker = {s.name: s for s in services}["worker-0"]
     assert worker.depends_on == {"ps-0": "service_healthy", "ps-1": "service_healthy"}
@@ -49,13 +49,15 @@ def test_bad_durations_are_refused(text):
         compose_up.seconds(text)
 
 
-def test_a_server_starts_only_once_prep_exited_0_and_never_after_it_failed():
+def test_a_server_starts_only_once_prep_exited_0_and_the_watch_holds_the_lease_and_never_after_prep_failed():
     run = run_of_committed_file()
-    prep, server = run.services["prep"], run.services["ps-0"]
+    prep, watch, server = run.services["prep"], run.services["watch"], run.services["ps-0"]
     assert run.blocked(server) == (False, None)  # prep not started
     prep.logs = STARTED
     assert run.blocked(server) == (False, None)  # running
     prep.exit_code = 0
+    assert run.blocked(watch) == (True, None) and run.blocked(server) == (False, None)
+    watch.logs, watch.healthy = STARTED, True  # it holds the store's lease
     assert run.blocked(server) == (True, None)
     prep.exit_code = 1
     assert run.blocked(server) == (False, "prep exited with code 1")
@@ -96,3 +98,43 @@ def test_the_committed_file_is_what_the_driver_reads():
         if "healthcheck" in service:
             assert compose_up.seconds(service["healthcheck"]["interval"]) > 0
             assert int(service["healthcheck"]["retries"]) > 0
+
+
+class FakeLogs:
+    """A container's `podman logs --follow`: it ends once the container is stopped."""
+
+    def __init__(self, container: str, stopped: set):
+        self.container, self.stopped = container, stopped
+
+    def wait(self):
+        assert self.container in self.stopped, f"waiting for good on {self.container}'s log"
+
+    def poll(self):
+        return 0 if self.container in self.stopped else None
+
+
+def test_a_paused_container_is_resumed_before_the_job_is_stopped(monkeypatch):
+    """A hung role made with `podman pause` takes no signal and podman refuses to stop it: the driver resumes it
+    first, or it would wait on its log for good."""
+    run = run_of_committed_file()
+    paused, stopped, calls = {"ctr-ps_worker-1_1"}, set(), []
+
+    def podman(*args, check=True):
+        calls.append(args[0])
+        if args[0] == "inspect":
+            container, template = args[-1], args[2]
+            status = "paused" if container in paused else "exited" if container in stopped else "running"
+            return type("Done", (), {"stdout": f"{status} 143" if "ExitCode" in template else status})()
+        if args[0] == "unpause":
+            paused.difference_update(args[1:])
+        if args[0] == "stop":
+            stopped.update(c for c in args[3:] if c not in paused)
+        return type("Done", (), {"stdout": ""})()
+
+    monkeypatch.setattr(compose_up, "podman", podman)
+    for name in ("ps-0", "worker-1"):
+        service = run.services[name]
+        service.logs = FakeLogs(service.container, stopped)
+    lines = run.stop_all()
+    assert calls.index("unpause") < calls.index("stop") and not paused
+    assert "worker-1: stopped" in " ".join(lines) and "ps-0: stopped" in " ".join(lines)

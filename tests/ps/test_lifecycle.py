@@ -15,6 +15,7 @@ from components.checkpoint.lease import LEASE, StoreInUse
 from components.checkpoint.store import CheckpointStore
 from components.config import from_dict
 from components.data_prep.prepare import prepare_synthetic
+from components.ps.liveness import LIVENESS
 from components.train.backends.local import LocalJob
 from components.train.job import PsJobError, PsJobStoreError, prepare_job
 from components.train.step import launch_ps_job
@@ -92,12 +93,23 @@ def _stop_and_continue_worker_1(tmp_path, datasets, stopped_s):
     os.kill(victim.popen.pid, signal.SIGSTOP)
     time.sleep(stopped_s)
     assert running.thread.is_alive(), f"the job ended while worker 1 was stopped: {running.error}"
+    # The launcher reads liveness from the roles' heartbeat records in the store: worker 1's stopped changing when
+    # it was stopped; the server's sidecar beats on, and worker 0 trains on or said it waits (for worker 1).
+    now, reports = job.liveness.clock(), dict(job.liveness.reports)
+    assert now - reports["worker-1"][0] > stopped_s - 2.5 and not reports["worker-1"][1], reports
+    assert now - reports["server-0"][0] < 2.5, reports
+    assert reports["worker-0"][1] or now - reports["worker-0"][0] < 2.5, reports
     os.kill(victim.popen.pid, signal.SIGCONT)
     running.join(180)
     assert running.error is None, running.error
     assert [e["examples"] for e in running.result.epochs] == [stats["rows"]["train"]]
     assert [c["epoch"] for c in running.result.checkpoints] == [1]
     assert not job_processes(str(tmp_path))
+    store = CheckpointStore(cfg.checkpoint.uri)
+    records = {name: store.read_json(None, f"{LIVENESS}/{name}") for name in store.list_control(LIVENESS)}
+    assert sorted(records) == ["server-0.json", "worker-0.json", "worker-1.json"]
+    assert {r["job"] for r in records.values()} == {job.job_id} and all(r["seq"] > 1 for r in records.values())
+    assert records["worker-0.json"]["done"] and records["worker-1.json"]["done"]
 
 
 @pytest.mark.slow  # fast twin: the 5 s stop below

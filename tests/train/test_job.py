@@ -1,4 +1,5 @@
-"""What every backend shares: the events of a job's processes, which of them stalled, and stop signals."""
+"""What every backend shares: the events of a job's processes and stop signals (which roles stalled:
+tests/train/test_liveness.py)."""
 
 import json
 import os
@@ -49,33 +50,6 @@ def _report(events, source, tag="@heartbeat", **payload):
     assert events.feed(source, f"{tag} {json.dumps(payload)}\n")
 
 
-def test_a_silent_process_is_stalled_unless_it_waits_for_a_worker_that_works(monkeypatch):
-    """The watchdog's rule: silent for longer than the stall timeout, except a worker that said it waits in a
-    collective while another worker is still reporting (Paddle holds the GIL in a barrier)."""
-    clock = [100.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    events = EventLog(echo=lambda line: None)
-    running = {"server-0": 0.0, "worker-0": 0.0, "worker-1": 0.0}
-    _report(events, "server-0")
-    _report(events, "worker-0", waiting=False)
-    _report(events, "worker-1", waiting=True)
-    clock[0] = 125.0
-    _report(events, "worker-0", waiting=False)  # worker 0 works (an export), worker 1 waits at the barrier
-    _report(events, "server-0")
-    assert events.stalled(running, stall_s=20.0, first_report_s=60.0) == []
-    clock[0] = 141.0  # worker 1 waits on, but worker 0 has been silent 16 s, within the timeout: nobody stalled
-    assert events.stalled(running, stall_s=20.0, first_report_s=60.0) == []
-    clock[0] = 150.0  # worker 0 silent 25 s and not waiting: stalled; worker 1 has no one left to wait for
-    assert events.stalled(running, stall_s=20.0, first_report_s=60.0) == [("worker-1", 50.0), ("server-0", 25.0),
-                                                                          ("worker-0", 25.0)]
-    _report(events, "worker-0", "@progress", role="worker", index=0, epoch=1, examples=10)  # progress counts too
-    _report(events, "server-0")
-    assert events.stalled(running, stall_s=20.0, first_report_s=60.0) == []
-    # A process that never reported is judged from its start, with the longer first-report limit.
-    assert events.stalled({**running, "worker-2": 95.0}, stall_s=20.0, first_report_s=60.0) == []
-    assert events.stalled({**running, "worker-2": 80.0}, stall_s=20.0, first_report_s=60.0) == [("worker-2", 70.0)]
-
-
 def test_stop_signals_raise_once_then_wait_for_the_teardown():
     made = []
 
@@ -102,29 +76,6 @@ def test_stop_signals_raise_once_then_wait_for_the_teardown():
             time.sleep(0.05)
             made.append("teardown done")
     assert made == [signal.SIGTERM, "teardown done", signal.SIGINT]
-
-
-def test_a_long_save_is_work_while_the_servers_report_rows_written(monkeypatch):
-    """A checkpoint of a large table: every worker waits in the save (worker 0's call holds the GIL, the others
-    sit in its barrier), and the servers' sidecars report the rows they have written. Nobody is stalled while
-    the rows grow; once they stop growing (a save that hangs), the waiting workers are."""
-    clock = [100.0]
-    monkeypatch.setattr(time, "monotonic", lambda: clock[0])
-    lines = []
-    events = EventLog(echo=lines.append)
-    running = {"server-0": 0.0, "worker-0": 0.0, "worker-1": 0.0}
-    for worker in ("worker-0", "worker-1"):
-        _report(events, worker, waiting=True)
-    for second in range(0, 300, 5):  # five minutes of saving, well past the timeout
-        clock[0] = 100.0 + second
-        _report(events, "server-0", "@progress", role="server", index=0, state="saving", checkpoint="c",
-                rows=1000 * (second + 1), rows_per_s=1000.0)
-        assert events.stalled(running, stall_s=20.0, first_report_s=60.0) == [], second
-    assert lines[-1] == "[server 0] saving: 296,000 rows written (1,000 rows/s)"
-    clock[0] += 21.0  # the server still beats, but its save wrote nothing for longer than the timeout
-    _report(events, "server-0")
-    assert [name for name, _ in events.stalled(running, stall_s=20.0, first_report_s=60.0)] == ["worker-0",
-                                                                                               "worker-1"]
 
 
 def test_a_progress_events_curve_samples_each_become_a_point():

@@ -3,8 +3,9 @@
     python -m components.train.backends.docker_compose [overrides...] --out containers/docker-compose.yaml
     docker compose -f containers/docker-compose.yaml up --abort-on-container-failure
 
-Services: ``prep`` builds the dataset into the ``dataset`` volume and exits; ``ps-<i>`` servers start once it
-succeeded; ``worker-<i>`` workers start once every server is ready for them (:func:`ready_endpoints`);
+Services: ``prep`` builds the dataset into the ``dataset`` volume and exits; ``watch`` then takes the checkpoint
+store's lease for the job and follows it (:func:`watch_from_spec`); ``ps-<i>`` servers start once it holds the lease;
+``worker-<i>`` workers start once every server is ready for them (:func:`ready_endpoints`);
 ``evaluate`` scores the last checkpoint on the test split once every server and worker exited 0, writing the
 report into the ``evaluation`` volume and ``EVALUATION.json`` into the store. In the ``serving`` profile
 (``docker compose --profile serving up``; a plain ``up`` runs the job alone and ends), ``export`` then writes the
@@ -18,13 +19,22 @@ Checkpoints go to the ``checkpoints`` volume (``checkpoint.uri`` = :data:`CHECKP
 names a remote store. The mount points are directories of the image (``containers/Dockerfile``), owned by the
 non-root user. No service restarts itself: the job decides (a failed role fails the job; resume with
 ``python -m pipelines.ctr``).
+
+Compose has no launcher, so ``watch`` does what the other backends' launchers do besides starting roles: it holds
+the store's lease while the job runs, cleans what a killed job left in the store before any role starts, and reads
+the roles' heartbeat records under the one stall rule (:mod:`components.train.liveness`). A role that stalls, or a
+lease that is lost (another run took the store over), makes it exit 1, and ``up --abort-on-container-failure``
+(``containers/compose_up.py`` on podman) stops every container: the job stops. It exits 0 once every worker
+recorded it is done. A plain ``up`` without the flag would leave the other containers running.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
+import time
 from pathlib import Path, PurePosixPath
 from typing import Optional
 
@@ -56,6 +66,8 @@ HEALTHCHECK_INTERVAL_S = 2
 PREPARE_COMMAND = "prepare-data"
 EVALUATE_COMMAND = "evaluate"
 EXPORT_COMMAND = "export"
+WATCH_COMMAND = "watch"
+WATCH_READY = f"{SCRATCH}/watch.ready"  # written once the watch holds the store's lease: the roles may start
 REGENERATE = "python -m components.train.backends.docker_compose --out containers/docker-compose.yaml"
 
 
@@ -148,9 +160,16 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> 
 
     module = ["python", "-m", "components.train.backends.docker_compose"]
     services = {"prep": service(image, [*module, PREPARE_COMMAND], {}, [f"dataset:{DATA_MOUNT}"])}
+    watch = service(image, [*module, WATCH_COMMAND], {}, store)
+    watch["depends_on"] = {"prep": {"condition": "service_completed_successfully"}}
+    watch["healthcheck"] = {"test": ["CMD", "test", "-f", WATCH_READY], "interval": f"{HEALTHCHECK_INTERVAL_S}s",
+                            "timeout": f"{HEALTHCHECK_INTERVAL_S}s",
+                            "retries": -(-int(cfg.ps.startup_timeout_s) // HEALTHCHECK_INTERVAL_S)}
+    services["watch"] = watch
     for i in range(cfg.ps.servers):
         server = role_service(Role.SERVER, i, image)
-        server["depends_on"] = {"prep": {"condition": "service_completed_successfully"}}
+        server["depends_on"] = {"prep": {"condition": "service_completed_successfully"},
+                                "watch": {"condition": "service_healthy"}}
         # Retries span ps.startup_timeout_s, as long as the local launcher waits for a server.
         server["healthcheck"] = {"test": ["CMD", *ready_probe_command(ready_endpoints(layout, i))],
                                  "interval": f"{HEALTHCHECK_INTERVAL_S}s",
@@ -169,7 +188,7 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> 
         services[f"worker-{i}"] = worker
     evaluate = service(image, [*module, EVALUATE_COMMAND], {},
                        [f"dataset:{DATA_MOUNT}:ro", *store, f"evaluation:{EVALUATION_MOUNT}"])
-    # Only a job whose every process exited 0 is evaluated.
+    # Only a job whose every process (the watch too) exited 0 is evaluated.
     evaluate["depends_on"] = {name: {"condition": "service_completed_successfully"}
                               for name in services if name != "prep"}
     services["evaluate"] = evaluate
@@ -277,6 +296,30 @@ def evaluate_from_spec(spec_file: str, out_dir: str = EVALUATION_MOUNT) -> str:
     return f"{line}, checkpoint {ckpt_id}; report: {out_dir}/report.html"
 
 
+def watch_from_spec(spec_file: str, ready: Optional[str] = None) -> str:
+    """The ``watch`` service: hold the store's lease for the job, clean what a killed job left in the store, say so
+    in ``ready`` (default :data:`WATCH_READY`), then follow the roles' heartbeat records until every worker is done (:func:`liveness.watch`);
+    raises :class:`~components.train.job.RoleFailed` for a role that stalls, a store error for a lost lease."""
+    from components.checkpoint.lease import StoreLease, new_run_id
+    from components.checkpoint.store import CheckpointStore
+    from components.train import liveness
+    from components.train.job import PsJobError, StopSignals, clean_store
+
+    cfg = from_dict(JobSpec.load(spec_file).config)
+    store, ps = CheckpointStore(cfg.checkpoint.uri), cfg.ps
+
+    def stopped(signum: int) -> PsJobError:  # `compose down`, or the driver stopping a failed job: the lease goes back
+        return PsJobError("watch", f"stopped by {signal.Signals(signum).name}; the store's lease is given back")
+
+    with StopSignals(stopped), StoreLease(store, new_run_id()) as lease:
+        clean_store(store)
+        Path(ready or WATCH_READY).touch()
+        started = time.monotonic()
+        reader = liveness.Liveness(store, PROJECT, ps.stall_timeout_s, ps.startup_timeout_s + ps.stall_timeout_s)
+        liveness.watch(reader, ps.servers, ps.workers, lease)
+    return f"every worker is done after {time.monotonic() - started:.0f}s; no role stalled, the store's lease held"
+
+
 def export_from_spec(spec_file: str, out_dir: str = f"{SCRATCH}/serving_model") -> str:
     """The ``export`` service: the checkpoint ``evaluate`` scored, as the next version of the export store, when its
     test AUC is at least ``eval.min_auc`` (the pipeline's gate); ``out_dir``: the version's copy the export step
@@ -304,6 +347,16 @@ def main(argv: list[str]) -> int:
     if argv[:1] == [PREPARE_COMMAND] and len(argv) == 2:
         rows = prepare_from_spec(argv[1])["rows"]
         print(f"dataset ready: {rows['train']:,} train + {rows['test']:,} test rows", flush=True)
+        return 0
+    if argv[:1] == [WATCH_COMMAND] and len(argv) == 2:
+        from components.checkpoint.store import CheckpointStoreError
+        from components.train.job import PsJobError
+
+        try:
+            print(f"watch: {watch_from_spec(argv[1])}", flush=True)
+        except (PsJobError, CheckpointStoreError) as err:  # a role stalled, the lease was refused or lost
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return 1
         return 0
     if argv[:1] == [EVALUATE_COMMAND] and len(argv) == 2:
         print(f"evaluation: {evaluate_from_spec(argv[1])}", flush=True)

@@ -3,7 +3,8 @@
 Each process gets exactly the environment a Kubernetes pod would (:func:`env.role_env`). The launcher
 streams every process's output into ``logs/<role>-<i>.log``, prints the workers' progress, and owns
 shutdown: when all workers finish it waits for the servers to stop; when any process dies, reports nothing
-for ``ps.stall_timeout_s`` (stopped, hung), or the job loses its checkpoint store's lease, it stops the
+for ``ps.stall_timeout_s`` (stopped, hung: its heartbeat record in the store stops changing,
+:mod:`components.train.liveness`), or the job loses its checkpoint store's lease, it stops the
 whole job within seconds and raises :class:`PsJobError` naming the role (or the store) and its last log
 lines. SIGTERM, SIGINT and SIGHUP stop it the same way (:class:`JobStopped`).
 
@@ -37,8 +38,9 @@ from components.ps.contract import (HEARTBEAT, STORE_REFUSED_EXIT, STORE_REFUSED
                                     endpoint_accepts, role_env)
 from components.ps.liveness import PARENT_PID_ENV, process_state
 from components.train.backends.base import JobBackend, StepInputs
-from components.train.job import (JobResult, PreparedJob, PsJobError, PsJobStoreError, StopSignals, check_lease,
-                                  clean_store)
+from components.train.job import (JobResult, PreparedJob, PsJobError, PsJobStoreError, RoleFailed, StopSignals,
+                                  check_lease, clean_store)
+from components.train.liveness import Liveness, stall_what
 from components.train.restarts import NOT_RESTARTED, Attempt, Restart, position
 
 TAIL_LINES = 30
@@ -52,15 +54,6 @@ SERVER_EXIT_S = 30.0
 
 class JobStopped(PsJobError):
     """The launcher was asked to stop (SIGTERM, SIGINT, SIGHUP); the job's processes are stopped."""
-
-
-class RoleFailed(PsJobError):
-    """A role of the job died or stalled: ``what`` happened to it, in one phrase; ``restartable`` unless no whole-job
-    restart can mend it (a configuration error)."""
-
-    def __init__(self, role: str, message: str, what: str, restartable: bool):
-        super().__init__(role, message)
-        self.what, self.restartable = what, restartable
 
 
 @dataclass
@@ -122,6 +115,8 @@ class LocalJob(JobBackend):
         self.attempts = self.cfg.cluster.max_restarts + 1
         self.restarts: list[Restart] = []
         self.pumps: list[threading.Thread] = []
+        ps = self.cfg.ps
+        self.liveness = Liveness(job.store, self.job_id, ps.stall_timeout_s, ps.startup_timeout_s + ps.stall_timeout_s)
 
     @classmethod
     def for_step(cls, job: PreparedJob, inputs: StepInputs) -> "LocalJob":
@@ -291,6 +286,7 @@ class LocalJob(JobBackend):
         self.echo(restart.line(self.job_id))
         self.attempt_job, self.attempt = replace(self.job, restore=target), Attempt(self.attempt.number + 1)
         self.events.new_attempt()
+        self.liveness.new_attempt(self.job_id)
         self.processes = []
         self.layout = local_layout(self.cfg.ps.servers, self.cfg.ps.workers, self.cfg.ps.host, self.job_id)
 
@@ -327,17 +323,16 @@ class LocalJob(JobBackend):
         check_lease(self.lease, f"PS job {self.job_id}")
 
     def _check_stalls(self) -> None:
-        """A process that reports nothing for ps.stall_timeout_s fails the job (a stopped one is named first)."""
-        ps = self.cfg.ps
+        """A process whose heartbeat record stops changing for ps.stall_timeout_s fails the attempt (a stopped one is
+        named first)."""
         running = {p.name: p for p in self.processes if p.popen.poll() is None}
-        stalled = self.events.stalled({name: p.started for name, p in running.items()}, ps.stall_timeout_s,
-                                      ps.startup_timeout_s + ps.stall_timeout_s)
+        self.liveness.poll()
+        stalled = self.liveness.stalled({name: p.started for name, p in running.items()})
         if not stalled:
             return
         name, silent = next(((n, s) for n, s in stalled if process_state(running[n].popen.pid) == "T"), stalled[0])
         stopped = " (its process is stopped: state T)" if process_state(running[name].popen.pid) == "T" else ""
-        raise self._failure(running[name], f"reported nothing for {silent:.0f}s (ps.stall_timeout_s="
-                                           f"{ps.stall_timeout_s:g}): it is stopped or hung{stopped}")
+        raise self._failure(running[name], stall_what(silent, self.cfg.ps.stall_timeout_s) + stopped)
 
     def _sample_server_memory(self) -> None:
         """Each server's RSS from the first sample after it reported serving (its table still empty: workers

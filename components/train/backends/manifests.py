@@ -231,17 +231,17 @@ def pod_labels(cfg: CtrConfig, name: str, role: Role) -> dict[str, str]:
     return labels
 
 
-def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str, attempt: int) -> dict:
+def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str) -> dict:
     pods = cfg.cluster.servers if role is Role.SERVER else cfg.cluster.workers
     layout = kubernetes_layout(cfg, host_base(cfg, name))
     port = cfg.cluster.paddle_port
-    if cfg.cluster.backend is ClusterBackend.paddlejob:  # the launcher recreates a failed one and counts the attempts
-        restart = {"name": RESTART_ENV, "value": str(attempt)}
-    else:
-        restart = {"name": RESTART_ENV, "valueFrom": {"fieldRef": {"fieldPath": JOBSET_RESTART_FIELD}}}
-    env = (role_env_template(cfg, layout, role) + [restart, {"name": SPEC_ENV, "value": spec_json},
-                                                   {"name": "HOME", "value": SCRATCH},
-                                                   {"name": "PYTHONUNBUFFERED", "value": "1"}]
+    # A JobSet restarts its pods in place: they resume from the run's newest checkpoint. A PaddleJob is recreated by
+    # the launcher, whose spec names the checkpoint it resumes from (chosen and verified there).
+    restart = ([] if cfg.cluster.backend is ClusterBackend.paddlejob
+               else [{"name": RESTART_ENV, "valueFrom": {"fieldRef": {"fieldPath": JOBSET_RESTART_FIELD}}}])
+    env = (role_env_template(cfg, layout, role) + restart + [{"name": SPEC_ENV, "value": spec_json},
+                                                             {"name": "HOME", "value": SCRATCH},
+                                                             {"name": "PYTHONUNBUFFERED", "value": "1"}]
            + storage_secret_env(cfg))
     ports = [{"name": "ps", "containerPort": port, "protocol": "TCP"}]
     if role is Role.SERVER:
@@ -321,7 +321,7 @@ def _replicated_job(cfg: CtrConfig, name: str, role: Role, spec_json: str, repli
     # Indexed: pods get their index (COMPLETION_INDEX_FIELD) and JobSet their host names from it.
     job = {"parallelism": pods, "completions": pods, "completionMode": "Indexed", "backoffLimit": 0,
            "podFailurePolicy": pod_failure_policy(cfg, role),
-           "template": pod_template(cfg, name, role, spec_json, attempt=0)}
+           "template": pod_template(cfg, name, role, spec_json)}
     return {"name": replicated_job(cfg, role), "replicas": replicas, "template": {"spec": job}}
 
 
@@ -363,7 +363,7 @@ def training_runtime(cfg: CtrConfig, name: str, namespace: str, spec_json: str, 
 def trainjob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: Optional[dict]) -> dict:
     """The TrainJob running :func:`training_runtime` (of the same name): ``numNodes`` workers with the workers'
     resources and env (the pod template's, which Trainer puts on the ``node`` container)."""
-    node = pod_template(cfg, name, Role.WORKER, spec_json, attempt=0)["spec"]["containers"][0]
+    node = pod_template(cfg, name, Role.WORKER, spec_json)["spec"]["containers"][0]
     return {"apiVersion": TRAINER_API, "kind": "TrainJob",
             "metadata": _metadata(cfg, name, namespace, owner, queued=True),
             "spec": {"runtimeRef": {"apiGroup": TRAINER_GROUP, "kind": "TrainingRuntime", "name": name},
@@ -371,9 +371,9 @@ def trainjob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: O
                                  "env": node["env"]}}}
 
 
-def paddlejob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: Optional[dict], attempt: int) -> dict:
+def paddlejob(cfg: CtrConfig, name: str, namespace: str, spec_json: str, owner: Optional[dict]) -> dict:
     def role_spec(role: Role, replicas: int) -> dict:
-        return {"replicas": replicas, "template": pod_template(cfg, name, role, spec_json, attempt)}
+        return {"replicas": replicas, "template": pod_template(cfg, name, role, spec_json)}
 
     return {
         "apiVersion": PADDLEJOB_API,
@@ -403,7 +403,7 @@ def network_policy(cfg: CtrConfig, name: str, namespace: str, owner: Optional[di
             "spec": policy_spec(cfg, job_pod_selector(cfg, name), store_uris)}
 
 
-def _job_objects(cfg: CtrConfig, spec_json: str, *, name: str, namespace: str, attempt: int,
+def _job_objects(cfg: CtrConfig, spec_json: str, *, name: str, namespace: str,
                  owner: Optional[dict], data_uri: str) -> list[dict]:
     """``data_uri``: where the pods read the dataset (with ``checkpoint.uri`` and a warm start's store, what the
     NetworkPolicy lets them reach)."""
@@ -415,20 +415,19 @@ def _job_objects(cfg: CtrConfig, spec_json: str, *, name: str, namespace: str, a
     elif cfg.cluster.backend is ClusterBackend.jobset:
         objects.append(jobset(cfg, name, namespace, spec_json, owner))
     elif cfg.cluster.backend is ClusterBackend.paddlejob:
-        objects.append(paddlejob(cfg, name, namespace, spec_json, owner, attempt))
+        objects.append(paddlejob(cfg, name, namespace, spec_json, owner))
     else:
         raise ValueError(f"cluster.backend {cfg.cluster.backend.value!r} does not run on Kubernetes")
     return objects
 
 
-def job_manifests(job: PreparedJob, *, name: str, namespace: str, data_uri: str, attempt: int = 0,
+def job_manifests(job: PreparedJob, *, name: str, namespace: str, data_uri: str,
                   owner: Optional[dict] = None, pipeline_run: Optional[str] = None) -> list[dict]:
     """The objects to create, in order: the NetworkPolicy (if enabled), then the job: a TrainingRuntime and the
     TrainJob running it, a JobSet or a PaddleJob. The job object (the one to follow) is the last. Each is
     labelled with ``pipeline_run`` (:data:`PIPELINE_RUN_LABEL`), the Kubeflow run creating it, if known."""
     spec_json = job.spec(data_uri, WORKDIR, STAGING).to_json()
-    objects = _job_objects(job.cfg, spec_json, name=name, namespace=namespace, attempt=attempt, owner=owner,
-                           data_uri=data_uri)
+    objects = _job_objects(job.cfg, spec_json, name=name, namespace=namespace, owner=owner, data_uri=data_uri)
     if pipeline_run:
         for obj in objects:
             obj["metadata"]["labels"][PIPELINE_RUN_LABEL] = pipeline_run
@@ -455,7 +454,7 @@ def review_manifests(cfg: CtrConfig, data_uri: str, name: str = REVIEW_NAME) -> 
     (read from the store when the step starts; none here) and the owner (the step's pod)."""
     spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=pod_data_uri(data_uri), workdir=WORKDIR,
                    staging_dir=STAGING)
-    return _job_objects(cfg, spec.to_json(), name=name, namespace=cfg.cluster.namespace, attempt=0, owner=None,
+    return _job_objects(cfg, spec.to_json(), name=name, namespace=cfg.cluster.namespace, owner=None,
                         data_uri=spec.data_dir)
 
 

@@ -23,7 +23,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
 from components.config import ClusterBackend, validate
-from components.ps.contract import CONFIG_ERROR_EXIT, RESTART_ENV
+from components.ps.contract import CONFIG_ERROR_EXIT, RESTART_ENV, SPEC_ENV
 from components.train import step
 from components.train.backends import manifests
 from components.train.backends.kubernetes.api import KubeApis
@@ -591,16 +591,17 @@ def test_kueue_suspension_does_not_count_as_failing_to_start(config, tmp_path, l
             "quota in LocalQueue team-a-queue)") in echoed
 
 
-def _paddlejob_controller(fail_attempts: int, restart_env: list[str],
+def _paddlejob_controller(fail_attempts: int, restores: list[Optional[dict]],
                           fail: Callable[[FakePod], object] = lambda pod: pod.end(1, "Error")):
-    """A PaddleJob whose first ``fail_attempts`` attempts fail in worker 1 (``fail`` ends it); records each
-    attempt's PS_RESTART_ATTEMPT."""
+    """A PaddleJob whose first ``fail_attempts`` attempts fail in worker 1 (``fail`` ends it); records what each
+    attempt's spec restores (its pods have no restart attempt to choose from themselves)."""
 
     def controller(cluster, body):
         name = body["metadata"]["name"]
         env = {e["name"]: e.get("value") for e in cluster.pod_templates(body)["worker"]["spec"]["containers"][0]["env"]}
-        restart_env.append(env[RESTART_ENV])
-        if len(restart_env) <= fail_attempts:
+        assert RESTART_ENV not in env
+        restores.append(json.loads(env[SPEC_ENV])["restore"])
+        if len(restores) <= fail_attempts:
             fail(cluster.add_pod(body, "worker", 1).log("connecting to servers", "RuntimeError: brpc timeout"))
             cluster.statuses[name] = lambda: {"phase": "Failed"}
         else:
@@ -615,12 +616,14 @@ def test_paddlejob_is_recreated_after_a_failure_with_the_next_attempt(config, tm
     cluster, echoed = FakeCluster(_paddlejob_controller(1, restart_env)), []
     job = _launcher(_cfg(config, "cluster.backend=paddlejob", "cluster.max_restarts=2"), tmp_path, cluster, echoed)
     result = job.run()
-    assert restart_env == ["0", "1"]
+    assert restart_env == [None, None]  # no checkpoint committed: both attempts start from scratch
     assert [name for kind, name in cluster.created if kind == "PaddleJob"] == [job.job_name(0), job.job_name(1)]
     assert job.job_name(1) != job.job_name(0)
     assert [kind for kind, _, _ in cluster.deleted] == ["PaddleJob", "NetworkPolicy"] * 2 and cluster.objects == {}
-    assert any("worker-1" in line and "RuntimeError: brpc timeout" in line and "attempt 1 of 3" in line
-               for line in echoed)
+    assert any("worker-1" in line and "RuntimeError: brpc timeout" in line for line in echoed)
+    assert (f"restart 1 of 2: PS job {job.base_name}: worker-1 exited with code 1 (Error); attempt 2 of 3 starting "
+            "from scratch again; at least 0 examples to train again (0s of training lost)") in echoed
+    assert [(r.attempt, r.role) for r in job.restarts] == [(1, "worker-1")]
     assert [c["id"] for c in result.checkpoints] == ["ckpt-1"]
 
 
@@ -629,7 +632,7 @@ def test_paddlejob_gives_up_after_max_restarts(config, tmp_path, launcher_pod):
     cluster = FakeCluster(_paddlejob_controller(99, restart_env))
     with pytest.raises(PsJobError) as failed:
         _launcher(_cfg(config, "cluster.backend=paddlejob", "cluster.max_restarts=1"), tmp_path, cluster, []).run()
-    assert restart_env == ["0", "1"]
+    assert restart_env == [None, None]
     assert failed.value.role == "worker-1" and "RuntimeError: brpc timeout" in str(failed.value)
     assert len(cluster.deleted) == 4 and cluster.objects == {}
 
@@ -639,7 +642,7 @@ def test_a_preempted_paddlejob_is_recreated_without_using_up_max_restarts(config
     cluster, echoed = FakeCluster(_paddlejob_controller(2, restart_env, fail=FakePod.disrupt)), []
     job = _launcher(_cfg(config, "cluster.backend=paddlejob", "cluster.max_restarts=0"), tmp_path, cluster, echoed)
     result = job.run()
-    assert restart_env == ["0", "1", "2"] and [c["id"] for c in result.checkpoints] == ["ckpt-1"]
+    assert restart_env == [None] * 3 and [c["id"] for c in result.checkpoints] == ["ckpt-1"]
     disrupted = [line for line in echoed if "was disrupted by the cluster (not counted)" in line]
     assert len(disrupted) == 2 and "the cluster disrupted it (PreemptionByScheduler" in disrupted[0]
     assert cluster.objects == {}
@@ -650,7 +653,7 @@ def test_a_paddlejob_configuration_error_is_not_recreated(config, tmp_path, laun
     cluster = FakeCluster(_paddlejob_controller(1, restart_env, fail=lambda pod: pod.end(CONFIG_ERROR_EXIT, "Error")))
     with pytest.raises(PsJobError, match="a configuration error: restarting cannot mend it"):
         _launcher(_cfg(config, "cluster.backend=paddlejob", "cluster.max_restarts=2"), tmp_path, cluster, []).run()
-    assert restart_env == ["0"] and cluster.objects == {}
+    assert restart_env == [None] and cluster.objects == {}
 
 
 @pytest.mark.parametrize("backend", JOBSET_BACKENDS)

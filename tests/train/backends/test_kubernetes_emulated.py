@@ -22,6 +22,7 @@ from components.checkpoint.lease import LEASE, StoreLease  # noqa: E402
 from components.checkpoint.store import CheckpointStore  # noqa: E402
 from components.config import validate  # noqa: E402
 from components.ps.contract import CONFIG_ERROR_EXIT  # noqa: E402
+from components.ps.liveness import HeartbeatRecord  # noqa: E402
 from components.train.backends import manifests  # noqa: E402
 from components.train.backends.kubernetes.api import KubeObject  # noqa: E402
 from components.train.backends.kubernetes.cleanup import delete_pipeline_run_objects  # noqa: E402
@@ -301,6 +302,107 @@ def test_a_job_whose_store_lease_is_taken_over_is_deleted_and_fails_the_step_in_
     assert "\n" not in message and "taken over by run other-run" in message and launcher.base_name in message
     assert "its Kubernetes objects are deleted" in message
     assert cluster.objects(JOB_RESOURCE[backend]) == [] and cluster.objects(RESOURCES["NetworkPolicy"]) == []
+
+
+class BeatingRoles:
+    """The roles of each job object the controller sees created, running (their pods' phase Running) and writing
+    heartbeat records into the job's checkpoint store every 0.1 s as the real roles do
+    (:class:`components.ps.liveness.HeartbeatRecord`), until the test stops them: ``silent`` names a role whose
+    records stop changing after its first in the attempts listed (a hung worker)."""
+
+    def __init__(self, controller: PlayedController, store: CheckpointStore, servers: int, workers: int,
+                 silent: dict[int, str], succeed_after_s: Optional[float] = None):
+        self.controller, self.store, self.servers, self.workers = controller, store, servers, workers
+        self.silent, self.succeed_after_s = silent, succeed_after_s
+        self.attempts: list[str] = []
+        self.stop = threading.Event()
+
+    def __call__(self, controller: PlayedController, body: dict) -> None:
+        attempt, name = len(self.attempts), body["metadata"]["name"]
+        self.attempts.append(name)
+        roles = [("server", i) for i in range(self.servers)] + [("worker", i) for i in range(self.workers)]
+        records = {(role, i): HeartbeatRecord(self.store, role, i, name) for role, i in roles}
+        pods = []
+        for role, i in roles:
+            pod, labels, container = job_pod(body, "ps" if role == "server" else role, i, controller.runtime(body))
+            controller.apis.core.create_namespaced_pod(NAMESPACE, {
+                "apiVersion": "v1", "kind": "Pod", "metadata": {"name": pod, "labels": labels},
+                "spec": {"containers": [{"name": container, "image": "ctr-ps:test"}]}})
+            controller.apis.core.patch_namespaced_pod_status(pod, NAMESPACE, {"status": {"phase": "Running"}})
+            pods.append(pod)
+        threading.Thread(target=self._beat, args=(attempt, body, records, pods), daemon=True).start()
+
+    def _beat(self, attempt: int, body: dict, records: dict, pods: list[str]) -> None:
+        started = time.monotonic()
+        while not self.stop.is_set():
+            for (role, i), record in records.items():
+                if f"{role}-{i}" != self.silent.get(attempt) or record.seq == 0:
+                    record.write(progress={"epoch": 1, "examples": 100 * record.seq} if role == "worker" else None)
+            if self.succeed_after_s is not None and time.monotonic() - started > self.succeed_after_s \
+                    and attempt not in self.silent:
+                for i in range(self.workers):
+                    records["worker", i].write(done=True)
+                for pod in pods:  # ended: their logs are read to their end
+                    self.controller.apis.core.patch_namespaced_pod_status(pod, NAMESPACE,
+                                                                          {"status": {"phase": "Succeeded"}})
+                self.controller.end(body, SUCCEEDED[self.controller.backend])
+                return
+            time.sleep(0.1)
+
+
+def _liveness_cfg(config, backend: str, *overrides):
+    """Roles beat every second (the least ps.progress_period_s) and stall after 3 s of silence."""
+    return _cfg(config, backend, "ps.progress_period_s=1", "ps.stall_timeout_s=3", "ps.startup_timeout_s=5",
+                *overrides)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_worker_whose_heartbeat_stops_has_the_job_deleted_and_created_again_from_scratch(
+        config, tmp_path, launcher_pod, cluster, backend):
+    """Worker 1 hangs (its pod still Running, its heartbeat record no longer changes): no kind's own restart policy
+    sees that, the launcher does, from the store; it deletes the job, creates it again under a new name, says
+    what the restart cost, and the second attempt succeeds."""
+    cfg = _liveness_cfg(config, backend, "cluster.max_restarts=1")
+    controller = PlayedController(cluster, backend)
+    roles = BeatingRoles(controller, CheckpointStore(cfg.checkpoint.uri), 1, 2, silent={0: "worker-1"},
+                         succeed_after_s=1.5)
+    controller.control(roles)
+    echoed = []
+    job = _launcher(cfg, tmp_path, cluster, echoed)
+    try:
+        job.run()
+    finally:
+        roles.stop.set()
+    assert roles.attempts == [job.job_name(0), job.job_name(1)]
+    (restart,) = job.restarts
+    assert restart.role == "worker-1" and restart.what.startswith("reported nothing for ")
+    line = next(line for line in echoed if line.startswith("restart 1 of 1: "))
+    assert f"PS job {job.base_name}: worker-1 reported nothing for" in line
+    assert "attempt 2 of 2 starting from scratch again; at least " in line and " examples to train again" in line
+    assert restart.examples_again > 0  # what the workers' records said they trained before the restart
+    assert [r.name for r in cluster.requests("DELETE", JOB_RESOURCE[backend])] == roles.attempts
+    assert cluster.objects(JOB_RESOURCE[backend]) == [] and cluster.objects(RESOURCES["NetworkPolicy"]) == []
+
+
+@pytest.mark.parametrize("backend", ["trainjob", "paddlejob"])
+def test_a_worker_whose_heartbeat_stops_with_no_restart_left_fails_the_step_in_one_line_with_status_4(
+        config, tmp_path, launcher_pod, cluster, backend):
+    from pipelines.errors import ExitStatus, user_error
+
+    cfg = _liveness_cfg(config, backend, "cluster.max_restarts=0")
+    controller = PlayedController(cluster, backend)
+    roles = BeatingRoles(controller, CheckpointStore(cfg.checkpoint.uri), 1, 2, silent={0: "worker-1"})
+    controller.control(roles)
+    job = _launcher(cfg, tmp_path, cluster, [])
+    try:
+        with pytest.raises(PsJobError) as failed:
+            job.run()
+    finally:
+        roles.stop.set()
+    status, line = user_error(failed.value)
+    assert status is ExitStatus.JOB_FAILED and failed.value.role == "worker-1"
+    assert line.startswith(f"PS job {job.job_name(0)}: worker-1 reported nothing for ") and "stopped or hung" in line
+    assert roles.attempts == [job.job_name(0)] and cluster.objects(JOB_RESOURCE[backend]) == []
 
 
 def test_a_watch_sees_the_trainjob_created_ended_and_deleted(config, tmp_path, launcher_pod, cluster):

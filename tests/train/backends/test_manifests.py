@@ -48,9 +48,9 @@ def _prepared(cfg, restore=None):
     return PreparedJob(planned_config(cfg, restore)[0], CheckpointStore("memory://manifests"), restore, plan=None)
 
 
-def _objects(cfg, restore=None, attempt=0):
+def _objects(cfg, restore=None):
     return manifests.job_manifests(_prepared(cfg, restore), name="ctr-1a2b3c", namespace="team-a",
-                                   data_uri="s3://ctr/kfp/prepare/dataset", attempt=attempt, owner=OWNER)
+                                   data_uri="s3://ctr/kfp/prepare/dataset", owner=OWNER)
 
 
 def _round_trip(obj: dict, model: str) -> dict:
@@ -386,10 +386,16 @@ def test_kueue_cannot_queue_a_paddlejob(prod):
     assert err.value.key == "cluster.queue_name"
 
 
-def test_paddlejob_restart_attempt_is_a_value_the_launcher_sets(prod):
-    _, job = _objects(prod("cluster.backend=paddlejob"), attempt=2)
+def test_a_paddlejob_resumes_from_what_its_spec_names_and_a_jobset_from_its_restart_attempt(prod):
+    """A PaddleJob is recreated by the launcher with the checkpoint it chose in the roles' spec: the pods have no
+    restart attempt to choose again from; a JobSet's pods read theirs from the annotation JobSet sets."""
+    _, job = _objects(prod("cluster.backend=paddlejob"))
     env = {e["name"]: e for e in job["spec"]["worker"]["template"]["spec"]["containers"][0]["env"]}
-    assert env[RESTART_ENV] == {"name": RESTART_ENV, "value": "2"}
+    assert RESTART_ENV not in env and SPEC_ENV in env
+    _, jobset = _objects(prod("cluster.backend=jobset"))
+    template = jobset["spec"]["replicatedJobs"][-1]["template"]["spec"]["template"]
+    env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
+    assert env[RESTART_ENV]["valueFrom"]["fieldRef"]["fieldPath"] == manifests.JOBSET_RESTART_FIELD
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

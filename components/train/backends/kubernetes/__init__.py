@@ -11,9 +11,14 @@ created them, so that the run's exit handler deletes whatever a cancelled or fai
 
 Restarts: a JobSet (under a TrainJob too) restarts the whole job itself (``failurePolicy``): up to
 ``cluster.max_restarts`` times, without counting a restart after the cluster disrupted a pod (preemption,
-eviction), and not at all after a role's configuration error. A PaddleJob has no such policy, so the launcher
-applies the same rules: a failed one is deleted and created again under a new name. Either way the roles resume
-from the latest committed checkpoint (``PS_RESTART_ATTEMPT``).
+eviction), and not at all after a role's configuration error; its roles resume from the run's latest committed
+checkpoint (``PS_RESTART_ATTEMPT``). A PaddleJob has no such policy, so the launcher applies the same rules: a
+failed one is deleted and created again under a new name. A hung role fails no pod, so no kind's policy sees it: the
+roles' heartbeat records in the checkpoint store do (:mod:`components.train.liveness`), and the launcher deletes and
+recreates the job of any kind, counting against ``cluster.max_restarts``. A job the launcher recreates resumes from
+the newest intact checkpoint of the run (chosen and verified by the launcher, named in the roles' spec), and one
+line says what the restart loses (:mod:`components.train.restarts`); with no restart left, the step fails with
+exit status 4, as a local job does.
 
 A TrainJob or JobSet waiting in a Kueue queue (suspended) is not failing to start: ``cluster.start_timeout_s``
 counts from its admission.

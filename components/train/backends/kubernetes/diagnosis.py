@@ -14,7 +14,7 @@ from components.ps.contract import CONFIG_ERROR_EXIT
 from components.train.backends import manifests
 from components.train.backends.kubernetes.api import REQUEST_TIMEOUT_S, STARTED_PHASES, KubeApis, KubeObject, api_reason
 from components.train.backends.kubernetes.status import Outcome
-from components.train.job import PsJobError
+from components.train.job import PsJobError, RoleFailed
 
 TAIL_LINES = 30
 
@@ -55,20 +55,23 @@ class PodDiagnosis:
             return None
         return sorted((p for p in pods if _pod_failure(p)), key=_failed_at)
 
-    def failure(self, job: KubeObject, outcome: Outcome, failed: Optional[list]) -> PsJobError:
-        """The error naming the pod that failed first, quoting the last lines of its log."""
+    def failure(self, job: KubeObject, outcome: Outcome, failed: Optional[list]) -> RoleFailed:
+        """The error naming the pod that failed first, quoting the last lines of its log; not restartable after a
+        configuration error."""
         if failed is None:
-            return PsJobError(job.name, f"PS job {job.name}: {job} failed ({outcome.detail}); its pods cannot be "
-                                        "listed")
+            return RoleFailed(job.name, f"PS job {job.name}: {job} failed ({outcome.detail}); its pods cannot be "
+                                        "listed", f"failed ({outcome.detail})", restartable=True)
         if not failed:
-            return PsJobError(job.name, f"PS job {job.name}: {job} failed ({outcome.detail}); no failed pod is left "
-                                        "to name")
+            return RoleFailed(job.name, f"PS job {job.name}: {job} failed ({outcome.detail}); no failed pod is left "
+                                        "to name", f"failed ({outcome.detail})", restartable=True)
         first = failed[0]
         role = self._role_name(first)
         others = ", ".join(self._role_name(p) for p in failed[1:])
-        return PsJobError(role, f"PS job {job.name}: {role} (pod {first.metadata.name}) {_pod_failure(first)} "
+        what = _pod_failure(first)
+        return RoleFailed(role, f"PS job {job.name}: {role} (pod {first.metadata.name}) {what} "
                                 f"[{job}: {outcome.detail}]" + (f"; also failed: {others}" if others else "")
-                          + f". Last lines of its log:\n{self._log_tail(first)}")
+                          + f". Last lines of its log:\n{self._log_tail(first)}", what,
+                          restartable=not any(map(config_error, failed)))
 
     def _role_name(self, pod: Any) -> str:
         """``server-1`` / ``worker-0`` from the pod's role label and index; else the pod's name."""

@@ -1,5 +1,6 @@
 """One PS job on Kubernetes from the train step's pod: its objects created, worker 0's and the servers' logs
-followed, its outcome awaited (a PaddleJob recreated after a failure), and what it created always deleted (see the
+followed, its roles' heartbeat records in the store judged (:mod:`components.train.liveness`), its outcome awaited
+(the job recreated after a hung role, a PaddleJob after a failure too), and what it created always deleted (see the
 package doc)."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import signal
 import threading
 import time
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -22,10 +24,12 @@ from components.ps.contract import Role
 from components.train.backends import manifests
 from components.train.backends.base import JobBackend, StepInputs
 from components.train.backends.kubernetes.api import KubeApis, KubeObject, api_reason, launcher_namespace, transient
-from components.train.backends.kubernetes.diagnosis import PodDiagnosis, config_error, disrupted
+from components.train.backends.kubernetes.diagnosis import PodDiagnosis, disrupted
 from components.train.backends.kubernetes.pod_log import WORKER_0, PodLog
 from components.train.backends.kubernetes.status import STATUS_RULES, Outcome
-from components.train.job import PreparedJob, PsJobError, check_lease
+from components.train.job import PreparedJob, PsJobError, RoleFailed, check_lease
+from components.train.liveness import Liveness, role_names, stall_what
+from components.train.restarts import Attempt, Restart, position
 
 POLL_S = 5.0
 # Once the job ended, how long worker 0's log may take to be read to its end (its events make the result), and then
@@ -102,6 +106,17 @@ class KubernetesJob(JobBackend):
         # Worker 0's log first (its events make the result), then each server's: (role, index) -> its follower.
         self.followers: dict[tuple[Role, int], PodLog] = {}
         self.running: Optional[KubeObject] = None  # the job object of the current attempt
+        # What the current attempt trained (worker 0's events, every worker's heartbeat records): a restart says
+        # what it loses. The roles' liveness: their heartbeat records in the store, under the one stall rule.
+        self.attempt = Attempt(1)
+        # A role's first beat may come long after the job's first pod ran (its own pod waits for a node, pulls its
+        # image, fetches its data): it has cluster.start_timeout_s more than a local process.
+        ps = self.cfg.ps
+        self.liveness = Liveness(job.store, self.job_name(0), ps.stall_timeout_s,
+                                 self.cfg.cluster.start_timeout_s + ps.startup_timeout_s + ps.stall_timeout_s,
+                                 on_progress=lambda source, epoch, examples: self.attempt.progress(source, epoch,
+                                                                                                   examples))
+        self.restarts: list[Restart] = []
 
     @classmethod
     def for_step(cls, job: PreparedJob, inputs: StepInputs) -> "KubernetesJob":
@@ -121,7 +136,7 @@ class KubernetesJob(JobBackend):
             name = f"{role.value}-{index}"
             self.followers[role, index] = PodLog(self.apis, self.namespace, name, self.echo,
                                                  self.log_dir / f"{name}.log", self.poll_s,
-                                                 events=self.events if name == WORKER_0 else None)
+                                                 events=self._feed if name == WORKER_0 else None)
 
     def where(self) -> str:
         return f"{self.cfg.cluster.backend.value} in namespace {self.namespace}, data {self.data_uri}"
@@ -135,32 +150,33 @@ class KubernetesJob(JobBackend):
         self._launch(0)
 
     def follow(self) -> None:
-        """Wait for the job's outcome; a kind that restarts nothing itself is created again after a failure
-        (what JobSet's failurePolicy does): up to ``max_restarts`` times, after a disruption without counting,
-        after a configuration error not at all. Then read worker 0's log to its end, and what the servers logged."""
-        attempts = self.cfg.cluster.max_restarts + 1 if self.rules.relaunch else 1
+        """Wait for the job's outcome. A role that stops heartbeating (:mod:`components.train.liveness`) has the
+        launcher delete the job and create it again, as does a failed job of a kind that restarts nothing itself
+        (what JobSet's failurePolicy does): from the newest intact checkpoint of the run, up to ``max_restarts``
+        times, after a disruption without counting, after a configuration error not at all. Then read worker 0's
+        log to its end, and what the servers logged."""
+        attempts = self.cfg.cluster.max_restarts + 1
         counted, launch = 0, 0
         while True:
             job = self.running
-            outcome = self._wait(job)
-            if outcome.succeeded:
-                self.echo(f"{job} succeeded ({outcome.detail})")
-                break
-            failed = self.diagnosis.failed_pods(job)
-            failure = self.diagnosis.failure(job, outcome, failed)
-            was_disrupted = failed is not None and any(map(disrupted, failed))
+            try:
+                outcome = self._wait(job)
+            except RoleFailed as hung:  # a kind's own failurePolicy never sees a hung role: always the launcher's
+                failure, was_disrupted, restartable = hung, False, True
+            else:
+                if outcome.succeeded:
+                    self.echo(f"{job} succeeded ({outcome.detail})")
+                    break
+                failed = self.diagnosis.failed_pods(job)
+                failure = self.diagnosis.failure(job, outcome, failed)
+                was_disrupted = failed is not None and any(map(disrupted, failed))
+                restartable = self.rules.relaunch and failure.restartable
+            failed_at = time.monotonic()
             counted += not was_disrupted
-            if (not self.rules.relaunch or counted == attempts
-                    or (failed is not None and any(map(config_error, failed)))):
+            if not restartable or counted == attempts:
                 raise failure
             launch += 1
-            resume = restart_target(self.job.store, self.job.restore, launch, self.cfg.table.shard_num,
-                                    self.job.run_id)
-            why = ("was disrupted by the cluster (not counted)" if was_disrupted
-                   else f"failed (attempt {counted} of {attempts})")
-            self.echo(f"{failure}\n{job} {why}; creating it again, starting from {resume.id if resume else 'scratch'}")
-            self._delete_created()
-            self._launch(launch)
+            self._relaunch(launch, failure, was_disrupted, counted, attempts, failed_at)
         worker0, *servers = self.followers.values()
         if not worker0.finish(LOG_DRAIN_S):
             self.echo(f"warning: worker 0's log was not read to its end within {LOG_DRAIN_S:.0f}s; "
@@ -169,16 +185,45 @@ class KubernetesJob(JobBackend):
         for server in servers:  # one deadline for all: stop() cuts what is still being read
             server.finish(max(0.0, deadline - time.monotonic()))
 
+    def _relaunch(self, launch: int, failure: RoleFailed, was_disrupted: bool, counted: int, attempts: int,
+                  failed_at: float) -> None:
+        """Delete the failed attempt's objects and create the job again, resuming from the newest intact checkpoint
+        this run committed (chosen here, verified, and given to the roles in their spec); one line says what the
+        failure cost (:class:`components.train.restarts.Restart`)."""
+        target = restart_target(self.job.store, self.job.restore, launch, self.cfg.table.shard_num, self.job.run_id,
+                                verify=True, warn=lambda line: self.echo(f"warning: {line}"))
+        examples, seconds = self.attempt.lost_since(target.id if target is not None and target.resume else None,
+                                                    until=failed_at)
+        self._delete_created()
+        if was_disrupted:
+            self.echo(f"{failure}\n{self.running} was disrupted by the cluster (not counted); creating it again, "
+                      f"starting from {target.id if target else 'scratch'}")
+        else:
+            restart = Restart(counted, attempts, failure.role, failure.what, target,
+                              position(self.job.store, target), examples, seconds)
+            self.restarts.append(restart)
+            self.echo(str(failure))  # its pod is deleted next: the log lines it quotes are kept here
+            self.echo(restart.line(self.base_name))
+        self.attempt = Attempt(launch + 1)
+        self.events.new_attempt()
+        self.liveness.new_attempt(self.job_name(launch))
+        self._launch(launch, replace(self.job, restore=target))
+
     def stop(self) -> None:
         for follower in self.followers.values():
             follower.abort()
         self._delete_created()
 
-    def _launch(self, attempt: int) -> None:
-        """Create the job's objects in order; the last one is the job object, whose worker 0 is followed."""
-        bodies = manifests.job_manifests(self.job, name=self.job_name(attempt), namespace=self.namespace,
-                                         data_uri=self.data_uri, attempt=attempt, owner=self.owner,
-                                         pipeline_run=self.pipeline_run)
+    def _feed(self, source: str, line: str) -> bool:
+        """Worker 0's log line into the job's events and the current attempt's counts; True for an event."""
+        self.attempt.feed(source, line)
+        return self.events.feed(source, line)
+
+    def _launch(self, attempt: int, job: Optional[PreparedJob] = None) -> None:
+        """Create the job's objects in order; the last one is the job object, whose worker 0 is followed.
+        ``job``: a relaunch's, whose roles resume from the checkpoint in its spec (what the launcher verified)."""
+        bodies = manifests.job_manifests(job or self.job, name=self.job_name(attempt), namespace=self.namespace,
+                                         data_uri=self.data_uri, owner=self.owner, pipeline_run=self.pipeline_run)
         for body in bodies:
             obj = KubeObject.of(body)
             self.created.append(obj)  # before the call: a cancel landing during it must still delete it
@@ -193,8 +238,9 @@ class KubernetesJob(JobBackend):
             follower.selector = manifests.role_pod_selector(self.cfg, self.running.name, role, index)
 
     def _wait(self, job: KubeObject) -> Outcome:
+        """The job's outcome; raises :class:`RoleFailed` when one of its roles stops heartbeating."""
         errors, shown = 0, ""
-        since, started = time.time(), False
+        since, started = time.time(), None  # started: when the first pod ran (time.monotonic())
         while True:
             self._check_store()
             try:
@@ -218,9 +264,26 @@ class KubernetesJob(JobBackend):
                 if state and state != shown:
                     self.echo(f"{job}: {state}")
                     shown = state
-            if not started:
-                started = self.diagnosis.started(job, since)
+            if started is None and self.diagnosis.started(job, since):
+                started = time.monotonic()
+            if started is not None:
+                self._check_liveness(job, started)
             time.sleep(self.poll_s)
+
+    def _check_liveness(self, job: KubeObject, started: float) -> None:
+        """Raise :class:`RoleFailed` naming the role whose heartbeat record stopped changing (the servers are not
+        judged once every worker is done: worker 0 stops them)."""
+        self.liveness.poll()
+        if self.liveness.workers_done(self.cfg.ps.workers):
+            return
+        running = {name: started for name in role_names(self.cfg.ps.servers, self.cfg.ps.workers)
+                   if name not in self.liveness.done}
+        stalled = self.liveness.stalled(running)
+        if stalled:
+            source, silent = stalled[0]
+            what = stall_what(silent, self.cfg.ps.stall_timeout_s)
+            raise RoleFailed(source, f"PS job {job.name}: {source} {what} (its heartbeat record in "
+                                     f"{self.job.store.display_uri} stopped changing)", what, restartable=True)
 
     def _check_store(self) -> None:
         check_lease(self.lease, f"PS job {self.base_name} stopped", "; its Kubernetes objects are deleted")
@@ -241,3 +304,4 @@ def _launcher_pod() -> Optional[dict]:
     """The step's own pod as an ownerReference (POD_NAME / POD_UID from the downward API), if known."""
     name, uid = os.environ.get("POD_NAME"), os.environ.get("POD_UID")
     return {"apiVersion": "v1", "kind": "Pod", "name": name, "uid": uid} if name and uid else None
+

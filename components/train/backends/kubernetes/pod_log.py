@@ -15,7 +15,6 @@ from kubernetes.watch.watch import iter_resp_lines
 from urllib3.exceptions import HTTPError
 
 from components.train.backends.kubernetes.api import ENDED_PHASES, REQUEST_TIMEOUT_S, STARTED_PHASES, KubeApis
-from components.train.job import EventLog
 
 WORKER_0 = "worker-0"
 
@@ -28,12 +27,13 @@ def _time_key(stamp: str) -> str:
 
 class PodLog:
     """Follows the log of one role's pod (``role``: ``worker-0``, ``server-1``) in a thread: each line goes to
-    ``path``; events to ``events`` when given (worker 0's), other lines to ``echo``, prefixed with the role. A new
+    ``path``; each line to ``events`` when given (worker 0's: ``events(role, line)`` is True for an event), other
+    lines to ``echo``, prefixed with the role. A new
     pod (a restart) is followed when it starts; a cut stream is re-attached, skipping the lines it already
     delivered (by their timestamps)."""
 
     def __init__(self, apis: KubeApis, namespace: str, role: str, echo: Callable[[str], None], path: Path,
-                 poll_s: float, events: Optional[EventLog] = None):
+                 poll_s: float, events: Optional[Callable[[str, str], bool]] = None):
         self.apis, self.namespace, self.role, self.events, self.echo, self.path, self.poll_s = (
             apis, namespace, role, events, echo, path, poll_s)
         self.selector: Optional[str] = None  # set per job object; a relaunched PaddleJob has a new name
@@ -120,7 +120,7 @@ class PodLog:
                 self._position[uid] = (last, count)
                 log.write(line + "\n")
                 log.flush()
-                if self.events is None or not self.events.feed(self.role, line):
+                if self.events is None or not self.events(self.role, line):
                     self.echo(f"[{self.role}] {line}")
         finally:
             with self._lock:
