@@ -67,6 +67,10 @@ CASES = {
         lambda tmp: ["cluster.workers.gpus=1"], ["'cluster.workers.gpus' has value 1", "a CPU build"]),
     "dense adagrad outside geo": (lambda tmp: ["model.optimizer=adagrad"],
                                   ["'model.optimizer' has value 'adagrad'", "only with ps.mode=geo"]),
+    "a compression Paddle's brpc lacks": (lambda tmp: ["ps.compress=lz4"],
+                                          ["'ps.compress' has value 'lz4'", "none, snappy, gzip or zlib"]),
+    "a compression no one has": (lambda tmp: ["ps.compress=brotli"],
+                                 ["ps.compress=brotli", "none, snappy, gzip, zlib, lz4"]),
     "cluster": (lambda tmp: ["+cluster=prod", "checkpoint.uri=s3://bucket/ctr"],
                 ["'cluster.host'", "cluster.submit=false"]),
 }
