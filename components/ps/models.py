@@ -208,3 +208,19 @@ def heads(network: Net, feeds: Feeds, embedding_l2: float) -> Heads:
         loss = loss + embedding_l2 * row_mean(network.embedding_squares)
     _, _, stats = paddle.static.auc(paddle.concat([1 - prob, prob], axis=1), label)
     return Heads(prob, loss, stats[2:])
+
+
+def dense_parameters(cfg: ModelConfig, sparse_slots: int, dense_dim: int, embedding_dim: int) -> int:
+    """How many dense parameters :func:`net` builds (weights and biases of every ``fc``): what a worker pulls and
+    pushes of the dense tables each time. Pure: the planner's network line uses it before any program exists."""
+    def tower(inputs: int, widths: list[int]) -> int:
+        return sum((n_in + 1) * n_out for n_in, n_out in zip([inputs] + widths, widths))
+
+    hidden = list(cfg.hidden)
+    x0 = sparse_slots * embedding_dim + dense_dim
+    if cfg.name is ModelName.dnn:
+        return tower(x0, hidden + [1])
+    if cfg.name is ModelName.dcn:
+        return cfg.cross_layers * (x0 + 1) * x0 + tower(x0, hidden) + x0 + hidden[-1] + 1
+    wide = dense_dim + 1 if dense_dim else 0
+    return wide + tower(sparse_slots * (embedding_dim - 1) + dense_dim, hidden + [1])
