@@ -64,6 +64,9 @@ DataSplit = _vocabulary("DataSplit", ["random", "ordered"],
                         "validation and test splits from the end of the input in file order (README: honest splits).")
 PipelineRunner = _vocabulary("PipelineRunner", ["local", "kubeflow"],
                              "Where the pipeline's steps run: kfp.local on this machine, or Kubeflow Pipelines.")
+Compression = _vocabulary("Compression", ["none", "snappy", "gzip", "zlib", "lz4"],
+                          "How a PS client compresses its requests (brpc's lossless codecs; README: choosing a mode "
+                          "for your network).")
 ClusterBackend = _vocabulary("ClusterBackend", ["local", "trainjob", "jobset", "paddlejob"],
                              "How the train step starts the PS processes: local subprocesses, a Kubeflow Trainer "
                              "TrainJob, a JobSet, or a PaddleJob of PaddleFlow's paddle-operator (README: which "
@@ -226,6 +229,9 @@ class PsConfig:
     # summed gradient, which leaves Adam's dense weights and the Adagrad rows far behind; 1 pushes every batch
     # (bench/results/criteo_defaults.md). Larger values trade that for fewer RPCs on a big cluster.
     batches_per_push: int = 1
+    # The codec of the workers' requests to the servers (Paddle's FLAGS_pserver_communicate_compress_type): lossless,
+    # it trades the workers' and servers' CPU for bytes on a short link (README: choosing a mode for your network).
+    compress: Compression = Compression.none
     # GiB (2^30 bytes) one server may hold; a sparse table whose plan exceeds it is refused before the job
     # starts. null: the server pods' memory (cluster.servers.memory) on Kubernetes, no check locally.
     memory_budget_gb: Optional[float] = None
@@ -568,6 +574,10 @@ def validate(cfg: CtrConfig, check_storage: bool = True) -> None:
     if cfg.ps.mode is Mode.sync:
         _positive("ps.sync_batches", cfg.ps.sync_batches)
     _validate_network(cfg.model)
+    if cfg.ps.compress is Compression.lz4:
+        # brpc names lz4 (CompressType 4, which Paddle's flag lists) but the wheel's brpc registers no lz4 codec
+        raise ConfigError("ps.compress", "lz4", "none, snappy, gzip or zlib", "Paddle 2.6.2's brpc has no lz4 codec: "
+                          "every push would fail ('Fail to compress request, compress_type=4') and the job learn nothing")
     if cfg.model.optimizer is DenseOptimizer.adagrad and cfg.ps.mode is not Mode.geo:
         # Paddle 2.6.2's the_one_ps builds the servers' dense optimizer from sgd or adam only, except in geo mode
         raise ConfigError("model.optimizer", "adagrad", f"sgd or adam with ps.mode={cfg.ps.mode.value}",

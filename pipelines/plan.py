@@ -4,7 +4,8 @@ Every number comes from the code the run itself uses: the data plan of the data-
 (:func:`components.data_prep.step.data_plan`: the files, their sizes, the shards), the job preparation of the
 train step (:func:`components.train.job.plan_job`: the restore target, ``table.shard_num``, the memory plan),
 the plan of every other process (:func:`components.train.process_plan.plan_processes`: workers, the evaluate and export
-steps, a serving replica; on Kubeflow the steps' memory requests it sets), the local launcher's layout
+steps, a serving replica; on Kubeflow the steps' memory requests it sets), the bytes the job's workers and servers
+exchange (:func:`components.train.network_plan.plan_network`), the local launcher's layout
 (:func:`components.train.backends.local.local_layout`). The memory plan bounds the rows by ``table.vocab_size``:
 the distinct ids that bound them tighter are counted by data prep.
 """
@@ -17,6 +18,7 @@ from components.config import CtrConfig, DataSource, PipelineRunner
 from components.data_prep.prepare import SYNTHETIC, synthetic_split_rows
 from components.data_prep.step import data_plan
 from components.train.job import PreparedJob, plan_job, plan_lines, plan_table
+from components.train.network_plan import plan_network
 from components.train.planner import MIB, size
 from components.train.process_plan import JobPlan, data_shape, plan_processes, step_memories
 
@@ -33,14 +35,15 @@ def plan_lines_of(cfg: CtrConfig) -> list[str]:
         planned, memory = plan_table(cfg, None, None)
         processes = plan_processes(planned, data_shape(planned), memory)
         job_lines = ["checkpoint  resume/warm-start resolved by the train step in the cluster's storage", *plan_lines(memory)]
-        lines += [f"  {line}" for line in job_lines + processes.lines() + step_lines(planned, processes)
-                  + pod_lines(planned)]
+        lines += [f"  {line}" for line in job_lines + processes.lines() + [plan_network(planned, processes.data).line()]
+                  + step_lines(planned, processes) + pod_lines(planned)]
     else:
         from components.checkpoint.store import CheckpointStore
 
         job = plan_job(cfg, None, CheckpointStore(cfg.checkpoint.uri))
         processes = plan_processes(job.cfg, data_shape(job.cfg), job.plan)
-        lines += [f"  {line}" for line in plan_lines(job.plan) + processes.lines() + process_lines(job)]
+        lines += [f"  {line}" for line in plan_lines(job.plan) + processes.lines()
+                  + [plan_network(job.cfg, processes.data).line()] + process_lines(job)]
         lines.append(f"  checkpoint  {job.store.display_uri}: "
                      f"{job.restore.describe() if job.restore else 'a fresh start'}; keeps the last "
                      f"{cfg.checkpoint.keep_last}, one every {cfg.checkpoint.every_passes} pass(es)")

@@ -41,6 +41,7 @@ def test_cluster_is_added_explicitly(config):
     ("table.rule=rmsprop", "[naive, adagrad, std_adagrad, adam]"),
     ("table.table_class=HashTable", "[MemorySparseTable, SSDSparseTable]"),
     ("export.dtype=bfloat16", "[float32, float16]"),
+    ("ps.compress=brotli", "[none, snappy, gzip, zlib, lz4]"),
 ])
 def test_closed_vocabularies_fail_at_composition(config, override, allowed):
     key, _, value = override.partition("=")
@@ -63,6 +64,7 @@ def test_closed_vocabularies_fail_at_composition(config, override, allowed):
     (["data.valid_fraction=0.85"], "data.valid_fraction", 0.85),
     (["ps.patience=0"], "ps.patience", 0),
     (["ps.batches_per_push=0"], "ps.batches_per_push", 0),
+    (["ps.compress=lz4"], "ps.compress", "lz4"),  # Paddle's flag lists it; its brpc has no lz4 codec
     (["model.dropout=1.0"], "model.dropout", 1.0),
     (["model.embedding_l2=-0.1"], "model.embedding_l2", -0.1),
     (["ps=sync", "checkpoint.every_batches=100"], "checkpoint.every_batches", 100),

@@ -29,6 +29,7 @@ from components.config import from_dict, ints_from_struct
 from components.days import day_of
 from components.evaluate.baseline_step import fit_baseline
 from components.evaluate.evaluate import CONFUSION_FILE, evaluate
+from components.evaluate.server_load import load_facts
 
 # Training facts from the Model artifact's metadata that the report lists.
 TRAINING_KEYS = ("epochs", "examples", "seconds", "examples_per_s", "final_train_auc", "examples_trained_twice")
@@ -58,6 +59,12 @@ def server_facts(checkpoint_metadata: Optional[dict]) -> dict:
     return facts
 
 
+def planned_shard_num(checkpoint_metadata: Optional[dict]) -> Optional[int]:
+    """The shard count the train step resolved (its memory plan's), if it recorded one."""
+    plan = dict(checkpoint_metadata or {}).get("memory_plan") or {}
+    return int(plan["shard_num"]) if plan.get("shard_num") else None
+
+
 def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkpoint_metadata: Optional[dict],
                         out_dir: str, report_path: Optional[str] = None,
                         markdown_path: Optional[str] = None, baseline_dir: Optional[str] = None) -> tuple[dict, dict]:
@@ -76,7 +83,8 @@ def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkp
     with fetched_checkpoint(checkpoint_path, checkpoint_metadata, EVALUATION_PARTS) as (uri, ckpt_id, local):
         metrics = evaluate(local, data_dir, out_dir, cfg.eval, training=training_facts(checkpoint_metadata),
                            markdown_path=markdown_path, curve=(checkpoint_metadata or {}).get("curve"),
-                           servers=server_facts(checkpoint_metadata), days=days,
+                           servers={**server_facts(checkpoint_metadata),
+                                    **load_facts(cfg, data_dir, planned_shard_num(checkpoint_metadata))}, days=days,
                            baseline_dir=baseline_dir if cfg.eval.baseline else None)
     record_evaluation(uri, ckpt_id, metrics)
     if report_path:

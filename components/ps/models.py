@@ -251,3 +251,36 @@ def heads(network: Net, feeds: Feeds, embedding_l2: float) -> Heads:
         loss = loss + embedding_l2 * row_mean(network.embedding_squares)
     _, _, stats = paddle.static.auc(paddle.concat([1 - prob, prob], axis=1), label)
     return Heads(prob, loss, stats[2:])
+
+
+def dense_parameters(cfg: ModelConfig, sparse_slots: int, dense_dim: int, embedding_dim: int) -> int:
+    """How many dense parameters :func:`net` builds (weights and biases of every ``fc``): what a worker pulls and
+    pushes of the dense tables each time. Counted without Paddle for the built-in models (the planner's network line
+    uses it before any program exists); a network of the user's is built to be counted."""
+    def tower(inputs: int, widths: list[int]) -> int:
+        return sum((n_in + 1) * n_out for n_in, n_out in zip([inputs] + widths, widths))
+
+    if cfg.name is ModelName.custom:
+        return _built_dense_parameters(cfg, sparse_slots, dense_dim, embedding_dim)
+    hidden = list(cfg.hidden)
+    x0 = sparse_slots * embedding_dim + dense_dim
+    if cfg.name is ModelName.dnn:
+        return tower(x0, hidden + [1])
+    if cfg.name is ModelName.dcn:
+        return cfg.cross_layers * (x0 + 1) * x0 + tower(x0, hidden) + x0 + hidden[-1] + 1
+    wide = dense_dim + 1 if dense_dim else 0
+    return wide + tower(sparse_slots * (embedding_dim - 1) + dense_dim, hidden + [1])
+
+
+def _built_dense_parameters(cfg: ModelConfig, sparse_slots: int, dense_dim: int, embedding_dim: int) -> int:
+    """The parameters a network of the user's creates besides the embedding table, counted on a throwaway program
+    (nothing else knows what its function builds)."""
+    import paddle
+
+    paddle.enable_static()
+    program = paddle.static.Program()
+    with paddle.static.program_guard(program, paddle.static.Program()), paddle.utils.unique_name.guard():
+        feeds = create_feeds(Schema(dense_dim, [f"s{i}" for i in range(sparse_slots)]))
+        net(cfg, feeds, lambda slot: paddle.static.nn.embedding(
+            slot, size=[2, embedding_dim], param_attr=paddle.ParamAttr(name=EMBEDDING_TABLE)), embedding_dim)
+    return sum(math.prod(p.shape) for p in program.all_parameters() if p.name != EMBEDDING_TABLE)

@@ -55,3 +55,20 @@ def saved_bytes_per_server(files: dict[str, dict], servers: int) -> list[int]:
         if match:
             total[int(match[1])] += int(entry["size"])
     return total
+
+
+def batch_row_pushes(ids: np.ndarray, rows: np.ndarray, batch: int, shard_num: int, servers: int) -> list[int]:
+    """Rows each server is sent when the examples are trained in batches of ``batch``: a batch pulls and pushes
+    each of its distinct ids once (Paddle merges an id's gradients within a push), so a hot id costs one row per
+    batch, not one per sighting. ``ids``: every id of the examples, ``rows``: the example (row index) each is in."""
+    order = np.lexsort((ids, rows // batch))
+    keys, batches = np.asarray(ids, dtype=np.uint64)[order], (rows // batch)[order]
+    first = np.ones(len(keys), bool)
+    first[1:] = (keys[1:] != keys[:-1]) | (batches[1:] != batches[:-1])
+    return rows_per_server(keys[first], shard_num, servers)
+
+
+
+def max_over_mean(per_server: list[int]) -> float:
+    """How much more than its share the busiest server holds or carries (1.0: even)."""
+    return max(per_server) / (sum(per_server) / len(per_server)) if sum(per_server) else 1.0

@@ -9,7 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from components.config import ConfigError, CtrConfig, DenseOptimizer, Mode, SparseRule, TableClass, TableConfig
+from components.config import (Compression, ConfigError, CtrConfig, DenseOptimizer, Mode, SparseRule, TableClass,
+                               TableConfig)
 from components.ps.models import EMBEDDING_TABLE
 
 # Paddle's names for our sparse rules and the sub-message holding their settings.
@@ -168,6 +169,12 @@ def merge_limits(batches_per_push: int) -> tuple[int, int]:
     return batches_per_push - 1, 0 if batches_per_push == 1 else batches_per_push
 
 
+# brpc's CompressType numbers, which FLAGS_pserver_communicate_compress_type holds ("none:0 snappy:1 gzip:2 zlib:3
+# lz4:4" in Paddle 2.6.2's brpc_ps_client.cc); the client sets it on its push requests.
+COMPRESS_TYPES = {Compression.none: 0, Compression.snappy: 1, Compression.gzip: 2, Compression.zlib: 3,
+                  Compression.lz4: 4}
+
+
 def rpc_gflags(cfg: CtrConfig) -> str:
     """The ``init_gflags`` string every PS client and server parses when it starts."""
     dense_limit, sparse_limit = merge_limits(cfg.ps.batches_per_push)
@@ -179,6 +186,8 @@ def rpc_gflags(cfg: CtrConfig) -> str:
         f"-pserver_push_sparse_merge_limit={sparse_limit}",
         f"-pserver_async_push_dense_interval_ms={PUSH_INTERVAL_MS}",
         f"-pserver_async_push_sparse_interval_ms={PUSH_INTERVAL_MS}",
+    ) + (
+        f"-pserver_communicate_compress_type={COMPRESS_TYPES[cfg.ps.compress]}",
     ))
 
 

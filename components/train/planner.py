@@ -31,7 +31,7 @@ from typing import Optional
 
 from components.config import ClusterBackend, ConfigError, CtrConfig, Mode, TableClass, TableConfig, kubernetes_bytes
 from components.ps.accessor import row_floats, short_row_floats
-from components.ps.sharding import SHARDS_PER_SERVER, default_shard_num, shards_per_server
+from components.ps.sharding import SHARDS_PER_SERVER, default_shard_num, max_over_mean, shards_per_server
 
 MIB, GIB = 1 << 20, 1 << 30
 FLOAT_BYTES = 4
@@ -326,7 +326,3 @@ def load_balance_lines(load: dict, plan: MemoryPlan) -> list[str]:
 
 def size(n: float) -> str:
     return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"
-
-
-def max_over_mean(rows: list[int]) -> float:
-    return max(rows) / (sum(rows) / len(rows)) if sum(rows) else 1.0

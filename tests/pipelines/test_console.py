@@ -105,6 +105,9 @@ def test_report_has_the_training_curve_of_every_worker(tiny_run):
     html = (run_dir / "report.html").read_text()
     assert '<img alt="Training curve (running loss and AUC of each worker)" src="data:image/png;base64,' in html
     assert re.search(r"<td>server 0</td><td>[\d,]+ rows, peak RSS [\d,.]+ MiB</td>", html)
+    # The load of every server, counted from the train split's ids as Paddle routes them.
+    assert re.search(r"<td>server 0 load</td><td>[\d,]+ rows touched, [\d,]+ rows pulled and pushed", html)
+    assert re.search(r"<td>load, busiest server / mean</td><td>rows 1\.\d+x, bytes 1\.\d+x \(every train row", html)
 
 
 def test_progress_of_all_workers_together():

@@ -72,6 +72,10 @@ CASES = {
                                   ["'model.optimizer' has value 'adagrad'", "only with ps.mode=geo"]),
     "ps.host on every interface": (lambda tmp: ["ps.host=0.0.0.0"],
                                    ["'ps.host' has value '0.0.0.0'", "a loopback address", "allow_external_bind"]),
+    "a compression Paddle's brpc lacks": (lambda tmp: ["ps.compress=lz4"],
+                                          ["'ps.compress' has value 'lz4'", "none, snappy, gzip or zlib"]),
+    "a compression no one has": (lambda tmp: ["ps.compress=brotli"],
+                                 ["ps.compress=brotli", "none, snappy, gzip, zlib, lz4"]),
     "cluster": (lambda tmp: ["+cluster=prod", "checkpoint.uri=s3://bucket/ctr"],
                 ["'cluster.host'", "cluster.submit=false"]),
 }

@@ -127,3 +127,24 @@ def test_every_model_starts_predicting_the_base_rate_its_initial_logit_gives(nam
         total_bias = sum(float(np.array(scope.find_var(b).get_tensor()).sum()) for b in biases)
     np.testing.assert_allclose(got, -2.5, rtol=1e-6)
     assert total_bias == pytest.approx(-2.5)
+
+
+@pytest.mark.parametrize("name", list(ModelName))
+@pytest.mark.parametrize("dense_dim", [13, 0])
+def test_dense_parameters_counts_what_the_program_builds(name, dense_dim):
+    import paddle
+
+    network = "examples.custom_network:network" if name is ModelName.custom else None
+    model = ModelConfig(name=name, hidden=[32, 16], cross_layers=2, network=network)
+    schema = Schema(dense_dim, ["a", "b", "c"])
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
+        feeds = models.create_feeds(schema)
+
+        def lookup(slot):
+            return paddle.static.nn.embedding(slot, size=[50, DIM], param_attr=paddle.ParamAttr(name="embedding"))
+
+        models.net(model, feeds, lookup, DIM)
+    built = sum(int(np.prod(p.shape)) for p in main.all_parameters() if p.name != "embedding")
+    assert models.dense_parameters(model, 3, dense_dim, DIM) == built

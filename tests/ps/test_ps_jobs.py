@@ -98,7 +98,7 @@ def test_one_server_one_worker_learns(tmp_path, datasets, monkeypatch):
     # Paddle logs the gflags its PS parses (service, fleet) and each dense push after its merge (brpc_ps_client)
     monkeypatch.setenv("GLOG_vmodule", "service=3,fleet=3,brpc_ps_client=3")
     monkeypatch.setenv("GLOG_minloglevel", "0")
-    result, metrics, stats, lines = _train_and_score(tmp_path, datasets, rpc_timeout_ms=123456)
+    result, metrics, stats, lines = _train_and_score(tmp_path, datasets, rpc_timeout_ms=123456, compress="snappy")
     assert [e["epoch"] for e in result.epochs] == [1, 2]
     assert result.epochs[-1]["examples"] == stats["rows"]["train"]
     assert any("global train AUC" in line for line in lines)
@@ -112,6 +112,7 @@ def test_one_server_one_worker_learns(tmp_path, datasets, monkeypatch):
     logs = {role: (tmp_path / "logs" / f"{role}.log").read_text() for role in ("server-0", "worker-0")}
     for role, log in logs.items():
         assert "Init With Gflags:" in log and "-pserver_timeout_ms=123456" in log, role
+        assert "-pserver_communicate_compress_type=1" in log, role  # ps.compress=snappy
     # ps.batches_per_push=1: the worker pushes every batch's dense gradient on its own, not Paddle's sum of 13.
     worker_log = logs["worker-0"]
     assert "-pserver_push_dense_merge_limit=0" in worker_log and "-pserver_push_sparse_merge_limit=0" in worker_log

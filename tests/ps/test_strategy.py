@@ -3,7 +3,7 @@
 import pytest
 
 from components.config import ConfigError, CtrConfig, SparseRule, from_dict
-from components.ps.strategy import (merge_limits, rpc_gflags, server_flags, sparse_table_configs,
+from components.ps.strategy import (COMPRESS_TYPES, merge_limits, rpc_gflags, server_flags, sparse_table_configs,
                                      strategy_settings)
 
 
@@ -83,3 +83,10 @@ def test_batches_per_push_sets_both_merge_limits_of_the_client(batches, dense, s
     assert f"-pserver_push_dense_merge_limit={dense}" in flags and f"-pserver_push_sparse_merge_limit={sparse}" in flags
     # Paddle's 10 ms between looks at the push queues would cap a worker at 100 pushes a second.
     assert "-pserver_async_push_dense_interval_ms=1" in flags and "-pserver_async_push_sparse_interval_ms=1" in flags
+
+
+@pytest.mark.parametrize("compress, number", [("none", 0), ("snappy", 1), ("gzip", 2), ("zlib", 3)])
+def test_compress_sets_the_clients_compress_type(compress, number):
+    cfg = from_dict({"ps": {"compress": compress}, "run_dir": "."})
+    assert f"-pserver_communicate_compress_type={number}" in rpc_gflags(cfg).split()
+    assert COMPRESS_TYPES[cfg.ps.compress] == number

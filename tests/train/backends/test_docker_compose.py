@@ -31,6 +31,7 @@ from components.config import CtrConfig, SecretEnv, from_dict, to_dict, validate
 from components.data_prep.prepare import prepare_synthetic
 from components.ps.contract import SPEC_ENV, ClusterLayout, Role, role_env
 from components.ps.liveness import LIVENESS, HeartbeatRecord
+from components.ps.strategy import rpc_gflags
 from components.train.backends import docker_compose as compose
 from components.train.job import planned_config
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET
@@ -349,6 +350,15 @@ def test_cli_writes_the_overridden_layout_and_its_spec_beside_it(tmp_path):
     spec = tmp_path / "my-compose.job-spec.json"
     assert mounts(doc["services"]["ps-2"])[compose.SPEC_MOUNT][0] == f"./{spec.name}"
     assert from_dict(json.loads(spec.read_text())["config"]).ps.servers == 3
+
+
+def test_compress_reaches_every_process_through_the_job_spec(tmp_path):
+    """Every PS service reads the one job spec; its config's ps.compress becomes the client flag each one parses."""
+    out = tmp_path / "compose.yaml"
+    assert compose.main(["ps.compress=gzip", "--out", str(out)]) == 0
+    spec = json.loads((tmp_path / "compose.job-spec.json").read_text())
+    assert spec["config"]["ps"]["compress"] == "gzip"
+    assert "-pserver_communicate_compress_type=2" in rpc_gflags(from_dict(spec["config"])).split()
 
 
 def test_prep_service_builds_the_dataset_its_job_spec_names(tmp_path):
