@@ -53,6 +53,14 @@ class PsJobStoreError(PsJobError, CheckpointStoreError):
     user's to fix, so reported in one line (:mod:`pipelines.errors`)."""
 
 
+class RoleStoreRefused(RoleFailed, PsJobStoreError):
+    """A role exited because the checkpoint store refused its write (``STORE_REFUSED_EXIT``): a failed role no
+    restart mends, reported in one line like any store error."""
+
+    def __init__(self, role: str, message: str, what: str):
+        super().__init__(role, message, what, restartable=False)
+
+
 def check_lease(lease: Optional[StoreLease], job: str, after: str = "") -> None:
     """Raise :class:`PsJobStoreError` ``"<job>: <why>"`` (then ``after``: what became of the job) when the job's
     store ``lease`` (None: none held) was lost: every backend stops a job that lost it."""

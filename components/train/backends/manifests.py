@@ -44,7 +44,7 @@ import shlex
 from typing import Optional
 
 from components.config import ClusterBackend, CtrConfig, PodConfig, to_dict
-from components.ps.contract import (CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, ClusterLayout, JobSpec, Role,
+from components.ps.contract import (CONFIG_ERROR_EXIT, STORE_REFUSED_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, ClusterLayout, JobSpec, Role,
                                     host_layout, ready_probe_command, role_env)
 from components.train.backends.network_policy import policy_spec
 from components.train.job import PreparedJob, planned_config
@@ -92,6 +92,7 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # The Job failure messages of the Kubernetes job controller's podFailurePolicy FailJob rules
 # (pkg/controller/job/pod_failure_policy.go), which JobSet's failurePolicy.rules match (RE2 patterns).
 CONFIG_ERROR_MESSAGE = f"failed with exit code {CONFIG_ERROR_EXIT} matching FailJob rule"
+STORE_REFUSED_MESSAGE = f"failed with exit code {STORE_REFUSED_EXIT} matching FailJob rule"
 DISRUPTION_MESSAGE = "has condition DisruptionTarget matching FailJob rule"
 # The account (cluster.service_account) whose short-lived tokens a step that acts as the launcher requests with its
 # own pod's account (cluster.pipeline_service_account): components.train.backends.kubernetes.api.
@@ -295,22 +296,25 @@ def _metadata(cfg: CtrConfig, name: str, namespace: str, owner: Optional[dict], 
 
 
 def pod_failure_policy(cfg: CtrConfig, role: Role) -> dict:
-    """A Job's podFailurePolicy: a configuration error and a disruption each fail it at once, with a message
-    that says which (:data:`CONFIG_ERROR_MESSAGE`, :data:`DISRUPTION_MESSAGE`)."""
+    """A Job's podFailurePolicy: a configuration error, a store's refusal and a disruption each fail it at once,
+    with a message that says which (:data:`CONFIG_ERROR_MESSAGE`, :data:`STORE_REFUSED_MESSAGE`,
+    :data:`DISRUPTION_MESSAGE`)."""
     return {"rules": [
         {"action": "FailJob", "onExitCodes": {"containerName": container_name(cfg, role), "operator": "In",
-                                              "values": [CONFIG_ERROR_EXIT]}},
+                                              "values": [CONFIG_ERROR_EXIT, STORE_REFUSED_EXIT]}},
         {"action": "FailJob", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     ]}
 
 
 def jobset_failure_policy(cfg: CtrConfig) -> dict:
-    """Restart the whole job after a failure, up to ``cluster.max_restarts`` times; a configuration error fails
-    it at once, a disruption restarts it without counting."""
+    """Restart the whole job after a failure, up to ``cluster.max_restarts`` times; a configuration error or a
+    store that refused a write fails it at once, a disruption restarts it without counting."""
     pod_failure = ["PodFailurePolicy"]  # the reason of a Job that a podFailurePolicy FailJob rule failed
     return {"maxRestarts": cfg.cluster.max_restarts, "restartStrategy": "BlockingRecreate", "rules": [
         {"name": "ConfigurationError", "action": "FailJobSet", "onJobFailureReasons": pod_failure,
          "onJobFailureMessagePatterns": [CONFIG_ERROR_MESSAGE]},
+        {"name": "StoreRefused", "action": "FailJobSet", "onJobFailureReasons": pod_failure,
+         "onJobFailureMessagePatterns": [STORE_REFUSED_MESSAGE]},
         {"name": "Disrupted", "action": "RestartJobSetAndIgnoreMaxRestarts", "onJobFailureReasons": pod_failure,
          "onJobFailureMessagePatterns": [DISRUPTION_MESSAGE]},
     ]}

@@ -23,12 +23,12 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
 from components.config import ClusterBackend, validate
-from components.ps.contract import CONFIG_ERROR_EXIT, RESTART_ENV, SPEC_ENV
+from components.ps.contract import CONFIG_ERROR_EXIT, RESTART_ENV, SPEC_ENV, STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX
 from components.train import step
 from components.train.backends import manifests
 from components.train.backends.kubernetes.api import KubeApis
 from components.train.backends.kubernetes.lifecycle import JobCancelled, KubernetesJob
-from components.train.job import PsJobError, prepare_job
+from components.train.job import PsJobError, PsJobStoreError, prepare_job
 from tests.conftest import ROOT
 from tests.train.backends.kube_controllers import (job_failure, job_pod, jobset_action, jobset_after_failure,
                                                    pod_templates, replicated_jobs, running_jobset)
@@ -564,6 +564,27 @@ def test_a_configuration_error_fails_the_job_at_once_with_its_reason(config, tmp
     assert len([p for p in cluster.pods if p.labels[manifests.ROLE_LABEL] == "worker"]) == 2  # never restarted
     assert cluster.objects == {}
 
+
+
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_a_store_that_refused_a_role_fails_the_job_at_once_in_one_line(config, tmp_path, launcher_pod, backend):
+    """A full disk under the store: restarting would hit the same wall, so the Job's podFailurePolicy and JobSet's
+    failurePolicy fail the job at once, and the step says the store's own reason in one line (exit 2)."""
+    refusal = f"{STORE_REFUSED_PREFIX}writing /ckpt/_upload/w1.npz: [Errno 28] No space left on device"
+
+    def store_refused(cluster, body, worker1):
+        worker1.log("training pass 1")
+        worker1.log(refusal)
+        assert cluster.fail_pod(body, worker1, STORE_REFUSED_EXIT) == "FailJobSet"
+
+    cluster = FakeCluster(_restart_controller(store_refused))
+    with pytest.raises(PsJobStoreError) as failed:
+        _launcher(_cfg(config, f"cluster.backend={backend}", "cluster.max_restarts=2"), tmp_path, cluster, []).run()
+    message = str(failed.value)
+    assert failed.value.role == "worker-1" and "\n" not in message
+    assert refusal in message and "kubectl logs" in message
+    assert len([p for p in cluster.pods if p.labels[manifests.ROLE_LABEL] == "worker"]) == 2  # never restarted
+    assert cluster.objects == {}
 
 def test_kueue_suspension_does_not_count_as_failing_to_start(config, tmp_path, launcher_pod):
     queued_polls = []

@@ -21,7 +21,7 @@ pytest.importorskip("kmock", reason="kmock (the HTTP Kubernetes API emulator, te
 from components.checkpoint.lease import LEASE, StoreLease  # noqa: E402
 from components.checkpoint.store import CheckpointStore  # noqa: E402
 from components.config import validate  # noqa: E402
-from components.ps.contract import CONFIG_ERROR_EXIT  # noqa: E402
+from components.ps.contract import CONFIG_ERROR_EXIT, STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX  # noqa: E402
 from components.ps.liveness import HeartbeatRecord  # noqa: E402
 from components.train.backends import manifests  # noqa: E402
 from components.train.backends.kubernetes.api import KubeObject  # noqa: E402
@@ -277,6 +277,20 @@ def test_a_configuration_error_is_not_restarted(config, tmp_path, launcher_pod, 
     PlayedController(cluster, "paddlejob").control(config_error)
     with pytest.raises(PsJobError, match="a configuration error: restarting cannot mend it"):
         _launcher(_cfg(config, "paddlejob", "cluster.max_restarts=2"), tmp_path, cluster, []).run()
+    assert len(cluster.requests("POST", JOB_RESOURCE["paddlejob"])) == 1
+
+
+def test_a_store_refusal_is_not_restarted_and_says_the_stores_reason(config, tmp_path, launcher_pod, cluster):
+    refusal = f"{STORE_REFUSED_PREFIX}writing s3://b/ctr/_upload/w0.npz: AccessDenied"
+
+    def store_refused(controller, body):
+        controller.pod(body, "worker", 0, ("training pass 1", refusal), exit_code=STORE_REFUSED_EXIT)
+        controller.end(body, {"phase": "Failed"})
+
+    PlayedController(cluster, "paddlejob").control(store_refused)
+    with pytest.raises(PsJobStoreError) as failed:
+        _launcher(_cfg(config, "paddlejob", "cluster.max_restarts=2"), tmp_path, cluster, []).run()
+    assert refusal in str(failed.value) and "\n" not in str(failed.value)
     assert len(cluster.requests("POST", JOB_RESOURCE["paddlejob"])) == 1
 
 

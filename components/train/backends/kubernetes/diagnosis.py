@@ -10,11 +10,11 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from components.config import CtrConfig
-from components.ps.contract import CONFIG_ERROR_EXIT
+from components.ps.contract import CONFIG_ERROR_EXIT, STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX
 from components.train.backends import manifests
 from components.train.backends.kubernetes.api import REQUEST_TIMEOUT_S, STARTED_PHASES, KubeApis, KubeObject, api_reason
 from components.train.backends.kubernetes.status import Outcome
-from components.train.job import PsJobError, RoleFailed
+from components.train.job import PsJobError, RoleFailed, RoleStoreRefused
 
 TAIL_LINES = 30
 
@@ -68,10 +68,17 @@ class PodDiagnosis:
         role = self._role_name(first)
         others = ", ".join(self._role_name(p) for p in failed[1:])
         what = _pod_failure(first)
+        tail = self._log_tail(first)
+        if _exited_with(first, STORE_REFUSED_EXIT):  # the user's to fix: one line with the store's own reason
+            said = next((line.strip() for line in reversed(tail.splitlines())
+                         if line.strip().startswith(STORE_REFUSED_PREFIX)), f"{STORE_REFUSED_PREFIX}(see its log)")
+            return RoleStoreRefused(role, f"PS job {job.name}: {role}: {said}; its log: kubectl logs -n "
+                                          f"{self.namespace} {first.metadata.name}", what)
         return RoleFailed(role, f"PS job {job.name}: {role} (pod {first.metadata.name}) {what} "
                                 f"[{job}: {outcome.detail}]" + (f"; also failed: {others}" if others else "")
-                          + f". Last lines of its log:\n{self._log_tail(first)}", what,
-                          restartable=not any(map(config_error, failed)))
+                          + f". Last lines of its log:\n{tail}", what,
+                          restartable=not any(_exited_with(p, code) for p in failed
+                                              for code in (CONFIG_ERROR_EXIT, STORE_REFUSED_EXIT)))
 
     def _role_name(self, pod: Any) -> str:
         """``server-1`` / ``worker-0`` from the pod's role label and index; else the pod's name."""
@@ -99,10 +106,14 @@ def disrupted(pod: Any) -> bool:
     return _disruption(pod) is not None
 
 
+def _exited_with(pod: Any, code: int) -> bool:
+    statuses = (pod.status.container_statuses or []) if pod.status else []
+    return any(s.state and s.state.terminated and s.state.terminated.exit_code == code for s in statuses)
+
+
 def config_error(pod: Any) -> bool:
     """A container exited with the PS contract's configuration-error status: no restart can mend it."""
-    statuses = (pod.status.container_statuses or []) if pod.status else []
-    return any(s.state and s.state.terminated and s.state.terminated.exit_code == CONFIG_ERROR_EXIT for s in statuses)
+    return _exited_with(pod, CONFIG_ERROR_EXIT)
 
 
 def _pod_failure(pod: Any) -> Optional[str]:
