@@ -4,7 +4,7 @@
 
 Every error, log line and file a run writes that may quote a URL or a store's message goes through
 :func:`redact`; :func:`url_with_password` finds the config values that must not hold one at all
-(:func:`components.config.validate` refuses them). It imports nothing of the project, so any layer can use it.
+(:func:`components.config_rules.validate` refuses them). It imports nothing of the project, so any layer can use it.
 """
 
 from __future__ import annotations

@@ -24,7 +24,9 @@ import hydra
 from omegaconf import DictConfig, OmegaConf
 
 from components.config import (ClusterBackend, ConfigError, CtrConfig, ModelName, PipelineRunner, from_dict,
-                               register_configs, to_dict, validate)
+                               register_configs, to_dict)
+from components.config_rules import validate
+from components.data_prep.input_checks import check_inputs
 from components.days import expand_days
 from components.resolve.step import check_checkpoint_store, check_local_host
 from pipelines.errors import reported_in_one_line, run_main
@@ -45,7 +47,9 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     on_kubeflow = typed.cluster.runner is PipelineRunner.kubeflow
     # The data and a resume target in the cluster's storage are checked by the run's first step, which
     # holds the cluster's credentials; this machine may have none.
-    validate(typed, check_storage=not on_kubeflow)
+    validate(typed)
+    if not on_kubeflow:
+        check_inputs(typed)
     exposed = check_local_host(typed)
     if exposed:
         print(exposed, flush=True)

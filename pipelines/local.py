@@ -42,7 +42,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any, Optional
 
-from components.config import CtrConfig, ExportFormat, is_remote_uri
+from components.config import CtrConfig, ExportFormat
+from components.config_rules import is_remote_uri
 from components.ps.liveness import DRIVER_PID_ENV, process_exists
 from pipelines.console import ANSI, RunConsole, header_lines, log_path, quiet_console_logging, read_stats
 

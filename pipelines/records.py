@@ -2,7 +2,7 @@
 
 Hydra keeps the composed config and the command line's overrides in ``.hydra/`` of the run directory (a sweep's in
 ``multirun.yaml``) and logs a sweep's overrides, before the run starts: a ``user:password@`` given on the command
-line would stay there although :func:`components.config.validate` refuses it a moment later. This callback
+line would stay there although :func:`components.config_rules.validate` refuses it a moment later. This callback
 (``conf/config.yaml``, ``hydra.callbacks``, listed first) rewrites those files without it and redacts every log
 record made from then on.
 """

@@ -29,7 +29,7 @@ from hydra.experimental.callback import Callback
 from hydra.types import RunMode
 from omegaconf import DictConfig, open_dict
 
-from components.config import is_remote_uri
+from components.config_rules import is_remote_uri
 from components.redaction import redact
 
 ERROR_FILE = "error.txt"

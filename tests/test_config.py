@@ -3,10 +3,19 @@
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from components.config import ConfigError, Mode, ModelName, from_dict, kubernetes_bytes, validate
+from components.config import ConfigError, Mode, ModelName, from_dict
+from components.config_rules import validate
+from components.data_prep.input_checks import check_inputs
+from components.quantities import kubernetes_bytes
 from components.train.planner import GIB
 from tests.conftest import CRITEO, PROD, needs_criteo
 
+
+
+def checked_before_anything(cfg):
+    """What a local run checks before it starts anything: the config's rules, then its inputs."""
+    validate(cfg)
+    check_inputs(cfg)
 
 def test_defaults(config, tmp_path):
     cfg = config()
@@ -126,7 +135,7 @@ def test_closed_vocabularies_fail_at_composition(config, override, allowed):
 def test_validation_names_key_value_and_allowed(config, overrides, key, value):
     cfg = config(*overrides)
     with pytest.raises(ConfigError) as err:
-        validate(cfg)
+        checked_before_anything(cfg)
     assert err.value.key == key and err.value.value == value
     assert f"config key '{key}' has value {value!r}; allowed:" in str(err.value)
 
@@ -169,8 +178,8 @@ _RAW_ROW = "\t".join(["1"] + ["5"] * 13 + ["ab"] * 26)
 ])
 def test_a_weight_column_the_first_lines_hold_passes(config, tmp_path, fmt, column, text):
     (tmp_path / "in.txt").write_text(text)
-    validate(config("data=criteo", f"data.uri={tmp_path / 'in.txt'}", f"data.format={fmt}",
-                    f"data.weight_column={column}"))
+    checked_before_anything(config("data=criteo", f"data.uri={tmp_path / 'in.txt'}", f"data.format={fmt}",
+                                   f"data.weight_column={column}"))
 
 
 @pytest.mark.parametrize("fmt,column,text,shown", [
@@ -186,8 +195,8 @@ def test_a_weight_column_the_first_lines_hold_passes(config, tmp_path, fmt, colu
 def test_a_weight_column_the_input_does_not_hold_fails_before_data_prep(config, tmp_path, fmt, column, text, shown):
     (tmp_path / "in.txt").write_text(text)
     with pytest.raises(ConfigError) as err:
-        validate(config("data=criteo", f"data.uri={tmp_path / 'in.txt'}", f"data.format={fmt}",
-                        f"data.weight_column={column}"))
+        checked_before_anything(config("data=criteo", f"data.uri={tmp_path / 'in.txt'}", f"data.format={fmt}",
+                                       f"data.weight_column={column}"))
     assert err.value.key == "data.weight_column" and err.value.value == column
     assert shown in str(err.value) and "\n" not in str(err.value)
 
@@ -203,9 +212,9 @@ def test_struct_round_trip_restores_ints(config, tmp_path):
 
 def test_a_kubeflow_driver_leaves_listing_the_data_to_the_cluster(config):
     cfg = config(*PROD, "data=criteo", "data.uri=s3://no-such-bucket-here/day_*.tsv")
-    validate(cfg, check_storage=False)  # the run's first step lists it, with the cluster's credentials
+    validate(cfg)  # pure: the run's first step lists the data, with the cluster's credentials
     with pytest.raises(ConfigError) as err:
-        validate(cfg)
+        check_inputs(cfg)
     assert err.value.key == "data.uri"
 
 
@@ -257,7 +266,7 @@ def test_the_export_signing_key_is_auto_none_or_a_key_file(config, tmp_path):
     key.write_text("a PEM file: the export step reads it")
     for setting in ("auto", "none", str(key)):
         validate(config(f"export.signing_key={setting}"))
-    validate(config(*PROD, "export.signing_key=none"), check_storage=False)
+    validate(config(*PROD, "export.signing_key=none"))
 
 
 def test_dense_adagrad_passes_in_geo_mode(config):

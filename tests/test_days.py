@@ -8,7 +8,9 @@ import pytest
 
 from components.checkpoint.days import DayLedger, DayOrderError
 from components.checkpoint.store import CheckpointStore
-from components.config import ConfigError, from_dict, validate
+from components.config import ConfigError, from_dict
+from components.config_rules import validate
+from components.data_prep.input_checks import check_inputs
 from components.data_prep.distinct import DistinctCounter
 from components.days import DayError, day_uri, expand_days, scheduled_day
 from components.resolve.step import check_checkpoint_store
@@ -48,8 +50,10 @@ def _daily(tmp_path, day_files, *overrides):
     ("[1,0]", "day '0' comes after '1'"),
 ])
 def test_a_missing_empty_or_out_of_order_day_is_one_line_before_anything(tmp_path, day_files, days, message):
+    cfg = _daily(tmp_path, day_files, f"data.days={days}")
     with pytest.raises(ConfigError, match=message) as err:
-        validate(_daily(tmp_path, day_files, f"data.days={days}"))
+        validate(cfg)
+        check_inputs(cfg)
     assert "\n" not in str(err.value) and "data.days" in str(err.value)
 
 

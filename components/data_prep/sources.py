@@ -32,6 +32,10 @@ class DataPrepError(ValueError):
     """Input data or settings that cannot produce a dataset; the message says how to fix it."""
 
 
+class NoInputFiles(DataPrepError):
+    """Nothing matches the input URI."""
+
+
 @dataclass(frozen=True)
 class InputFile:
     url: str
@@ -82,7 +86,7 @@ def list_inputs(uri: str, storage_options: Optional[Mapping] = None) -> list[Inp
     except (OSError, ValueError) as err:
         raise DataPrepError(f"cannot list {uri!r}: {err}") from err
     if not found:
-        raise DataPrepError(f"no input file matches {uri!r}: check the path, bucket and glob pattern "
+        raise NoInputFiles(f"no input file matches {uri!r}: check the path, bucket and glob pattern "
                               "(a directory URI takes every non-hidden file below it)")
     local = "file" in (fs.protocol if isinstance(fs.protocol, tuple) else (fs.protocol,))
     return [InputFile(url=path if local else fs.unstrip_protocol(path), size=int(info.get("size") or 0),

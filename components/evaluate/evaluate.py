@@ -20,7 +20,8 @@ from typing import Any, Optional
 import numpy as np
 
 from components.checkpoint import format as ckpt_io
-from components.config import EvalConfig, check_eval_slots
+from components.config import EvalConfig
+from components.config_rules import check_eval_slots
 from components.data_prep.multislot import Schema
 from components import metrics as metric_fns
 from components.evaluate import groups, report

@@ -35,7 +35,8 @@ from components.checkpoint import format as checkpoint
 from components.checkpoint import protocol
 from components.checkpoint.restore import restart_target, restore_dense, resume_state, server_restore_dir
 from components.checkpoint.store import CheckpointStore, StoreRefused
-from components.config import ConfigError, CtrConfig, Mode, from_dict, validate
+from components.config import ConfigError, CtrConfig, Mode, from_dict
+from components.config_rules import validate
 from components.data_prep.multislot import Schema
 from components.ps import models
 from components.ps.checkpointing import SCORED_SPLITS, Checkpointer
@@ -366,7 +367,7 @@ def read_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
         raise ConfigError(source, f"{type(err).__name__}: {err}".strip(),
                           "a job spec (components.ps.contract.JobSpec) whose config this image's schema reads",
                           "the launcher and the role's image must be of the same version") from err
-    validate(cfg, check_storage=False)  # storage is reached below, where its errors are not the config's
+    validate(cfg)
     return job, cfg
 
 

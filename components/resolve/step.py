@@ -18,8 +18,9 @@ from typing import Any, NamedTuple, Optional
 
 from omegaconf import OmegaConf
 
-from components.config import (ClusterBackend, ConfigError, CtrConfig, DataSource, PipelineRunner, from_dict, to_dict,
-                               validate)
+from components.config import ClusterBackend, ConfigError, CtrConfig, DataSource, PipelineRunner, from_dict, to_dict
+from components.config_rules import validate
+from components.data_prep.input_checks import check_inputs
 from components.days import is_daily, scheduled_day
 
 # Run parameter -> the config key it sets.
@@ -240,6 +241,7 @@ def effective_config(config: Any, schedule_time: str = "", **run_parameters: Any
     if daily:
         cfg = with_run_day(cfg, schedule_time)
     validate(cfg)
+    check_inputs(cfg)
     check_local_host(cfg)
     cfg = check_checkpoint_store(cfg)
     trained = trained_day(cfg) if daily else None

@@ -29,7 +29,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from components.config import ClusterBackend, ConfigError, CtrConfig, Mode, TableClass, TableConfig, kubernetes_bytes
+from components.config import ClusterBackend, ConfigError, CtrConfig, Mode, TableClass, TableConfig
+from components.quantities import kubernetes_bytes
 from components.ps.accessor import row_floats, short_row_floats
 from components.ps.sharding import SHARDS_PER_SERVER, default_shard_num, max_over_mean, shards_per_server
 

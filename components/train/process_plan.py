@@ -16,7 +16,8 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from components.config import CtrConfig, DataSource, ExportFormat, FileFormat, Mode, TableConfig, kubernetes_bytes
+from components.config import CtrConfig, DataSource, ExportFormat, FileFormat, Mode, TableConfig
+from components.quantities import kubernetes_bytes
 from components.train.planner import (FLOAT_BYTES, GIB, MIB, MemoryPlan, plan_memory, resolve_shard_num, size,
                                       table_rows)
 

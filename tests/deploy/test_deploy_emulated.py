@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("kmock", reason="kmock (the HTTP Kubernetes API emulator, test extra) is not installed")
 
-from components.config import validate  # noqa: E402
+from components.config_rules import validate  # noqa: E402
 from components.deploy.inference_service import KIND, PLURAL, SERVING_API, inference_service  # noqa: E402
 from components.deploy.step import DeployError, deploy  # noqa: E402
 from tests.conftest import PROD  # noqa: E402

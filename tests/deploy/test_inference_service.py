@@ -9,7 +9,8 @@ import jsonschema
 import pytest
 from kubernetes.client import ApiClient
 
-from components.config import ConfigError, validate
+from components.config import ConfigError
+from components.config_rules import validate
 from components.deploy.inference_service import (CONTAINER, PORT_NAME, SIGNING_KEY_DIR, inference_service,
                                                  serving_memory)
 from components.export.serve_command import PUBLIC_KEY_ENV, READY_PATH, SERVING_PORT

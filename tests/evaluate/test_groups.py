@@ -13,7 +13,8 @@ import pytest
 from components.checkpoint import format as ckpt_io
 from components.checkpoint import protocol
 from components.checkpoint.store import CheckpointStore
-from components.config import CRITEO_SLOT_NAMES, ConfigError, EvalConfig, check_eval_slots, validate
+from components.config import ConfigError, EvalConfig
+from components.config_rules import CRITEO_SLOT_NAMES, check_eval_slots, validate
 from components.data_prep.formats import CRITEO_SLOTS
 from components.data_prep.multislot import RaggedIds
 from components.data_prep.synthetic import SyntheticSpec
@@ -169,13 +170,12 @@ def test_the_configs_criteo_slots_are_the_formats_and_the_generators():
 ])
 def test_an_unknown_eval_slot_is_one_line_before_data_prep(config, overrides, message):
     with pytest.raises(ConfigError, match=message) as raised:
-        validate(config(*overrides), check_storage=False)
+        validate(config(*overrides))
     assert "\n" not in str(raised.value)
 
 
 def test_feasign_slots_are_checked_once_the_schema_is_known(config):
-    validate(config("data.source=files", "data.uri=/d/*.txt", "data.format=feasign", "eval.group_by=7"),
-             check_storage=False)
+    validate(config("data.source=files", "data.uri=/d/*.txt", "data.format=feasign", "eval.group_by=7"))
     with pytest.raises(ConfigError, match="'eval.group_by' has value '7'; allowed: a sparse slot of the data: 2, 3"):
         check_eval_slots(EvalConfig(group_by="7"), ["2", "3"])
 

@@ -5,7 +5,8 @@ import yaml
 from google.protobuf import json_format
 from kfp.pipeline_spec import pipeline_spec_pb2
 
-from components.config import from_dict, validate
+from components.config import from_dict
+from components.config_rules import validate
 from components.train.backends import manifests, rbac
 from pipelines.kubeflow import INFERENCE_SERVICE_FILE, RBAC_FILE, write_run_files
 from pipelines.pipeline import DEPLOY_POD_FIELDS, DEPLOY_TASK, EXIT_TASK, RETRIED_TASKS, TASKS

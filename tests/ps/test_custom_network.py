@@ -75,7 +75,7 @@ def test_a_network_that_does_not_import_is_named_in_the_error():
                                            (["model=custom", "model.network=not a path"], "model.network"),
                                            (["model.network=examples.custom_network:network"], "model.network")])
 def test_model_network_is_given_with_model_custom_only(config, overrides, key):
-    from components.config import validate
+    from components.config_rules import validate
 
     with pytest.raises(ConfigError) as err:
         validate(config(*overrides))

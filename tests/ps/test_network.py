@@ -4,7 +4,8 @@ that host (never every interface), and a local job on loopback unless told other
 import pytest
 from omegaconf import OmegaConf
 
-from components.config import ConfigError, CtrConfig, from_dict, validate
+from components.config import ConfigError, CtrConfig, from_dict
+from components.config_rules import validate
 from components.ps.network import interface_of, resolved_own_host
 from components.resolve.step import check_local_host
 
@@ -25,7 +26,7 @@ def test_a_host_that_does_not_resolve_fails_naming_it_rather_than_binding_every_
 
 def _local(*overrides):
     cfg = from_dict(OmegaConf.merge(OmegaConf.structured(CtrConfig), OmegaConf.from_dotlist(list(overrides))))
-    validate(cfg, check_storage=False)
+    validate(cfg)
     return cfg
 
 

@@ -40,8 +40,8 @@ from typing import Optional
 
 import yaml
 
-from components.config import (ConfigError, CtrConfig, DataSource, ExportFormat, from_dict, is_remote_uri,
-                               register_configs, to_dict, validate)
+from components.config import ConfigError, CtrConfig, DataSource, ExportFormat, from_dict, register_configs, to_dict
+from components.config_rules import is_remote_uri, validate
 from components.export.serve_command import PUBLIC_KEY_ENV, READY_PATH, SERVING_PORT, serve_command
 from components.export.store import export_store_uri
 from components.ps.contract import ClusterLayout, JobSpec, Role, host_layout, ready_probe_command, role_env

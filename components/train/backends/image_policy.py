@@ -86,7 +86,7 @@ def job_image_policy(cfg: CtrConfig) -> Optional[dict]:
     """The policy for the images a Kubeflow run of ``cfg`` uses, or None without ``cluster.image_signing_key``.
 
     The key is read on the machine that compiles the pipeline (the steps never read it), so it is checked
-    here rather than in :func:`components.config.validate`, which the steps run too.
+    here rather than in :func:`components.config_rules.validate`, which the steps run too.
     """
     cluster = cfg.cluster
     if not cluster.image_signing_key:

@@ -27,7 +27,8 @@ import yaml
 from components.checkpoint.evaluation import read_evaluation
 from components.checkpoint.lease import LEASE, StoreLease
 from components.checkpoint.store import CheckpointStore
-from components.config import CtrConfig, SecretEnv, from_dict, to_dict, validate
+from components.config import CtrConfig, SecretEnv, from_dict, to_dict
+from components.config_rules import validate
 from components.data_prep.prepare import prepare_synthetic
 from components.ps.contract import SPEC_ENV, ClusterLayout, Role, role_env
 from components.ps.liveness import LIVENESS, HeartbeatRecord

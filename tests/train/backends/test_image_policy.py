@@ -11,7 +11,8 @@ import yaml
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from components.config import ConfigError, from_dict, validate
+from components.config import ConfigError, from_dict
+from components.config_rules import validate
 from components.train.backends import image_policy
 from pipelines.kubeflow import IMAGE_POLICY_FILE, RBAC_FILE, write_run_files
 from tests.conftest import PROD, SCHEMAS, compose_config

@@ -22,7 +22,8 @@ from kubernetes.client import (V1Container, V1ContainerState, V1ContainerStateRu
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import ProtocolError
 
-from components.config import ClusterBackend, validate
+from components.config import ClusterBackend
+from components.config_rules import validate
 from components.ps.contract import CONFIG_ERROR_EXIT, RESTART_ENV, SPEC_ENV, STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX
 from components.train import step
 from components.train.backends import manifests

@@ -20,7 +20,7 @@ pytest.importorskip("kmock", reason="kmock (the HTTP Kubernetes API emulator, te
 
 from components.checkpoint.lease import LEASE, StoreLease  # noqa: E402
 from components.checkpoint.store import CheckpointStore  # noqa: E402
-from components.config import validate  # noqa: E402
+from components.config_rules import validate  # noqa: E402
 from components.ps.contract import CONFIG_ERROR_EXIT, STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX  # noqa: E402
 from components.ps.liveness import HeartbeatRecord  # noqa: E402
 from components.train.backends import manifests  # noqa: E402

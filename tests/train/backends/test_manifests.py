@@ -15,7 +15,8 @@ from kubernetes.client import ApiClient
 
 from components.checkpoint.restore import RestoreTarget
 from components.checkpoint.store import CheckpointStore
-from components.config import ConfigError, from_dict, to_dict, validate
+from components.config import ConfigError, from_dict, to_dict
+from components.config_rules import validate
 from components.ps.contract import CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, Role, role_env
 from components.train.backends import manifests, rbac
 from components.train.backends.kubernetes.cleanup import RUN_OBJECT_KINDS

@@ -19,7 +19,7 @@ from urllib3.exceptions import HTTPError
 
 from components.checkpoint.lease import StoreLease
 from components.checkpoint.restore import restart_target
-from components.config import is_remote_uri
+from components.config_rules import is_remote_uri
 from components.ps.contract import Role
 from components.train.backends import manifests
 from components.train.backends.base import JobBackend, StepInputs
