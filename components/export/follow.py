@@ -135,5 +135,5 @@ class ModelFollower:
 
     def _delta_dir(self, version: int) -> Path:
         if self._deltas is None:
-            return Path(self.store.path(version))
+            return Path(self.store.version_path(version))
         return self.store.download(version, Path(self._deltas.name) / VERSION_NAME.format(version))

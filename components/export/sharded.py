@@ -86,7 +86,7 @@ def export_sharded(checkpoint_dir: str | os.PathLike, store_uri: str, dtype: Exp
             **checkpoint_facts(table.meta, table.manifest_sha256, source or {"path": str(table.root)}),
             "format": "sharded",
             "kind": plan.kind, "version": plan.version, "parent": plan.parent, "chain": plan.chain,
-            "store": store.url(),
+            "store": store.version_url(),
             "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "feed_names": [v.name for v in program.feeds],
             "feeds": [_feed_description(v.name, slot, schema, table.embedding_dim)

@@ -10,23 +10,24 @@ it). It is staged and published by :meth:`ExportStore.publishing`: on a local fi
 is renamed into place, elsewhere its files are uploaded with ``serving.json`` last (after its signature,
 :mod:`components.export.signing`). A version without
 ``serving.json`` (an upload that died) is invisible: never listed, and replaced by the next export of that
-number.
+number. Every operation goes through the project's storage layer (:mod:`components.storage`: retries on transient
+errors, one line for what no wait fixes, scrubbed messages), as the checkpoint store's do.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Iterator, Optional
 
-from components.redaction import redact
 from components.config import CtrConfig
 from components.export.manifest import (MANIFEST, SIGNATURE, ServingModelError, check_replaceable, local_file,
                                         store_rel, swap_in)
+from components.redaction import redact
+from components.storage import Storage, StorageError, StorageRefused
 
 VERSION_NAME = "v{:06d}"
 _VERSION = re.compile(r"^v(\d{6,})$")
@@ -38,47 +39,48 @@ def export_store_uri(cfg: CtrConfig) -> str:
     return cfg.export.uri or f"{cfg.checkpoint.uri.rstrip('/')}-serving"
 
 
-class ExportStore:
+class ExportStoreError(ServingModelError, StorageError):
+    """The export store could not be read or written (after its retries, where waiting could help)."""
+
+
+class ExportStoreRefused(ExportStoreError, StorageRefused):
+    """The export store refused for good (a full disk, no permission, no credentials)."""
+
+
+class ExportStore(Storage):
     """The versions under ``uri``. Single writer; any number of readers."""
 
-    def __init__(self, uri: str, storage_options: Optional[dict] = None):
-        from fsspec.core import url_to_fs
+    Error = ExportStoreError
+    Refused = ExportStoreRefused
+    Invalid = ServingModelError
+    what = "export store"
+    within = "an export version"
 
-        self.uri = str(uri)
-        self.fs, self.root = url_to_fs(self.uri, **(storage_options or {}))
-        protocols = self.fs.protocol if isinstance(self.fs.protocol, (tuple, list)) else (self.fs.protocol,)
-        self.local = bool({"file", "local"} & set(protocols))
+    def __init__(self, uri: str, storage_options: Optional[dict] = None):
+        super().__init__(uri, storage_options=storage_options)
         self.root = self.root.rstrip("/")
 
-    def __repr__(self) -> str:
-        return f"ExportStore({self.display_uri!r})"
-
-    @property
-    def display_uri(self) -> str:
-        return redact(self.uri)
-
-    def path(self, version: Optional[int] = None, rel: str = "") -> str:
+    def version_path(self, version: Optional[int] = None, rel: str = "") -> str:
         """A path in the store for ``self.fs`` calls; ``rel`` (a name a manifest gave) must stay inside the
         version (:func:`~components.export.manifest.store_rel`)."""
         rel = store_rel(rel, self.display_uri) if rel else ""
-        return "/".join([self.root] + ([VERSION_NAME.format(version)] if version is not None else [])
-                        + ([rel] if rel else []))
+        return self.fs_path(_version_name(version), rel)
 
-    def url(self, version: Optional[int] = None, rel: str = "") -> str:
-        """The URL of a version or of one of its files (scrubbed of credentials), for messages and manifests."""
-        return redact(self.fs.unstrip_protocol(self.path(version, rel)) if not self.local else self.path(version, rel))
+    def version_url(self, version: Optional[int] = None, rel: str = "") -> str:
+        """Where a version or one of its files is (a local path, or the URL scrubbed of credentials), for
+        messages and manifests."""
+        path = self.version_path(version, rel)
+        return redact(path if self.local else self.fs.unstrip_protocol(path))
+
+    def _version_rel(self, version: int, rel: str) -> str:
+        return f"{VERSION_NAME.format(version)}/{store_rel(rel, self.display_uri)}"
 
     def versions(self) -> list[int]:
         """The published versions (those with ``serving.json``), oldest first."""
-        self.fs.invalidate_cache()
-        try:
-            entries = self.fs.ls(self.root, detail=True)
-        except FileNotFoundError:
-            return []
         numbers = []
-        for entry in entries:
+        for entry in self.list_dir():
             match = _VERSION.match(entry["name"].rstrip("/").rsplit("/", 1)[-1])
-            if match and entry.get("type") == "directory" and self.fs.exists(self.path(int(match[1]), MANIFEST)):
+            if match and entry.get("type") == "directory" and self.is_file(match[0], MANIFEST):
                 numbers.append(int(match[1]))
         return sorted(numbers)
 
@@ -87,11 +89,11 @@ class ExportStore:
         return versions[-1] if versions else None
 
     def manifest(self, version: int) -> dict[str, Any]:
-        try:
-            return json.loads(self.fs.cat_file(self.path(version, MANIFEST)))
-        except FileNotFoundError:
-            raise ServingModelError(f"{self.url(version)} is not a published version of the export store "
-                                    f"{self.display_uri} (no {MANIFEST}); published: {self.versions()}") from None
+        manifest = self.read_json(VERSION_NAME.format(version), MANIFEST)
+        if manifest is None:
+            raise ServingModelError(f"{self.version_url(version)} is not a published version of the export store "
+                                    f"{self.display_uri} (no {MANIFEST}); published: {self.versions()}")
+        return manifest
 
     @contextlib.contextmanager
     def publishing(self, version: int) -> Iterator[Path]:
@@ -108,37 +110,37 @@ class ExportStore:
             self._clear_unpublished(version)
             if self.local:
                 staging.chmod(0o755)  # mkdtemp makes it private
-                staging.rename(self.path(version))
+                staging.rename(self.version_path(version))
                 return
             files = sorted(p for p in staging.rglob("*") if p.is_file() and p.name != MANIFEST)
             for local in files + [staging / MANIFEST]:  # serving.json last: it makes the version visible
-                self.fs.put_file(str(local), self.path(version, local.relative_to(staging).as_posix()))
+                self.put_file(local, self._version_rel(version, local.relative_to(staging).as_posix()))
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
     def _clear_unpublished(self, version: int) -> None:
         """Remove what an earlier, failed publication of ``version`` left; refuse to overwrite a published one."""
-        if self.fs.exists(self.path(version, MANIFEST)):
-            raise ServingModelError(f"{self.url(version)} is already published: another export wrote it meanwhile")
-        if self.fs.exists(self.path(version)):
-            self.fs.rm(self.path(version), recursive=True)
+        if self.is_file(VERSION_NAME.format(version), MANIFEST):
+            raise ServingModelError(f"{self.version_url(version)} is already published: another export wrote it "
+                                    "meanwhile")
+        self.remove_tree(VERSION_NAME.format(version))
 
     @contextlib.contextmanager
     def fetched(self, version: int, rel: str) -> Iterator[Path]:
         """A file of a version at a local path for the block: in place on a local store, else a downloaded copy
         removed after."""
         if self.local:
-            yield local_file(Path(self.path(version)), rel)
+            yield local_file(Path(self.version_path(version)), rel)
             return
         with tempfile.TemporaryDirectory() as scratch:
             local = Path(scratch) / Path(rel).name
-            self.fs.get_file(self.path(version, rel), str(local))
+            self.get_file(self._version_rel(version, rel), local)
             yield local
 
     def local_dir(self, version: int, cache_dir: Optional[Path]) -> Path:
         """A local directory holding ``version``: in place on a local store, else downloaded into ``cache_dir``."""
         if self.local:
-            return Path(self.path(version))
+            return Path(self.version_path(version))
         if cache_dir is None:
             raise ValueError(f"{self.display_uri} is not local: give a directory to download its versions into")
         return self.download(version, Path(cache_dir) / VERSION_NAME.format(version))
@@ -147,11 +149,11 @@ class ExportStore:
         """Every file of ``version`` into ``out``, its signature (when it has one) and ``serving.json`` last; the
         loader checks them. Every name ``serving.json`` gives stays inside ``out``."""
         manifest = self.manifest(version)
-        signed = [SIGNATURE] if self.fs.exists(self.path(version, SIGNATURE)) else []
+        signed = [SIGNATURE] if self.is_file(VERSION_NAME.format(version), SIGNATURE) else []
         for rel in sorted(manifest["files"]) + signed + [MANIFEST]:
             target = local_file(Path(out), rel)
             target.parent.mkdir(parents=True, exist_ok=True)
-            self.fs.get_file(self.path(version, rel), str(target))
+            self.get_file(self._version_rel(version, rel), target)
         return Path(out)
 
     def copy_to(self, version: int, out: Path) -> Path:
@@ -167,3 +169,7 @@ class ExportStore:
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return out
+
+
+def _version_name(version: Optional[int]) -> Optional[str]:
+    return VERSION_NAME.format(version) if version is not None else None

@@ -15,8 +15,11 @@ import numpy as np
 import pytest
 
 from components.checkpoint import format as ckpt_io
+from components import storage
 from components.checkpoint import store as cs
 from components.checkpoint.store import CheckpointStore, CheckpointStoreError, id_time, make_id, parse_id
+from components.redaction import redact
+from components.storage import PROBE_PREFIX
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET
 
 META = {"paddle_version": "2.6.2", "mode": "async", "epoch": 0, "model": {"name": "dnn"}}
@@ -200,7 +203,7 @@ def test_s3_endpoint_stops_during_upload(moto_endpoint, s3_endpoint, tmp_path, m
     of reporting an empty store. When the same endpoint comes back (same port, moto keeps its state in the
     process), the previous checkpoint is still the latest and restores byte for byte."""
     sleeps: list[float] = []
-    monkeypatch.setattr(cs, "_sleep", sleeps.append)
+    monkeypatch.setattr(storage, "_sleep", sleeps.append)
     caplog.set_level(logging.INFO)  # (botocore's own DEBUG log prints request headers: not ours to judge)
     store = CheckpointStore(s3_endpoint, retries=3, backoff_s=0.01, workers=3)
     # s3fs' own retries off (a class attribute; its backoff would only slow the test); botocore's are off in
@@ -267,7 +270,7 @@ def test_s3_endpoint_stops_during_upload(moto_endpoint, s3_endpoint, tmp_path, m
 
 def test_retry_then_success_counts_tries(tmp_path, monkeypatch):
     sleeps: list[float] = []
-    monkeypatch.setattr(cs, "_sleep", sleeps.append)
+    monkeypatch.setattr(storage, "_sleep", sleeps.append)
     store = CheckpointStore(str(tmp_path / "store"), retries=4, backoff_s=0.5)
     calls = Counter()
     put_once = store._put_once
@@ -296,8 +299,8 @@ def test_retry_then_success_counts_tries(tmp_path, monkeypatch):
 def test_secrets_are_scrubbed(monkeypatch, tmp_path):
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", FAKE_SECRET)
     text = f"boom {FAKE_SECRET} at webhdfs://user:{FAKE_SECRET}x@host:9870/p and s3://bucket/k"
-    assert cs.redact(text) == "boom *** at webhdfs://***@host:9870/p and s3://bucket/k"
-    assert cs.redact("token=abcdef12", {"client_kwargs": {"aws_session_token": "abcdef12"}}) == "token=***"
+    assert redact(text) == "boom *** at webhdfs://***@host:9870/p and s3://bucket/k"
+    assert redact("token=abcdef12", {"client_kwargs": {"aws_session_token": "abcdef12"}}) == "token=***"
 
 
 def test_ids_sort_by_creation_and_are_enforced(tmp_path):
@@ -384,7 +387,7 @@ def test_probe_writes_reads_and_deletes(store_uri):
     store = CheckpointStore(store_uri)
     store.probe()
     store.fs.invalidate_cache()
-    assert store.fs.glob(f"{store.root}/{cs.PROBE_PREFIX}*") == []  # deleted
+    assert store.fs.glob(f"{store.root}/{PROBE_PREFIX}*") == []  # deleted
 
 
 def test_probe_of_a_new_local_store_leaves_no_directory_behind(tmp_path):

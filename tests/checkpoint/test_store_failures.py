@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from components.checkpoint import store as cs
+from components import storage
 from components.checkpoint.lease import StoreLease
 from components.checkpoint.store import CheckpointStore, StoreRefused, make_id
 
@@ -36,7 +36,7 @@ def _leftovers(root):
 def test_a_full_disk_fails_at_once_naming_enospc_and_the_file_and_leaves_no_temporary_file(tmp_path, monkeypatch):
     store = CheckpointStore(str(tmp_path / "store"))
     sleeps = []
-    monkeypatch.setattr(cs, "_sleep", sleeps.append)
+    monkeypatch.setattr(storage, "_sleep", sleeps.append)
     writes = _fill_the_disk(store, monkeypatch)
     with pytest.raises(StoreRefused) as err:
         store.write_json(None, "LATEST", {"id": "x"})
@@ -84,7 +84,7 @@ def test_a_lease_on_a_full_disk_is_lost_at_its_first_renewal_naming_the_cause(tm
 def test_a_store_that_denies_permission_is_refused_at_once(tmp_path, monkeypatch):
     store = CheckpointStore(str(tmp_path / "store"))
     sleeps = []
-    monkeypatch.setattr(cs, "_sleep", sleeps.append)
+    monkeypatch.setattr(storage, "_sleep", sleeps.append)
 
     def denied(path, data, **kwargs):
         raise PermissionError(errno.EACCES, "Permission denied", path)
@@ -120,7 +120,7 @@ def test_a_worker_part_that_hits_a_full_disk_is_refused_naming_enospc(tmp_path, 
     from components.metrics import ScoreCounts
 
     store = CheckpointStore(str(tmp_path / "store"))
-    monkeypatch.setattr(cs, "_sleep", lambda s: None)
+    monkeypatch.setattr(storage, "_sleep", lambda s: None)
 
     def put_file(local, path, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device")
