@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Callable, Optional, TextIO
 
 from components.config import CtrConfig, DataSource
-from components.train.job import parse_epoch, parse_progress
+from components.ps.contract import EPOCH, PROGRESS, parse_event
+from components.train.job import format_epoch, format_progress
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _STEP_STARTED = re.compile(r" - INFO - Executing task '(?P<step>[\w-]+)'")
@@ -170,6 +171,12 @@ class RunConsole:
 
     def take(self, line: str) -> None:
         plain = ANSI.sub("", line)
+        # The train step passes the PS job's progress and pass events on as events (EventLog.structured): they
+        # drive the bars, and the log keeps their readable line.
+        tag, event = parse_event(plain) or (None, {})
+        readable = {PROGRESS: format_progress, EPOCH: format_epoch}.get(tag)
+        if readable is not None:
+            plain = line = f"    {readable(event)}"
         self.log.write(plain + "\n")
         self.log.flush()
         if self.verbose:
@@ -181,9 +188,9 @@ class RunConsole:
             self.started[started["step"]] = time.monotonic()
         elif ended:
             self._step_ended(ended["step"], ended["status"])
-        elif (event := parse_progress(plain)) is not None:
+        elif tag == PROGRESS and event.get("role") == "worker" and not event.get("state"):
             self._progress(event)
-        elif (event := parse_epoch(plain)) is not None:
+        elif tag == EPOCH:
             self._epoch(event)
         elif (shown := _SHOWN.match(plain)) is not None:
             self.say("  " + shown["line"])

@@ -12,8 +12,8 @@ down before it exits.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-import re
 import signal
 import threading
 from dataclasses import dataclass, field
@@ -198,42 +198,11 @@ def format_epoch(event: dict) -> str:
             f"global train AUC {event['auc']:.4f}")
 
 
-# The lines above read back (a local run's console follows the train step's output, which it gets as text).
-_NUMBER = r"-?(?:[\d,]+(?:\.\d+)?|nan|inf)"
-_PROGRESS_LINE = re.compile(rf"^\[worker (?P<index>\d+)\] epoch (?P<epoch>\d+) \| (?P<examples>[\d,]+) examples"
-                            rf"(?: \| (?P<examples_per_s>{_NUMBER}) ex/s \| loss (?P<loss>{_NUMBER}) \| "
-                            rf"auc (?P<auc>{_NUMBER}))?$")
-_EPOCH_LINE = re.compile(rf"^== epoch (?P<epoch>\d+) done: (?P<examples>[\d,]+) examples in (?P<seconds>{_NUMBER})s, "
-                         rf"global train AUC (?P<auc>{_NUMBER})$")
-
-
 def format_day_eval(event: dict) -> str:
     metrics = event["metrics"]
     return (f"== day {event['day']!r} before training on it: auc {metrics['auc']:.4f}, logloss "
             f"{metrics['logloss']:.4f}, calibration {metrics['calibration']:.4f} on its {metrics['count']:,} rows "
             f"(the model of checkpoint {event['checkpoint']}; {event['seconds']:.1f}s)")
-
-
-def parse_progress(line: str) -> Optional[dict]:
-    """The worker progress event a :func:`format_progress` line shows (its numbers as rounded there), or None."""
-    return _parsed(_PROGRESS_LINE, line, role="worker")
-
-
-def parse_epoch(line: str) -> Optional[dict]:
-    """The epoch event a :func:`format_epoch` line shows, or None."""
-    return _parsed(_EPOCH_LINE, line)
-
-
-def _parsed(pattern: re.Pattern, line: str, **fixed: Any) -> Optional[dict]:
-    found = pattern.match(line.strip())
-    if not found:
-        return None
-    event: dict[str, Any] = dict(fixed)
-    for key, text in found.groupdict().items():
-        if text is not None:
-            number = float(text.replace(",", ""))
-            event[key] = int(number) if key in ("index", "epoch", "examples") else number
-    return event
 
 
 # Points a worker's training curve keeps: past twice this many, every other point goes (a curve of hours stays small
@@ -245,11 +214,13 @@ class EventLog:
     """Collects the events of a job's processes and echoes them as readable lines (thread-safe).
 
     ``curve``: each worker's progress reports as ``[examples it trained so far, over all passes, running loss,
-    AUC]`` points: the job's training curve.
+    AUC]`` points: the job's training curve. ``structured``: progress and pass events are echoed as the event lines
+    themselves (without the curve's samples), for a reader that takes events (the local run's console, which
+    writes the readable line to the run's log), not text to parse back.
     """
 
-    def __init__(self, echo: Callable[[str], None]):
-        self.echo = echo
+    def __init__(self, echo: Callable[[str], None], structured: bool = False):
+        self.echo, self.structured = echo, structured
         self.progress: dict[str, dict] = {}
         self.curve: dict[str, list[list[float]]] = {}
         self._passes: dict[str, dict[int, int]] = {}  # worker -> pass -> the most examples it reported in it
@@ -268,11 +239,11 @@ class EventLog:
             if tag == PROGRESS:
                 self.progress[source] = event
                 self._add_to_curve(source, event)
-                self.echo(format_progress(event))
+                self.echo(self._shown(tag, event, format_progress))
             elif tag == EPOCH:
                 # A restarted job retrains from its last checkpoint: a pass reported again replaces the old report.
                 self.epochs = [e for e in self.epochs if e["epoch"] < event["epoch"]] + [event]
-                self.echo(format_epoch(event))
+                self.echo(self._shown(tag, event, format_epoch))
             elif tag == DAY_EVAL:
                 self.day_eval = event
                 self.echo(format_day_eval(event))
@@ -291,6 +262,11 @@ class EventLog:
                           f"upload and commit {seconds['upload_s']:.1f}s]" if seconds else "")
                 self.echo(f"== checkpoint {event['id']} committed to {event['uri']}{evicted}{judged}{timing}")
         return True
+
+    def _shown(self, tag: str, event: dict, readable: Callable[[dict], str]) -> str:
+        if not self.structured:
+            return readable(event)
+        return f"{tag} {json.dumps({k: v for k, v in event.items() if k != CURVE_KEY})}"
 
     def new_attempt(self) -> None:
         """A restarted job's processes start under the old names: how far the failed attempt's went must not stand

@@ -120,6 +120,25 @@ def test_progress_of_all_workers_together():
     assert state.line() == "  epoch 1: 400/1,000 examples (40%), 150 ex/s, ETA 0:04, loss 0.5500 auc 0.6500"
 
 
+def test_the_ps_jobs_events_drive_the_bars_and_the_log_keeps_their_readable_lines(tmp_path):
+    screen, log = (tmp_path / "screen").open("w"), (tmp_path / "log").open("w")
+    console = RunConsole(screen, log, verbose=False, period_s=0, dataset_step="merge-data",
+                         dataset_stats=lambda: {"rows": {"train": 1000}})
+    progress = {"role": "worker", "index": 0, "epoch": 1, "examples": 400, "examples_per_s": 200.0, "loss": 0.5,
+                "auc": 0.6}
+    console.take(f"    @progress {json.dumps(progress)}")
+    console.take('    @progress {"role": "server", "index": 0, "state": "saving", "rows": 5000, "rows_per_s": 100.0}')
+    console.take('    @epoch {"epoch": 1, "examples": 1000, "seconds": 2.5, "auc": 0.61}')
+    screen.close(), log.close()
+    assert (tmp_path / "screen").read_text().splitlines() == [
+        "  epoch 1: 400/1,000 examples (40%), 200 ex/s, ETA 0:03, loss 0.5000 auc 0.6000",
+        "  epoch 1: 1,000/1,000 examples (100%) in 2.5s, 400 ex/s, train AUC 0.6100 (all workers)"]
+    assert (tmp_path / "log").read_text().splitlines() == [
+        "    [worker 0] epoch 1 | 400 examples | 200 ex/s | loss 0.5000 | auc 0.6000",
+        "    [server 0] saving: 5,000 rows written (100 rows/s)",
+        "    == epoch 1 done: 1,000 examples in 2.5s, global train AUC 0.6100"]
+
+
 def test_verbose_shows_every_line(tmp_path):
     screen, log = (tmp_path / "screen").open("w"), (tmp_path / "log").open("w")
     quiet = RunConsole(screen, log, verbose=False, period_s=5, dataset_step="merge-data", dataset_stats=lambda: None)

@@ -8,7 +8,8 @@ import time
 
 import pytest
 
-from components.train.job import CURVE_POINTS, EventLog, StopSignals, format_epoch, format_progress, parse_epoch, parse_progress
+from components.ps.contract import parse_event
+from components.train.job import CURVE_POINTS, EventLog, StopSignals, format_epoch
 
 
 def test_a_pass_reported_again_after_a_restart_replaces_the_first_report():
@@ -37,13 +38,19 @@ def test_the_training_curve_counts_each_workers_examples_over_its_passes():
     assert CURVE_POINTS <= len(points) <= 2 * CURVE_POINTS and points[0] == [500, 0.6, 0.55]
 
 
-def test_progress_and_epoch_lines_read_back():
+def test_a_structured_log_echoes_the_events_themselves_without_the_curves_samples():
+    shown = []
+    events = EventLog(echo=shown.append, structured=True)
     progress = {"role": "worker", "index": 1, "epoch": 2, "examples": 10_560, "examples_per_s": 25_682.0,
                 "loss": 0.6132, "auc": 0.4969}
-    assert parse_progress(f"    {format_progress(progress)}") == progress
+    _report(events, "worker-1", "@progress", **progress, curve=[[10_560, 0.6132, 0.4969]])
     epoch = {"epoch": 3, "examples": 14_000, "seconds": 0.6, "auc": 0.5014}
-    assert parse_epoch(format_epoch(epoch)) == epoch
-    assert parse_progress("[server 0] serving") is None and parse_epoch("== checkpoint x committed") is None
+    _report(events, "worker-0", "@epoch", **epoch)
+    assert [parse_event(line) for line in shown] == [("@progress", progress), ("@epoch", epoch)]
+    assert events.curve == {"worker-1": [[10_560, 0.6132, 0.4969]]}  # the samples still make the curve
+    readable = []
+    EventLog(echo=readable.append).feed("worker-0", f"@epoch {json.dumps(epoch)}")
+    assert readable == [format_epoch(epoch)]
 
 
 def _report(events, source, tag="@heartbeat", **payload):

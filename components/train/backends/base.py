@@ -14,6 +14,7 @@ knowledge of what each backend reads of them.
 
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import Callable, ContextManager, Optional, Protocol
 
 from components.checkpoint.lease import StoreLease
+from components.ps.liveness import DRIVER_PID_ENV
 from components.train.job import EventLog, JobResult, PreparedJob
 
 
@@ -48,7 +50,8 @@ class JobBackend(ABC):
     def __init__(self, job: PreparedJob, log_dir: Path, echo: Callable[[str], None]):
         self.job, self.cfg, self.echo = job, job.cfg, echo
         self.log_dir = Path(log_dir)
-        self.events = EventLog(echo)
+        # A step of the local driver: its console takes the events themselves (components.ps.liveness.DRIVER_PID_ENV).
+        self.events = EventLog(echo, structured=DRIVER_PID_ENV in os.environ)
 
     @classmethod
     @abstractmethod
