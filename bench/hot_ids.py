@@ -9,7 +9,7 @@ For each generator (the default synthetic spec at Zipf exponents 1.05 to 1.4, an
 * **rows**: distinct ids it holds (its memory and its save);
 * **transfers**: the ids a batch pulls and pushes from it, each once per batch (Paddle merges an id's gradients in
   a push), summed over the pass: its bytes on the wire and its optimizer work
-  (:func:`components.ps.sharding.batch_row_pushes`).
+  (:func:`components.table.sharding.batch_row_pushes`).
 
 The table gives the busiest server over the mean (1.00: even) for Paddle's routing, ``(id % shard_num) // ceil(shard_num
 / servers)``, at this project's ``shard_num`` (8 per server) and others (1 per server, 1,009: not a multiple), and
@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import log, publish  # noqa: E402
 from components.data_prep.hashing import mix64  # noqa: E402
 from components.data_prep.synthetic import SPECS, SyntheticSpec, category_id_tables, generate  # noqa: E402
-from components.ps.sharding import batch_row_pushes, max_over_mean, rows_per_server  # noqa: E402
+from components.table.sharding import batch_row_pushes, max_over_mean, rows_per_server  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "hot_ids.md"
 VOCAB, BATCH, WORKERS, SERVERS = 1 << 20, 256, 2, (2, 4, 8)

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from components.data_prep.multislot import Schema, read_shards  # noqa: E402
 from components.metrics import binary_metrics  # noqa: E402
-from components.ps.scoring import read_test_split  # noqa: E402
+from components.networks.scoring import read_test_split  # noqa: E402
 
 INITIAL_G2SUM = 3.0
 BETA1, BETA2, EPSILON = 0.9, 0.999, 1e-8

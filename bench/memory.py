@@ -12,7 +12,7 @@ What runs (real local PS jobs through ``components.train.step.launch_ps_job``, o
   of keys per batch (nearly every key of a batch is distinct either way), so what differs between them is the
   rows the servers hold. The launcher samples each server's VmRSS every 0.2 s (``JobResult.server_memory``):
   *growth* = peak RSS - RSS when the server started serving (its table empty). Rows per server are counted
-  from the checkpoint (``@checkpoint`` event: the export's ids routed with ``components.ps.sharding.server_of``).
+  from the checkpoint (``@checkpoint`` event: the export's ids routed with ``components.table.sharding.server_of``).
 
   - **measured B/row** = (growth_large - growth_small) / (rows_large - rows_small), per server, averaged over
     the servers: the slope, free of what does not scale with rows (RPC buffers, arenas);

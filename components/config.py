@@ -133,7 +133,7 @@ class ModelConfig:
     cross_layers: int = 3  # dcn: cross layers beside the deep tower
     pooling: Pooling = Pooling.sum  # of a multi-valued slot's rows
     # model=custom: the network, "package.module:function" importable by every process (README: bring your own
-    # network; the contract is components.ps.models.NetworkInputs).
+    # network; the contract is components.networks.models.NetworkInputs).
     network: Optional[str] = None
     # model=custom: Paddle op types its inference program holds beyond the built-in families' (the export refuses to
     # load any other op); recorded in the signed serving.json.

@@ -1,6 +1,6 @@
 """A network brought by its user (``model=custom model.network=examples.custom_network:network``).
 
-It follows the contract of :class:`components.ps.models.NetworkInputs`: it gets each sparse slot's pooled embedding
+It follows the contract of :class:`components.networks.models.NetworkInputs`: it gets each sparse slot's pooled embedding
 rows and the dense values, and returns the logit ``[batch, 1]``. This one is a wide & deep variant: the first-order
 weight of every id (the row's first element) summed, plus a gated MLP over the rows' factors and the dense values.
 """

@@ -79,7 +79,7 @@ def check_network(cfg: CtrConfig) -> None:
     """A network of the user's (``model=custom``) imports here as it must in every process, before any work."""
     if cfg.model.name is not ModelName.custom:
         return
-    from components.ps.models import load_network
+    from components.networks.models import load_network
 
     try:
         load_network(cfg.model.network)

@@ -69,7 +69,7 @@ def score_serving_model(serving_dir, data_dir) -> dict:
     """The test split of ``data_dir`` scored by an exported serving model: ``{"labels", "preds", "metrics"}``,
     what a check that the served model is the evaluated one needs."""
     from components.metrics import binary_metrics
-    from components.ps.scoring import read_test_split
+    from components.networks.scoring import read_test_split
     from components.export.model import InferenceModel
 
     model = InferenceModel.load(serving_dir)

@@ -27,7 +27,7 @@ from components import metrics as metric_fns
 from components.evaluate import groups, report
 from components.evaluate.baseline_step import load_baseline
 from components.evaluate.days import DAYS_CSV, DAYS_PNG, day_rows, write_days_csv, write_days_png
-from components.ps.scoring import read_test_split
+from components.networks.scoring import read_test_split
 
 
 CONFUSION_FILE = "confusion.json"

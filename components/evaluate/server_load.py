@@ -1,7 +1,7 @@
 """The load each server carried in a run: the train split's ids as Paddle routed them, counted from the prepared data.
 
 A server holds the rows of the ids routed to it (``(id % shard_num) // shards per server``:
-:mod:`components.ps.sharding`) and is sent, per batch, each of its distinct ids once, pulled and then pushed; a hot
+:mod:`components.table.sharding`) and is sent, per batch, each of its distinct ids once, pulled and then pushed; a hot
 id costs one row per batch, not one per sighting, so the skew of long-tailed ids shows in rows and row transfers per
 server rather than in requests (every batch asks every server). Counted here on each train shard in batches of
 ``ps.batch_size``, as a worker thread reads it; train rows beyond the first :data:`COUNTED_ROWS` are left out (the
@@ -17,7 +17,7 @@ import numpy as np
 
 from components.config import CtrConfig
 from components.data_prep.multislot import Schema, read_shards
-from components.ps.sharding import batch_row_pushes, default_shard_num, max_over_mean, rows_per_server
+from components.table.sharding import batch_row_pushes, default_shard_num, max_over_mean, rows_per_server
 
 # Train rows counted at most: the load's shape settles long before (the ids' frequencies are the data's), and the
 # evaluate step reads no more of the train split than its baseline does.

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterable, Optional
 from components.checkpoint.format import file_digest
 from components.data_prep.hashing import HASH_FUNCTION, check_hash_function
 from components.data_prep.transform import ID_COUNTS_FILE, TRANSFORM_DIR, TRANSFORM_FILE, Transform, TransformError
-from components.ps.scoring import DOWNSAMPLING_CORRECTION, negative_sample_rate
+from components.networks.scoring import DOWNSAMPLING_CORRECTION, negative_sample_rate
 from components.safe_paths import UnsafePathError, check_rel, inside
 
 MANIFEST = "serving.json"

@@ -31,8 +31,8 @@ from components.export.shards import ShardedTable
 from components.export.signing import Verifier
 from components.export.single import IDS_FILE
 from components.export.store import ExportStore
-from components.ps.models import EMBEDDING_TABLE
-from components.ps.scoring import SCORE_BATCH, predict_batches
+from components.networks.models import EMBEDDING_TABLE
+from components.networks.scoring import SCORE_BATCH, predict_batches
 
 
 class InferenceModel:

@@ -1,7 +1,7 @@
 """The inference programs the serving formats save (``model.pdmodel`` + ``model.pdiparams``) and load back.
 
-The single-file model saves :class:`components.ps.scoring.Scorer`'s program: the network over a local table.
-The sharded format saves :func:`rows_program`: the same network (:func:`components.ps.scoring.network_program`)
+The single-file model saves :class:`components.networks.scoring.Scorer`'s program: the network over a local table.
+The sharded format saves :func:`rows_program`: the same network (:func:`components.networks.scoring.network_program`)
 whose lookup is a feed, per sparse slot, of the rows already looked up (``<slot>.rows``: float32
 ``[total_ids, dim]``, one LoD sequence per example), so everything after the lookup is the single-file model's,
 the negative-downsampling correction and the calibration included.
@@ -25,12 +25,12 @@ from components.checkpoint.format import CheckpointError
 from components.config import ModelConfig, section_from_dict
 from components.data_prep.multislot import Schema
 from components.export.manifest import ServingModelError
-from components.ps.scoring import negative_sample_rate, network_program
+from components.networks.scoring import negative_sample_rate, network_program
 
 MODEL_PREFIX = "model"
 PROGRAM_FILES = (f"{MODEL_PREFIX}.pdmodel", f"{MODEL_PREFIX}.pdiparams")
 ROWS_FEED = "{}.rows"  # the feed of one sparse slot's rows in the sharded format's program
-# Every op the four model families (components.ps.models: dnn, wide_deep, deepfm, dcn) export, in both formats,
+# Every op the four model families (components.networks.models: dnn, wide_deep, deepfm, dcn) export, in both formats,
 # with calibration and negative downsampling on and off and float16 rows (``cast``), and no other:
 # tests/export/test_program.py exports each and holds this list equal to what they use, so an op the exporter
 # starts writing is added here by review.

@@ -37,7 +37,7 @@ from components.export.program import PROGRAM_FILES, declared_ops, rows_program,
 from components.export.shards import IDS, ROWS, TOMBSTONES, narrowed, write_shard
 from components.export.store import ExportStore
 from components.export.table import CheckpointTable, FetchFile
-from components.ps.models import EMBEDDING_TABLE
+from components.networks.models import EMBEDDING_TABLE
 
 
 def export_sharded(checkpoint_dir: str | os.PathLike, store_uri: str, dtype: ExportDtype = ExportDtype.float32,

@@ -13,7 +13,7 @@ A directory::
                       checkpoint, table shape and dtype, vocab_size, negative_sample_rate and correction, calibration,
                       every file's size and sha256, and ``transform`` (its description, or None)
 
-The program is the one :class:`components.ps.scoring.Scorer` runs (:func:`components.ps.scoring.build_program`).
+The program is the one :class:`components.networks.scoring.Scorer` runs (:func:`components.networks.scoring.build_program`).
 Writing it reads the whole table into this process (:meth:`~components.export.table.CheckpointTable.whole`):
 memory grows with the table, so it is meant for small tables; the sharded format
 (:mod:`components.export.sharded`) is not bounded so. Another runtime (a ``paddle.inference`` predictor,
@@ -41,7 +41,7 @@ from components.export.signing import AUTO, signer
 from components.export.program import PROGRAM_FILES, declared_ops, save_inference
 from components.export.shards import narrowed
 from components.export.table import CheckpointTable, FetchFile
-from components.ps.scoring import Scorer
+from components.networks.scoring import Scorer
 
 IDS_FILE = "ids.npy"
 

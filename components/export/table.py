@@ -2,7 +2,7 @@
 
 The rows come from the servers' own shard files (``tables/NNN/part-SSS-XXXXX``, one per table shard, in the
 directory ``model.json["sparse_table"]`` names) or, for geo and SSD checkpoints, whose servers cannot save, from
-``export/embedding.npz`` (the workers' rows), split by ``id % shard_num`` (:mod:`components.ps.sharding`). Either
+``export/embedding.npz`` (the workers' rows), split by ``id % shard_num`` (:mod:`components.table.sharding`). Either
 way one shard's rows are in memory at a time: a shard file is fetched (when the checkpoint is in a store), parsed
 and dropped, and ``embedding.npz`` is memory-mapped.
 """
@@ -22,8 +22,8 @@ import numpy as np
 
 from components.checkpoint import format as ckpt_io
 from components.config import TableConfig, section_from_dict
-from components.ps.accessor import read_sparse_shard
-from components.ps.sharding import default_shard_num
+from components.table.accessor import read_sparse_shard
+from components.table.sharding import default_shard_num
 
 # Fetches one checkpoint file (a path relative to the checkpoint) to a local path, verified, which the
 # reader removes once it has read it.

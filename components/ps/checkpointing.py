@@ -30,10 +30,10 @@ from components.days import day_of
 from components.metrics import ScoreCounts, binary_metrics_counts
 from components.ps.contract import CHECKPOINT, DAY_EVAL, JobSpec, emit
 from components.ps.liveness import Heartbeat
-from components.ps.models import EMBEDDING_TABLE
+from components.networks.models import EMBEDDING_TABLE
 from components.ps.pull_scoring import SPARSE_PULL, PullScorer, split_share
 from components.ps.shard_uploader import announce_save, collect_shards
-from components.ps.sharding import rows_per_server, saved_bytes_per_server
+from components.table.sharding import rows_per_server, saved_bytes_per_server
 from components.ps.strategy import table_save_mode
 from components.ps.validation import Validator, Verdict
 

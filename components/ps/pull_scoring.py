@@ -1,7 +1,7 @@
 """Scoring through the servers: every worker scores its share of a split with a program that only pulls rows.
 
 A committed checkpoint is scored while the servers hold exactly its table (the workers stand at the checkpoint's
-barrier, nobody pushes). The program is the network of :func:`components.ps.scoring.network_program` whose lookups
+barrier, nobody pushes). The program is the network of :func:`components.networks.scoring.network_program` whose lookups
 are the training program's sparse lookup in test mode: a pull that creates no row and counts no show. No process
 holds the table; each worker holds the rows of its share of the split. :func:`check_pull_only` refuses a program
 that could change the table. Geo workers keep a dense local copy of the table (Paddle's GeoCommunicator: every geo
@@ -22,8 +22,8 @@ import numpy as np
 from components.config import CtrConfig, Mode
 from components.data_prep.multislot import Schema, read_shards
 from components.metrics import ScoreCounts
-from components.ps.models import EMBEDDING_TABLE
-from components.ps.scoring import network_program, predict_batches
+from components.networks.models import EMBEDDING_TABLE
+from components.networks.scoring import network_program, predict_batches
 
 # Operators that send anything to the servers or change a table: a scoring program holds none.
 CHANGING_OPS = frozenset({"distributed_push_sparse", "push_sparse", "push_sparse_v2", "push_dense", "send",

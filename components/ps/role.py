@@ -38,14 +38,14 @@ from components.checkpoint.store import CheckpointStore, StoreRefused
 from components.config import ConfigError, CtrConfig, Mode, from_dict
 from components.config_rules import validate
 from components.data_prep.multislot import Schema
-from components.ps import models
+from components.networks import models
 from components.ps.checkpointing import SCORED_SPLITS, Checkpointer
 from components.days import day_of
 from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV,
                                     STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX, JobSpec, emit, wait_until_listening)
 from components.ps.liveness import (Heartbeat, HeartbeatRecord, children_die_with_this_process, die_with_parent,
                                     parent_from_env)
-from components.ps.models import EMBEDDING_TABLE
+from components.networks.models import EMBEDDING_TABLE
 from components.ps.network import bind_to_own_host
 from components.ps.pull_scoring import split_share
 from components.ps.strategy import (build_strategy, dense_optimizer, install_ps_desc_settings, load_dense_tables,

@@ -1,7 +1,7 @@
 """The one place that maps our config onto Paddle's PS strategy, sparse table and optimizers.
 
 Everything here is pure except :func:`build_strategy`, :func:`dense_optimizer` and :func:`install_ps_desc_settings`,
-which need Paddle; the row layout of the table is :mod:`components.ps.accessor`.
+which need Paddle; the row layout of the table is :mod:`components.table.accessor`.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 from components.config import (Compression, ConfigError, CtrConfig, DenseOptimizer, Mode, SparseRule, TableClass,
                                TableConfig)
-from components.ps.models import EMBEDDING_TABLE
+from components.networks.models import EMBEDDING_TABLE
 
 # Paddle's names for our sparse rules and the sub-message holding their settings.
 _RULES = {

@@ -6,7 +6,7 @@ and judged on the merged counts, so "best on the validation split" means best as
 scaling, :func:`components.metrics.fit_platt_counts`) is fitted on the same predictions and travels in the
 checkpoint's ``model.json``: evaluation, export and serving all apply the one the delivered checkpoint carries. Both
 are of the predictions corrected for negative downsampling (``data.negative_sample_rate``), which the programs apply
-before the calibration (:mod:`components.ps.scoring`).
+before the calibration (:mod:`components.networks.scoring`).
 
 Early stopping: the job stops once ``ps.patience`` checkpoints in a row did not improve the objective
 (``objective``: AUC up or logloss down) on the validation split; ``ps.epochs`` is then a maximum. The store's
@@ -75,7 +75,7 @@ class Validator:
 
     def judge(self, ckpt_id: str, counts: ScoreCounts) -> Verdict:
         """The verdict on a checkpoint whose network predicted ``counts`` (uncalibrated probabilities, corrected for
-        negative downsampling by the scoring program: :class:`components.ps.scoring.NetworkProgram`)."""
+        negative downsampling by the scoring program: :class:`components.networks.scoring.NetworkProgram`)."""
         metrics = binary_metrics_counts(counts)
         calibration = fit_platt_counts(counts) if self.cfg.eval.calibration is Calibration.platt else None
         best, stop = self.stopping.judge(ckpt_id, metrics[self.cfg.objective])

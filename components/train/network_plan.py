@@ -21,7 +21,7 @@ names them): with skewed ids a batch repeats many (26 x 256 ids held 2,039 disti
 are not read before data prep: every id of a batch is taken as distinct, an upper bound.
 
 Dense parameters split evenly over the servers (Paddle cuts each dense table into ``servers`` equal parts) and
-hashed ids spread evenly (:mod:`components.ps.sharding`), so each server carries ``1 / servers`` of the bytes.
+hashed ids spread evenly (:mod:`components.table.sharding`), so each server carries ``1 / servers`` of the bytes.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from typing import Optional
 import numpy as np
 
 from components.config import CtrConfig, DataSource, Mode
-from components.ps.models import dense_parameters
+from components.networks.models import dense_parameters
 from components.train.process_plan import DataShape
 
 FLOAT_BYTES, KEY_BYTES = 4, 8

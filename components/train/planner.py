@@ -9,17 +9,17 @@ slot in the train split (``stats.json``), whose sum bounds them too (ids of two 
 sum can over-count but never under-count). The plan takes the smaller bound.
 
 **Bytes per row.** Paddle 2.6.2's MemorySparseTable keeps a row as a ``std::vector<float>`` of the
-SparseAccessor layout (:func:`components.ps.accessor.row_floats`) behind a node of a chunk allocator, indexed by an open-addressing
+SparseAccessor layout (:func:`components.table.accessor.row_floats`) behind a node of a chunk allocator, indexed by an open-addressing
 hash map per local shard. :data:`ROW_OVERHEAD_BYTES` is what that costs beyond the floats, measured.
 
 **Admission.** With ``table.admission.embedx_threshold`` > 0 a row holds no embedx until its score reaches the
-threshold (:func:`components.ps.accessor.short_row_floats`): only the ids seen often enough get full rows
+threshold (:func:`components.table.accessor.short_row_floats`): only the ids seen often enough get full rows
 (:func:`full_rows`), and the plan's bytes per row are the mean over full and short rows.
 
 Every other process: :mod:`components.train.process_plan`; sizing a table of 10^9 ids or more before choosing a
 cluster: :mod:`components.train.sizing`.
 
-**Where rows go**: :mod:`components.ps.sharding`.
+**Where rows go**: :mod:`components.table.sharding`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from typing import Optional
 
 from components.config import ClusterBackend, ConfigError, CtrConfig, Mode, TableClass, TableConfig
 from components.quantities import kubernetes_bytes
-from components.ps.accessor import row_floats, short_row_floats
-from components.ps.sharding import SHARDS_PER_SERVER, default_shard_num, max_over_mean, shards_per_server
+from components.table.accessor import row_floats, short_row_floats
+from components.table.sharding import SHARDS_PER_SERVER, default_shard_num, max_over_mean, shards_per_server
 
 MIB, GIB = 1 << 20, 1 << 30
 FLOAT_BYTES = 4
@@ -138,7 +138,7 @@ def resolve_shard_num(configured: Optional[int], servers: int, saved: Optional[i
 
     A restored table keeps the shard count it was saved with: a server loads a table only when it finds
     exactly ``shard_num`` files (Paddle's MemorySparseTable::Load), so a different count is refused here.
-    Otherwise (unless configured) :data:`~components.ps.sharding.SHARDS_PER_SERVER` per server, or more when the
+    Otherwise (unless configured) :data:`~components.table.sharding.SHARDS_PER_SERVER` per server, or more when the
     table's ``rows`` would make a shard hold more than :data:`MAX_SHARD_ROWS`: the export handles a table one shard
     at a time, so its memory follows the largest shard, not the table.
     """

@@ -249,7 +249,7 @@ def activation_floats(cfg: CtrConfig, data: DataShape) -> int:
 def worker_process(cfg: CtrConfig, data: DataShape) -> ProcessPlan:
     """A worker: its base, the largest share of a split it scores at a checkpoint (one split at a time; worker 0 also
     merges every worker's score counts of it), its batches and, in geo mode, its dense copies of the table."""
-    from components.ps.scoring import SCORE_BATCH
+    from components.networks.scoring import SCORE_BATCH
 
     ps, table = cfg.ps, cfg.table
     parts = [Part(WORKER_PROCESS_BYTES, "base")]
@@ -340,7 +340,7 @@ def export_process(cfg: CtrConfig, rows: int) -> ProcessPlan:
 def serving_process(cfg: CtrConfig, data: DataShape, rows: int) -> ProcessPlan:
     """A serving replica: the shards are memory-mapped, so it holds the rows one batch touches (``single``: every
     row, inside its inference model)."""
-    from components.ps.scoring import SCORE_BATCH
+    from components.networks.scoring import SCORE_BATCH
 
     floats = activation_floats(cfg, data)
     parsed = parsed_row_bytes(cfg.table)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from components.config import SparseRule, TableConfig
-from components.ps.accessor import HEADER_FLOATS, row_floats
+from components.table.accessor import HEADER_FLOATS, row_floats
 from components.train.planner import (FLOAT_BYTES, GIB, MIB, ROW_OVERHEAD_BYTES, bytes_per_row, server_base_bytes,
                                       size)
 from components.train.process_plan import GEO_TABLE_COPIES

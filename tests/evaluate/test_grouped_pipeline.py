@@ -9,7 +9,7 @@ from components.checkpoint import format as ckpt_io
 from components.checkpoint.store import CheckpointStore
 from components.evaluate.groups import first_ids, grouped_auc
 from components.metrics import ScoreCounts
-from components.ps.scoring import read_test_split
+from components.networks.scoring import read_test_split
 from pipelines.ctr import run
 from tests.conftest import compose_config
 

@@ -184,7 +184,7 @@ def test_feasign_slots_are_checked_once_the_schema_is_known(config):
 def test_the_evaluation_reports_gauc_ne_and_slices(tmp_path):
     from components.data_prep.prepare import prepare_synthetic
     from components.evaluate.evaluate import evaluate
-    from components.ps.scoring import read_test_split
+    from components.networks.scoring import read_test_split
     from tests.conftest import commit_staged_checkpoint
 
     data = tmp_path / "data"

@@ -16,9 +16,9 @@ import paddle
 from components.checkpoint import format as ckpt_io
 from components.config import SparseRule, from_dict, to_dict
 from components.data_prep.multislot import Schema, read_shards
-from components.ps.accessor import rule_state_dim
-from components.ps.models import EMBEDDING_TABLE
-from components.ps.scoring import build_program
+from components.table.accessor import rule_state_dim
+from components.networks.models import EMBEDDING_TABLE
+from components.networks.scoring import build_program
 from tests.conftest import commit_staged_checkpoint
 
 # The calibration a checkpoint carries (fitted on the validation split while it trained): serving applies it.
@@ -103,7 +103,7 @@ def write_shard_file(path: Path, ids: np.ndarray, rows: np.ndarray, rule: Sparse
 def write_scores(root: Path, checkpoint: ckpt_io.Checkpoint, data_dir: Path) -> None:
     """The checkpoint's ``scores/``: its test predictions, before and through its calibration, as counts."""
     from components.metrics import ScoreCounts
-    from components.ps.scoring import Scorer, read_test_split
+    from components.networks.scoring import Scorer, read_test_split
 
     labels, dense, sparse = read_test_split(data_dir, Schema.from_dict(checkpoint.meta["schema"]))
     calibrated, raw = Scorer(checkpoint, calibrated=True).predict_with_uncalibrated(dense, sparse)

@@ -20,7 +20,7 @@ from components.export.sharded import export_sharded
 from components.export.shards import ShardLayer
 from components.export.single import export_single
 from components.export.store import ExportStore
-from components.ps.scoring import read_test_split
+from components.networks.scoring import read_test_split
 from tests.export.checkpoints import EMBEDDING_DIM, SHARD_NUM, VOCAB, commit_checkpoint, make_checkpoint
 
 CHANGED, NEW, EVICTED = 40, 30, 20  # rows per version

@@ -11,7 +11,7 @@ from components.data_prep.prepare import prepare_synthetic
 from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
 from components.export.single import export_single
-from components.ps.scoring import Scorer, corrected_probability, read_test_split
+from components.networks.scoring import Scorer, corrected_probability, read_test_split
 from tests.conftest import calibrated_reference
 from tests.export.checkpoints import CALIBRATION, commit_checkpoint, make_checkpoint
 

@@ -21,7 +21,7 @@ from components.export.manifest import MANIFEST, SIGNATURE, ServingModelError, w
 from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
 from components.export.signing import AUTO, signer
-from components.ps.scoring import read_test_split
+from components.networks.scoring import read_test_split
 from tests.export.checkpoints import VOCAB, commit_checkpoint, make_checkpoint
 from tests.export.test_delta import evolved
 

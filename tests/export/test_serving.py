@@ -26,7 +26,7 @@ from components.export.single import IDS_FILE, export_single
 from components.export.signing import AUTO, signer
 from components.export.store import VERSION_NAME, ExportStore
 from components.metrics import binary_metrics
-from components.ps.scoring import Scorer, read_test_split, row_indices
+from components.networks.scoring import Scorer, read_test_split, row_indices
 from tests.conftest import calibrated_reference, score_serving_model
 from tests.export.checkpoints import (CALIBRATION, EMBEDDING_DIM, SHARD_NUM, VOCAB, commit_checkpoint,
                                       make_checkpoint)

@@ -14,7 +14,7 @@ from components.export import signing
 from components.export.manifest import MANIFEST, SIGNATURE, ServingModelError
 from components.export.model import InferenceModel
 from components.export.store import ExportStore, export_store_uri
-from components.ps.scoring import read_test_split
+from components.networks.scoring import read_test_split
 from tests.export.checkpoints import SHARD_NUM, TABLE_DIR, VOCAB, commit_checkpoint, make_checkpoint
 from tests.export.keys import new_key_pair
 from tests.export.test_delta import evolved

@@ -24,7 +24,7 @@ from components.export.signing import (AUTO, FIX, NONE, PRIVATE_KEY, PUBLIC_KEY,
                                        ensure_user_key, public_pem, signer, user_key_dir)
 from components.export.single import export_single
 from components.export.store import ExportStore
-from components.ps.scoring import read_test_split
+from components.networks.scoring import read_test_split
 from tests.export.checkpoints import VOCAB, commit_checkpoint, make_checkpoint
 from tests.export.keys import new_key_pair
 

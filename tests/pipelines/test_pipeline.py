@@ -18,7 +18,7 @@ from components.config import ConfigError, DataSource, from_dict
 from components.data_prep.component import convert_data, merge_data, plan_data
 from components.data_prep.step import prepare_dataset
 from components.evaluate.component import evaluate_model
-from components.ps.scoring import Scorer, read_test_split
+from components.networks.scoring import Scorer, read_test_split
 from components.export.component import export_model
 from components.export.table import CheckpointTable
 from components.resolve.component import resolve_config

@@ -10,7 +10,7 @@ from components.config import ConfigError, ModelConfig, ModelName
 from components.data_prep.multislot import Schema, read_shards
 from components.export.model import InferenceModel
 from components.metrics import binary_metrics
-from components.ps import models
+from components.networks import models
 from tests.conftest import ROOT, compose_config
 
 DIM = 4

@@ -16,8 +16,8 @@ from components.data_prep.synthetic import DEFAULT_CARDINALITIES
 from components.data_prep.multislot import Schema, read_shards
 from components.data_prep.prepare import prepare_files
 from components.metrics import binary_metrics, calibrate
-from components.ps.accessor import read_sparse_table
-from components.ps.scoring import Scorer
+from components.table.accessor import read_sparse_table
+from components.networks.scoring import Scorer
 from components.train.step import launch_ps_job
 
 DAYS = ("0", "1")

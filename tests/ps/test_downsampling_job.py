@@ -13,7 +13,7 @@ from components.data_prep.prepare import prepare_synthetic
 from components.data_prep.synthetic import SyntheticSpec
 from components.export.table import CheckpointTable
 from components.metrics import binary_metrics
-from components.ps.scoring import Scorer, read_test_split
+from components.networks.scoring import Scorer, read_test_split
 from components.train.step import delivered_checkpoint, launch_ps_job
 
 RATE = 0.25

@@ -13,8 +13,8 @@ from components.config import from_dict
 from components.data_prep.prepare import prepare_files
 from components.export.model import InferenceModel
 from components.export.single import export_single
-from components.ps.accessor import read_sparse_table
-from components.ps.scoring import Scorer, read_test_split
+from components.table.accessor import read_sparse_table
+from components.networks.scoring import Scorer, read_test_split
 from components.train.step import launch_ps_job
 from tests.conftest import CRITEO, needs_criteo
 

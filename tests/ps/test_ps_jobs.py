@@ -20,8 +20,8 @@ from components.data_prep.multislot import Schema, read_shards
 from components.data_prep.prepare import prepare_synthetic
 from components.evaluate.evaluate import evaluate
 from components.metrics import binary_metrics, binary_metrics_counts
-from components.ps.accessor import read_sparse_table
-from components.ps.scoring import Scorer, read_test_split
+from components.table.accessor import read_sparse_table
+from components.networks.scoring import Scorer, read_test_split
 from components.train.backends.local import LocalJob
 from components.train.job import PsJobError, prepare_job
 from components.train.step import launch_ps_job

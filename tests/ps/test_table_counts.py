@@ -11,7 +11,7 @@ from components.checkpoint.store import CheckpointStore
 from components.config import from_dict
 from components.data_prep.multislot import Schema, read_shards
 from components.data_prep.prepare import prepare_synthetic
-from components.ps.accessor import read_sparse_table
+from components.table.accessor import read_sparse_table
 from components.train.step import launch_ps_job
 
 ROWS = 4_000  # one pass over a few thousand rows: ids seen once, a few times and often

@@ -34,7 +34,7 @@ def test_checkpoints_are_judged_and_calibrated_on_predictions_corrected_for_down
 
     from components.config import from_dict
     from components.metrics import ScoreCounts, binary_metrics, fit_platt
-    from components.ps.scoring import corrected_probability
+    from components.networks.scoring import corrected_probability
     from components.ps.validation import Validator
 
     rng = np.random.default_rng(0)

@@ -13,7 +13,7 @@ from components.checkpoint.store import CheckpointStore, make_id
 from components.config import ConfigError, ExportFormat, from_dict
 from components.data_prep.multislot import Schema, read_shards
 from components.data_prep.prepare import prepare_synthetic
-from components.ps import sharding
+from components.table import sharding
 from components.train import planner, process_plan, sizing
 from components.train.job import JobResult, planned_config, prepare_job
 from components.train.step import launch_ps_job, server_report, training_summary

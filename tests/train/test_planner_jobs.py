@@ -10,7 +10,7 @@ from components.config import from_dict
 from components.data_prep.prepare import prepare_synthetic
 from components.data_prep.synthetic import SyntheticSpec
 from components.train import planner
-from components.ps.accessor import row_floats
+from components.table.accessor import row_floats
 from components.train.step import launch_ps_job
 
 DATA_ROWS = 100_000

@@ -25,8 +25,8 @@ import numpy as np
 from components.checkpoint import format as ckpt_io
 from components.config import ModelConfig, section_from_dict
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
-from components.ps import models
-from components.ps.models import EMBEDDING_TABLE
+from components.networks import models
+from components.networks.models import EMBEDDING_TABLE
 
 SCORE_BATCH = 8192
 # How the programs correct for negative downsampling, as the serving manifest names it.

@@ -5,7 +5,7 @@ import pytest
 
 from components.config import ModelConfig, ModelName, Pooling
 from components.data_prep.multislot import Schema
-from components.ps import models
+from components.networks import models
 
 DIM = 3
 

@@ -7,8 +7,8 @@ import pytest
 
 from components.checkpoint.format import CheckpointError
 from components.config import SparseRule
-from components.ps import accessor
-from components.ps.accessor import read_sparse_shard, read_sparse_table, rule_state_dim
+from components.table import accessor
+from components.table.accessor import read_sparse_shard, read_sparse_table, rule_state_dim
 
 
 def _write_table(path, rule, dim, rows):
