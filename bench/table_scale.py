@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -92,6 +93,7 @@ def process_kind(pid: int) -> str:
 
 # -- one pipeline run -----------------------------------------------------------------------------------------------
 _TASK_END = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) - INFO - Task .*'([\w-]+)'.* finished with status")
+_TASK_START = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) - INFO - Executing task '([\w-]+)'")
 _EPOCH = re.compile(r"== epoch (\d+) done: ([\d,]+) examples in ([\d.]+)s")
 _CHECKPOINT = re.compile(r"== checkpoint \S+ committed .*\[([\d,]+) rows; save ([\d.]+)s(?: \(([\d,]+) rows/s per "
                          r"server\))?, scoring ([\d.]+)s, upload and commit ([\d.]+)s\]")
@@ -99,6 +101,7 @@ _CHECKPOINT = re.compile(r"== checkpoint \S+ committed .*\[([\d,]+) rows; save (
 
 def pipeline_run(source: Path, oracle: dict, work: Path, name: str) -> dict:
     run_dir = work / f"run-{name}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # Hydra appends to an existing ctr.log: one run's lines only
     started = time.perf_counter()
     child = subprocess.Popen([sys.executable, "-m", "pipelines.ctr", *OVERRIDES, f"data.uri={source}",
                               f"hydra.run.dir={run_dir}"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -109,12 +112,16 @@ def pipeline_run(source: Path, oracle: dict, work: Path, name: str) -> dict:
     if child.returncode:
         raise RuntimeError(f"pipeline on {source} failed (exit {child.returncode}):\n{stderr[-3000:]}")
     log_text = re.sub(r"\x1b\[[0-9;]*m", "", (run_dir / "ctr.log").read_text())
-    ends = {}
+    starts, ends = {}, {}
     for line in log_text.splitlines():
-        found = _TASK_END.match(line)
-        if found:
-            h, m, s, task = found.groups()
-            ends[task] = int(h) * 3600 + int(m) * 60 + float(s)
+        for pattern, times in ((_TASK_START, starts), (_TASK_END, ends)):
+            found = pattern.match(line)
+            if found:
+                h, m, s, task = found.groups()
+                times[task] = int(h) * 3600 + int(m) * 60 + float(s)
+
+    def took(task: str) -> float:
+        return ends[task] - starts[task]
     epoch = _EPOCH.search(log_text)
     saved = _CHECKPOINT.search(log_text)
     summary = json.loads(next((run_dir / "kfp").rglob("train/checkpoint")).read_text())
@@ -123,14 +130,16 @@ def pipeline_run(source: Path, oracle: dict, work: Path, name: str) -> dict:
     restore = restore_run(run_dir, summary["uri"])
     rows, save_s, rate, score_s, upload_s = saved.groups()
     rows = int(rows.replace(",", ""))
-    export_s = ends["export-model"] - ends["evaluate-model"]
+    export_s = took("export-model")
+    train_s = took("train")
     return {"name": name, "distinct_ids": sum(stats["distinct_ids"].values()), "table_rows": rows,
             "server_rows": summary.get("server_rows"), "pass_s": float(epoch.group(3)),
-            "train_step_s": ends["train"] - ends["merge-data"], "save_s": float(save_s),
+            "train_step_s": train_s, "outside_train_s": wall - train_s, "save_s": float(save_s),
             "save_rows_per_s": float(rate.replace(",", "")) if rate else None, "score_s": float(score_s),
-            "upload_s": float(upload_s), "evaluate_s": ends["evaluate-model"] - ends["train"], "export_s": export_s,
+            "upload_s": float(upload_s), "evaluate_s": took("evaluate-model"), "export_s": export_s,
             "export_rows_per_s": rows / export_s / 2, "wall_s": wall, "auc": metrics["auc"],
-            "auc_ratio": metrics["auc"] / oracle["auc"], "peaks": dict(sorted(peaks.peaks.items())), **restore}
+            "auc_ratio": metrics["auc"] / oracle["auc"],
+            "steps": {task: took(task) for task in ends if task in starts}, "peaks": dict(sorted(peaks.peaks.items())), **restore}
 
 
 _RESTORED = re.compile(r"\[server (\d+)\] restored its tables: download ([\d.]+)s, load ([\d.]+)s")
@@ -158,18 +167,29 @@ def render(runs: list[dict], rows: int) -> str:
     small, large = runs[0], runs[-1]
     kinds = sorted({k for run in runs for k in run["peaks"]}, key=lambda k: (k != "driver", k))
     lines = [f"# Table scale (`python bench/table_scale.py`, {date.today()}, {rows:,} rows, 2 servers + 2 workers)", "",
-             "| variant | distinct ids | table rows | pass (s) | train step (s) | train step / pass | save (s) | "
+             "| variant | distinct ids | table rows | run wall (s) | outside the train step (s) | outside / train step | "
+             "pass (s) | train step (s) | train step / pass | save (s) | "
              "save rows/s per server | scoring (s) | upload + commit (s) | evaluate step (s) | export step (s) | "
              "export rows/s per server's share | restore: download + load (s) | load rows/s per server | "
              "test AUC / oracle |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for run in runs:
-        lines.append(f"| {run['name']} | {run['distinct_ids']:,} | {run['table_rows']:,} | {run['pass_s']:.1f} | "
+        lines.append(f"| {run['name']} | {run['distinct_ids']:,} | {run['table_rows']:,} | {run['wall_s']:.1f} | "
+                     f"{run['outside_train_s']:.1f} | {run['outside_train_s'] / run['train_step_s']:.2f} | "
+                     f"{run['pass_s']:.1f} | "
                      f"{run['train_step_s']:.1f} | {run['train_step_s'] / run['pass_s']:.2f} | {run['save_s']:.1f} | "
                      f"{run['save_rows_per_s'] or 0:,.0f} | {run['score_s']:.1f} | {run['upload_s']:.1f} | "
                      f"{run['evaluate_s']:.1f} | {run['export_s']:.1f} | {run['export_rows_per_s']:,.0f} | "
                      f"{run['restore_download_s']:.1f} + {run['restore_load_s']:.1f} | "
                      f"{run['table_rows'] / 2 / run['restore_load_s']:,.0f} | {run['auc_ratio']:.3f} |")
+    tasks = list(runs[0]["steps"])
+    lines += ["", "Each step's wall time (s; kfp.local runs the steps one after another, fit-baseline too, which "
+              "Kubeflow runs beside the train step), and what the run spent outside the steps (driver start, "
+              "kfp.local between steps):", "",
+              "| variant | " + " | ".join(tasks) + " | outside the steps |", "|---|" + "---:|" * (len(tasks) + 1)]
+    for run in runs:
+        lines.append(f"| {run['name']} | " + " | ".join(f"{run['steps'].get(t, 0):.1f}" for t in tasks)
+                     + f" | {run['wall_s'] - sum(run['steps'].values()):.1f} |")
     lines += ["", "Peak RSS by process kind (MiB; the largest process of each kind), and the large table's over the "
               "small's:", "", "| process | " + " | ".join(run["name"] for run in runs) + " | large / small |",
               "|---|" + "---:|" * (len(runs) + 1)]
