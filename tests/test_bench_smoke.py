@@ -3,6 +3,7 @@
 import importlib.util
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -104,3 +105,23 @@ def test_crosses_have_one_column_per_pair_of_categories_that_occurs():
     # One pair of fields (0, 2); its category pairs (0, 2), (0, 0), (1, 2): three columns, one 1 per row.
     assert matrix.shape == (4, 3) and (matrix.sum(axis=1) == 1).all()
     assert (matrix[0] == matrix[3]).all() and len({tuple(row) for row in matrix}) == 3
+
+
+def test_network_table_shows_the_median_of_the_rounds_and_ratios_of_medians():
+    net = _load("network")
+    args = SimpleNamespace(rows=1000, repeats=3, links="none,100mbit")
+
+    def run(link, job, seconds, received=2_000_000, sent=1_000_000, **extra):
+        return dict(link=link, job=job, examples=1000, seconds=seconds, auc=0.75, received=received, sent=sent,
+                    **extra)
+
+    runs = [run("none", "async", s) for s in (1.0, 0.5, 2.0)]  # 1,000 / 2,000 / 500 examples/s
+    runs += [run("100mbit", "async", s) for s in (2.0, 4.0, 1.0)]  # median 500
+    runs += [run("100mbit", "sync", 2.0, received=1_000_000), dict(link="100mbit", job="sync", error="exited 1")]
+    table = net.table(runs, args, ["none", "100mbit"], ["async", "sync"], netem=False, minutes=3)
+    rows = {tuple(cell.strip() for cell in line.split("|")[1:3]): line for line in table.splitlines()[4:]}
+    assert "| 1,000 (500-2,000) | 1.00x | 3,000 | 2,000 | 1,000 | 1.00x |" in rows["none", "async"]
+    assert "| 500 (250-1,000) | 0.50x | 3,000 |" in rows["100mbit", "async"]
+    assert "(1 of 2 failed: exited 1)" in rows["100mbit", "sync"] and "| 0.67x |" in rows["100mbit", "sync"]
+    assert "| failed |" in rows["none", "sync"]
+    assert "no sch_netem" in table
