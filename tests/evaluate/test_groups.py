@@ -5,7 +5,6 @@ them (no Paddle: the checkpoint's scores are written by hand)."""
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest

@@ -5,12 +5,11 @@ and both export formats; an export without a transform still scores shards and r
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from components.data_prep.multislot import Schema, read_shards
+from components.data_prep.multislot import read_shards
 from components.data_prep.transform import ID_COUNTS_FILE, TRANSFORM_DIR, TRANSFORM_FILE, InstanceError
 from components.export.delta import LAYOUT_KEYS
 from components.export.manifest import MANIFEST, ServingModelError

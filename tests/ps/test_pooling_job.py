@@ -5,7 +5,6 @@ import dataclasses
 import json
 
 import numpy as np
-import pytest
 
 from components.checkpoint import format as ckpt_io
 from components.checkpoint.store import CheckpointStore

@@ -6,7 +6,6 @@ gives the same roles."""
 import copy
 import hashlib
 import json
-import re
 from pathlib import Path
 
 import jsonschema
