@@ -72,7 +72,8 @@ def test_table_scale_report_names_the_processes_that_grew_with_the_table():
     mib = 1 << 20
     run = dict(table_rows=1_000_000, server_rows=[500_000, 500_000], pass_s=60.0, train_step_s=100.0, save_s=10.0,
                save_rows_per_s=50_000.0, score_s=2.0, upload_s=1.0, evaluate_s=5.0, export_s=20.0,
-               export_rows_per_s=25_000.0, restore_download_s=1.0, restore_load_s=5.0, auc_ratio=0.95)
+               export_rows_per_s=25_000.0, restore_download_s=1.0, restore_load_s=5.0, auc_ratio=0.95,
+               wall_s=400.0, outside_train_s=300.0, steps={"prep": 30.0, "train": 100.0, "evaluate": 20.0})
     small = {**run, "name": "small", "distinct_ids": 1_000_000,
              "peaks": {"server": 400 * mib, "worker": 600 * mib, "step export_model": 400 * mib}}
     large = {**run, "name": "large", "distinct_ids": 16_000_000, "train_step_s": 150.0,
@@ -81,6 +82,8 @@ def test_table_scale_report_names_the_processes_that_grew_with_the_table():
     assert "| server | 400 | 1,600 | 4.00 |" in table and "| worker | 600 | 610 | 1.02 |" in table
     assert "above 1.5x their small-table peak: step export_model." in table  # the server may grow; others not
     assert "Train step / pass on the largest table: 2.50" in table
+    assert "| small | 1,000,000 | 1,000,000 | 400.0 | 300.0 | 3.00 |" in table  # outside / train step
+    assert "| small | 30.0 | 100.0 | 20.0 | 250.0 |" in table  # what the run spent outside its steps
 
 
 def test_headroom_of_interactions_is_what_the_true_interaction_logit_adds_to_a_regression():
