@@ -55,7 +55,8 @@ def interface_of(host: str) -> Optional[str]:
     return None
 
 
-def resolved_own_host(host: str, timeout_s: float = RESOLVE_TIMEOUT_S, poll_s: float = 1.0) -> str:
+def resolved_own_host(host: str, timeout_s: float = RESOLVE_TIMEOUT_S, poll_s: float = 1.0,
+                      what: str = "the rendezvous store's host", key: str = "PADDLE_GLOO_HTTP_ENDPOINT") -> str:
     """``host``'s address once it resolves (a pod's DNS name is published a moment after the pod starts); an
     OSError naming it after ``timeout_s``, rather than listening on every interface."""
     deadline = time.monotonic() + timeout_s
@@ -64,8 +65,8 @@ def resolved_own_host(host: str, timeout_s: float = RESOLVE_TIMEOUT_S, poll_s: f
             return socket.gethostbyname(host)
         except OSError as err:
             if time.monotonic() >= deadline:
-                raise OSError(f"the rendezvous store's host {host!r} (PADDLE_GLOO_HTTP_ENDPOINT) did not resolve "
-                              f"within {timeout_s:.0f}s ({err}); it is not bound to every interface instead") from None
+                raise OSError(f"{what} {host!r} ({key}) did not resolve within {timeout_s:.0f}s ({err}); it is not "
+                              "bound to every interface instead") from None
             time.sleep(poll_s)
 
 
@@ -81,7 +82,12 @@ def bind_to_own_host() -> None:
             http_server.HTTPServer.server_bind(self)
 
         http_server.KVHTTPServer.server_bind = server_bind
-    iface = interface_of(os.environ.get("POD_IP", ""))
+    own_host = os.environ.get("POD_IP", "")
+    if own_host:
+        # A brpc server whose own name does not resolve yet segfaults in Paddle ("Brpc Start failed ... Host name
+        # lookup failure", measured in podman: a container's name reaches the network's DNS a moment after it starts).
+        resolved_own_host(own_host, RESOLVE_TIMEOUT_S, what="this process's host", key="POD_IP")
+    iface = interface_of(own_host)
     if iface:
         init_http = role_maker.Gloo._init_http
 

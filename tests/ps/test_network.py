@@ -24,6 +24,34 @@ def test_a_host_that_does_not_resolve_fails_naming_it_rather_than_binding_every_
         resolved_own_host("no-such-host.invalid", timeout_s=0)
 
 
+def test_a_process_waits_for_its_own_host_to_resolve_before_paddle_starts_its_server(monkeypatch):
+    """A brpc server whose own name does not resolve yet segfaults inside Paddle; the process waits for the name
+    instead (a container's name reaches the network's DNS a moment after it starts), then fails naming POD_IP."""
+    import socket
+
+    from components.ps import network
+
+    lookups, real_lookup = [], socket.gethostbyname
+
+    def resolve_on_third_try(host):
+        lookups.append(host)
+        if len(lookups) < 3:
+            raise socket.gaierror(-2, "Name or service not known")
+        return "127.0.0.1"
+
+    monkeypatch.setenv("POD_IP", "ps-0")
+    monkeypatch.delenv("PADDLE_GLOO_HTTP_ENDPOINT", raising=False)
+    monkeypatch.setattr(network.socket, "gethostbyname", resolve_on_third_try)
+    monkeypatch.setattr(network.time, "sleep", lambda s: None)
+    network.bind_to_own_host()
+    assert lookups[:3] == ["ps-0"] * 3
+    monkeypatch.setattr(network, "RESOLVE_TIMEOUT_S", 0.0)
+    monkeypatch.setenv("POD_IP", "no-such-host.invalid")
+    monkeypatch.setattr(network.socket, "gethostbyname", real_lookup)
+    with pytest.raises(OSError, match="this process's host 'no-such-host.invalid' .POD_IP. did not resolve"):
+        network.bind_to_own_host()
+
+
 def _local(*overrides):
     cfg = from_dict(OmegaConf.merge(OmegaConf.structured(CtrConfig), OmegaConf.from_dotlist(list(overrides))))
     validate(cfg)
