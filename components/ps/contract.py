@@ -5,7 +5,8 @@ What crosses it, and nothing else:
 * **environment**: :func:`role_env` turns a :class:`ClusterLayout` into each process's Paddle variables; every
   backend computes the endpoints up front and calls it, so a server or worker sees the same variables
   wherever it runs. Besides those: the job spec (:data:`SPEC_ENV`, or a file path argument), the restart
-  attempt of a whole-job restart (:data:`RESTART_ENV`);
+  attempt of a whole-job restart (:data:`RESTART_ENV`) and, where the spec cannot carry it, the run
+  (:data:`RUN_ID_ENV`);
 * **the job spec** (:class:`JobSpec`): the resolved config, where the dataset is, the process's scratch
   directories and what to restore;
 * **events**: the process prints one JSON event per line (:func:`emit`), tagged :data:`PROGRESS`,
@@ -39,6 +40,9 @@ from components.checkpoint.restore import RestoreTarget
 
 SPEC_ENV = "PS_JOB_SPEC"  # the job spec as JSON, when no spec file is given (pods, compose services)
 RESTART_ENV = "PS_RESTART_ATTEMPT"  # how many times the whole job was restarted before this attempt
+# The run, when its launcher names it only at start (a compose file is written once and run many times: the driver
+# names each run), in place of the job spec's ``run_id``.
+RUN_ID_ENV = "PS_RUN_ID"
 INDEX_ENV = "PS_ROLE_INDEX"  # the process's index among its role
 ROLE_ENV = "PS_ROLE"  # server | worker
 # The exit status of a process whose job spec, config or environment cannot work (sysexits.h EX_CONFIG).

@@ -41,7 +41,7 @@ from components.data_prep.multislot import Schema
 from components.networks import models
 from components.ps.checkpointing import SCORED_SPLITS, Checkpointer
 from components.days import day_of
-from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, SPEC_ENV,
+from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, RUN_ID_ENV, SPEC_ENV,
                                     STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX, JobSpec, emit, wait_until_listening)
 from components.ps.liveness import (Heartbeat, HeartbeatRecord, children_die_with_this_process, die_with_parent,
                                     parent_from_env)
@@ -380,9 +380,9 @@ def load_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
     if "://" in data_dir:
         data_dir = str(fetch_dataset(data_dir, Path(job.workdir) / "data"))
     attempt = int(os.environ.get(RESTART_ENV) or 0)
-    restore = restart_target(CheckpointStore(cfg.checkpoint.uri), job.restore, attempt, cfg.table.shard_num,
-                             job.run_id)
-    return dataclasses.replace(job, data_dir=data_dir, restore=restore), cfg
+    run_id = os.environ.get(RUN_ID_ENV) or job.run_id
+    restore = restart_target(CheckpointStore(cfg.checkpoint.uri), job.restore, attempt, cfg.table.shard_num, run_id)
+    return dataclasses.replace(job, data_dir=data_dir, restore=restore, run_id=run_id), cfg
 
 
 def fetch_dataset(uri: str, local: Path) -> Path:

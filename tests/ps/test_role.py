@@ -1,5 +1,7 @@
 """What a role process does before Paddle starts: the pod's copy of the dataset, the configuration error status."""
 
+import dataclasses
+
 import pytest
 
 from components.config import to_dict
@@ -59,3 +61,39 @@ def test_a_role_whose_config_cannot_work_exits_with_the_config_error_status(tmp_
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("configuration error: ") and reason in line
     assert not (tmp_path / "work").exists()  # nothing fetched or written
+
+
+def test_a_restarted_role_resumes_the_newest_checkpoint_of_the_run_its_driver_names(tmp_path, monkeypatch):
+    """A compose file is written once and run many times: its job spec names no run, the driver names each one
+    (PS_RUN_ID) and counts its attempts (PS_RESTART_ATTEMPT); a restarted attempt resumes only that run's newest
+    checkpoint, never an earlier run's left in the same store."""
+    from components.checkpoint.restore import STATE_FILE, RestoreTarget
+    from components.checkpoint.store import CheckpointStore, make_id
+    from components.config import CtrConfig
+    from components.ps.contract import RESTART_ENV, RUN_ID_ENV
+    from components.ps.role import load_job
+    from components.train.job import planned_config
+
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    staged = tmp_path / "staged"
+    staged.mkdir()
+
+    def commit(epoch: int, run_id: str) -> str:
+        ckpt_id = make_id(epoch, 100)
+        (staged / STATE_FILE).write_text(f'{{"run_id": "{run_id}"}}')
+        store.commit(ckpt_id, store.upload_dir(staged, ckpt_id), {})
+        return ckpt_id
+
+    commit(3, "ctr-ps-earlier")
+    own = commit(1, "ctr-ps-this")
+    cfg = planned_config(CtrConfig(checkpoint=dataclasses.replace(CtrConfig().checkpoint, uri=store.uri)), None)[0]
+    spec = tmp_path / "spec.json"
+    spec.write_text(JobSpec(config=to_dict(cfg), data_dir=str(tmp_path / "data"), workdir=str(tmp_path / "work"),
+                            staging_dir=str(tmp_path / "staging")).to_json())
+    monkeypatch.setenv(RUN_ID_ENV, "ctr-ps-this")
+    monkeypatch.setenv(RESTART_ENV, "0")
+    job, _ = load_job(str(spec))
+    assert job.restore is None and job.run_id == "ctr-ps-this"  # the first attempt starts fresh, under the run's name
+    monkeypatch.setenv(RESTART_ENV, "1")
+    job, _ = load_job(str(spec))
+    assert job.restore == RestoreTarget(store.uri, own, resume=True, shard_num=cfg.table.shard_num)
