@@ -16,8 +16,16 @@ So this script starts the services itself: podman-compose creates the project (n
 Services in a profile (the online server's, which never ends) are left out, as a plain ``docker compose up`` leaves
 them: this runs the job. Every container's output is printed as it comes, prefixed with its service name. As soon as a container exits
 non-zero, fails its healthcheck, or the whole run exceeds ``--timeout``, the running containers are stopped and
-the script says what failed, where, and how long the others took to stop. Exit status: 0 when every service
-exited 0, 1 otherwise. Needs only the standard library and PyYAML (a dependency of podman-compose). Remove the
+the script says what failed, where, and how long the others took to stop.
+
+A PS job restarts whole, which compose cannot say; the generated file says it in its ``x-ctr-ps`` block
+(``components/train/backends/docker_compose.py``): which services restart together (the watch and the roles),
+how often (``max_restarts``, from ``cluster.max_restarts``; ``--max-restarts`` overrides it) and which exit
+statuses no restart mends (a configuration error, a refused store). When one of those services fails otherwise,
+its group is stopped, removed and created again with the next attempt in ``CTR_PS_ATTEMPT``; every role then
+resumes from the newest checkpoint the run committed, the run being the one this script named in ``CTR_PS_RUN``
+when it created the project. Data prep is not run again. Exit status: 0 when every service exited 0, 1
+otherwise. Needs only the standard library and PyYAML (a dependency of podman-compose). Remove the
 project afterwards with ``podman-compose -p PROJECT -f FILE down -v`` and ``podman network rm PROJECT_job
 PROJECT_serving PROJECT_store`` (podman-compose 1.0 leaves the networks behind).
 """
@@ -25,12 +33,15 @@ PROJECT_serving PROJECT_store`` (podman-compose 1.0 leaves the networks behind).
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import re
 import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -38,6 +49,9 @@ import yaml
 
 POLL_S = 0.5
 STOP_TIMEOUT_S = 10  # SIGTERM, then SIGKILL, as `docker compose` stops containers
+RESTART_BLOCK = "x-ctr-ps"
+RUN_VARIABLE, ATTEMPT_VARIABLE = "CTR_PS_RUN", "CTR_PS_ATTEMPT"  # interpolated into the roles' environment
+CHECKPOINT_EVENT = "@checkpoint "  # a worker's line once a checkpoint committed: its id, as JSON
 
 
 def seconds(duration: str) -> float:
@@ -93,6 +107,26 @@ def start_order(doc: dict) -> list[str]:
     return order
 
 
+@dataclass(frozen=True)
+class RestartRule:
+    """The file's ``x-ctr-ps`` block: the services restarted together, how often, and when never."""
+
+    max_restarts: int = 0
+    together: tuple[str, ...] = ()
+    not_restarted_exits: frozenset[int] = field(default_factory=frozenset)
+
+    def restarts(self, service: Service) -> bool:
+        return service.name in self.together and service.exit_code not in self.not_restarted_exits
+
+
+def restart_rule(doc: dict) -> RestartRule:
+    block = doc.get(RESTART_BLOCK)
+    if not block:
+        return RestartRule()
+    return RestartRule(int(block["max_restarts"]), tuple(block["restart_together"]),
+                       frozenset(int(code) for code in block["not_restarted_exits"]))
+
+
 def load(path: Path) -> tuple[str, list[Service]]:
     doc = yaml.safe_load(path.read_text())
     project = doc.get("name") or path.parent.resolve().name
@@ -119,6 +153,7 @@ class Run:
         self.services = {s.name: s for s in services}
         self.lock = threading.Lock()
         self.width = max(len(name) for name in self.services)
+        self.checkpoint: Optional[tuple[str, float]] = None  # the newest one committed: (id, when)
 
     def say(self, line: str) -> None:
         with self.lock:
@@ -140,6 +175,11 @@ class Run:
     def _relay(self, service: Service) -> None:
         for line in service.logs.stdout:
             self.say(f"{service.name:<{self.width}} | {line.rstrip()}")
+            if line.startswith(CHECKPOINT_EVENT):
+                try:
+                    self.checkpoint = (json.loads(line[len(CHECKPOINT_EVENT):])["id"], time.monotonic())
+                except (ValueError, KeyError, TypeError):  # garbled by native output: the next one tells
+                    pass
 
     def poll_exits(self) -> None:
         for service in self.services.values():
@@ -183,16 +223,18 @@ class Run:
                 ready &= dependency.started
         return ready, None
 
-    def failure(self) -> Optional[str]:
+    def first_failed(self) -> Optional[Service]:
         failed = [s for s in self.services.values() if s.exit_code not in (None, 0)]
-        if failed:
-            first = min(failed, key=lambda s: s.exited_at)
-            return f"{first.name} exited with code {first.exit_code}{signal_note(first.exit_code)}"
-        return None
+        return min(failed, key=lambda s: s.exited_at) if failed else None
 
-    def up(self, timeout_s: float) -> Optional[str]:
-        """Run every service to its end; the reason the run failed, or None."""
-        deadline = time.monotonic() + timeout_s
+    def failure(self) -> Optional[str]:
+        first = self.first_failed()
+        return f"{first.name} exited with code {first.exit_code}{signal_note(first.exit_code)}" if first else None
+
+    def up(self, deadline: float) -> Optional[str]:
+        """Run every service to its end (by ``deadline``, on the monotonic clock); the reason the run failed, or
+        None."""
+        timeout_s = deadline - time.monotonic()
         while True:
             now = time.monotonic()
             self.poll_exits()
@@ -212,7 +254,7 @@ class Run:
                 return None
             if now > deadline:
                 pending = [s.name for s in self.services.values() if s.exit_code is None]
-                return f"not done within {timeout_s:.0f}s: {', '.join(pending)} still pending or running"
+                return f"not done in the {timeout_s:.0f}s left: {', '.join(pending)} still pending or running"
             time.sleep(POLL_S)
 
     def stop_all(self) -> list[str]:
@@ -247,30 +289,88 @@ def signal_note(code: int) -> str:
     return f" ({names[code]})" if code in names else ""
 
 
+def create(compose: list[str], services: list[Service], env: dict, only: bool = True) -> Optional[str]:
+    """Create the containers of ``services`` (podman-compose ``up --no-start``; those of every service in the file
+    unless ``only``); what went wrong, if anything."""
+    named = ["--no-deps", *(s.name for s in services)] if only else []
+    created = subprocess.run([*compose, "up", "--no-start", *named], capture_output=True, text=True, env=env)
+    missing = [s.container for s in services if podman("container", "exists", s.container, check=False).returncode]
+    if created.returncode != 0 or missing:  # podman-compose 1.0 exits 0 when a `podman create` failed
+        return f"{created.stdout}{created.stderr}podman-compose did not create {', '.join(missing) or 'the project'}"
+    return None
+
+
+def restart(run: Run, rule: RestartRule, compose: list[str], env: dict, attempt: int, project: str) -> Optional[str]:
+    """Stop and remove the restart group's containers, create them again for ``attempt`` (every other service
+    keeps its state: data prep stays done); what went wrong, if anything."""
+    for line in run.stop_all():
+        run.say(f"{project}:   {line}")
+    group = [run.services[name] for name in rule.together]
+    podman("rm", "--force", *(s.container for s in group), check=False)
+    env[ATTEMPT_VARIABLE] = str(attempt)
+    fresh = [Service(s.name, s.container, s.depends_on, s.healthcheck) for s in group]
+    problem = create(compose, fresh, env)
+    run.services.update({s.name: s for s in fresh})
+    return problem
+
+
+def restart_line(run: Run, project: str, reason: str, attempt: int, rule: RestartRule) -> str:
+    """``restart 1 of 2: ...``: what failed, and what the next attempt resumes from and loses."""
+    if run.checkpoint:
+        ckpt_id, at = run.checkpoint
+        start = (f"resumes from checkpoint {ckpt_id}, the newest this run committed ({time.monotonic() - at:.0f}s "
+                 "of training since it is done again)")
+    else:
+        start = "starts from the beginning again (this run committed no checkpoint)"
+    return (f"{project}: restart {attempt} of {rule.max_restarts}: {reason}; attempt {attempt + 1} of "
+            f"{rule.max_restarts + 1} {start}")
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("file", type=Path, help="the compose file")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds the whole run may take")
     parser.add_argument("--podman-compose", default="podman-compose", help="the podman-compose command")
+    parser.add_argument("--max-restarts", type=int,
+                        help=f"whole-job restarts after a role failed (default: the file's {RESTART_BLOCK} block)")
     args = parser.parse_args(argv)
     project, services = load(args.file)
+    doc = yaml.safe_load(args.file.read_text())
+    rule = restart_rule(doc)
+    if args.max_restarts is not None:
+        rule = RestartRule(args.max_restarts, rule.together, rule.not_restarted_exits)
+    # The run's name: a restarted attempt resumes only this run's checkpoints, never an earlier run's in the store.
+    env = {**os.environ, RUN_VARIABLE: f"{project}-{uuid.uuid4().hex[:12]}", ATTEMPT_VARIABLE: "0"}
     # -p: podman-compose 1.0 ignores the file's `name` and would name the project after the folder.
-    created = subprocess.run([args.podman_compose, "-p", project, "-f", str(args.file), "up", "--no-start"],
-                             capture_output=True, text=True)
-    missing = [s.container for s in services if podman("container", "exists", s.container, check=False).returncode]
-    if created.returncode != 0 or missing:  # podman-compose 1.0 exits 0 when a `podman create` failed
-        print(created.stdout + created.stderr, file=sys.stderr)
-        print(f"{project}: podman-compose did not create {', '.join(missing) or 'the project'} from {args.file}",
-              file=sys.stderr)
+    compose = [args.podman_compose, "-p", project, "-f", str(args.file)]
+    # Every service's container, those of a profile too: podman-compose 1.0 ignores profiles (check.sh starts the
+    # serving ones itself).
+    problem = create(compose, services, env, only=False)
+    if problem:
+        print(f"{problem} from {args.file}", file=sys.stderr)
         return 1
     run = Run(services)
-    reason = run.up(args.timeout)
-    if reason is None:
-        run.say(f"{project}: every service exited 0")
-        for service in services:
-            run.say(f"{project}:   {service.name}: ran {service.exited_at - service.started_at:.1f}s")
-        return 0
-    run.say(f"{project}: FAILED: {reason}; stopping the running containers")
+    deadline = time.monotonic() + args.timeout
+    attempt = 0
+    while True:
+        reason = run.up(deadline)
+        if reason is None:
+            run.say(f"{project}: every service exited 0{f' (after {attempt} restarts)' if attempt else ''}")
+            for service in run.services.values():
+                run.say(f"{project}:   {service.name}: ran {service.exited_at - service.started_at:.1f}s")
+            return 0
+        failed = run.first_failed()
+        if failed is None or not rule.restarts(failed) or attempt >= rule.max_restarts:
+            break
+        attempt += 1
+        run.say(restart_line(run, project, reason, attempt, rule))
+        problem = restart(run, rule, compose, env, attempt, project)
+        if problem:
+            reason = problem
+            break
+    limit = (f" (after {attempt} restarts, cluster.max_restarts={rule.max_restarts})"
+             if failed is not None and rule.restarts(failed) else "")
+    run.say(f"{project}: FAILED: {reason}{limit}; stopping the running containers")
     for line in run.stop_all():
         run.say(f"{project}:   {line}")
     return 1

@@ -150,6 +150,5 @@ def watch(liveness: Liveness, servers: int, workers: int, lease: Optional[StoreL
         if found:
             source, silent = found[0]
             what = stall_what(silent, liveness.stall_s)
-            raise RoleFailed(source, f"PS job {liveness.job}: {source} {what} (a compose job restarts nothing: "
-                                     "resume it with python -m pipelines.ctr)", what, restartable=False)
+            raise RoleFailed(source, f"PS job {liveness.job}: {source} {what}", what, restartable=True)
         time.sleep(poll_s)

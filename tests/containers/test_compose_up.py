@@ -138,3 +138,58 @@ def test_a_paused_container_is_resumed_before_the_job_is_stopped(monkeypatch):
     lines = run.stop_all()
     assert calls.index("unpause") < calls.index("stop") and not paused
     assert "worker-1: stopped" in " ".join(lines) and "ps-0: stopped" in " ".join(lines)
+
+
+def test_the_committed_file_restarts_the_watch_and_the_roles_together_unless_no_restart_mends_the_exit():
+    run = run_of_committed_file()
+    rule = compose_up.restart_rule(yaml.safe_load(COMPOSE_YAML.read_text()))
+    assert rule.max_restarts == 2
+    for name, code, restarted in (("worker-1", 137, True), ("ps-0", 143, True), ("watch", 1, True),
+                                  ("worker-0", 78, False), ("ps-1", 74, False), ("watch", 74, False),
+                                  ("prep", 1, False), ("evaluate", 1, False)):
+        service = run.services[name]
+        service.exit_code = code
+        assert rule.restarts(service) is restarted, (name, code)
+    assert compose_up.restart_rule({"services": {}}).max_restarts == 0  # a file without the block: no restart
+
+
+def test_a_restart_recreates_only_the_group_for_the_next_attempt_of_the_same_run(monkeypatch):
+    run = run_of_committed_file()
+    rule = compose_up.restart_rule(yaml.safe_load(COMPOSE_YAML.read_text()))
+    prep, worker = run.services["prep"], run.services["worker-1"]
+    prep.logs, prep.exit_code = STARTED, 0
+    worker.logs, worker.exit_code, worker.exited_at = STARTED, 137, 5.0
+    calls, created = [], []
+
+    def podman(*args, check=True):
+        calls.append(args)
+        return type("Done", (), {"stdout": "", "returncode": 0})()
+
+    def compose_run(command, capture_output, text, env):
+        created.append((command, env[compose_up.ATTEMPT_VARIABLE], env[compose_up.RUN_VARIABLE]))
+        return type("Done", (), {"stdout": "", "stderr": "", "returncode": 0})()
+
+    monkeypatch.setattr(compose_up, "podman", podman)
+    monkeypatch.setattr(compose_up.subprocess, "run", compose_run)
+    monkeypatch.setattr(run, "stop_all", lambda: [])
+    env = {compose_up.RUN_VARIABLE: "ctr-ps-run1", compose_up.ATTEMPT_VARIABLE: "0"}
+    assert compose_up.restart(run, rule, ["podman-compose", "-p", "ctr-ps", "-f", "x.yaml"], env, 1, "ctr-ps") is None
+    group = ["watch", "ps-0", "ps-1", "worker-0", "worker-1"]
+    assert ("rm", "--force", *(f"ctr-ps_{name}_1" for name in group)) in calls
+    # Created again with the next attempt, under the run's own name: the roles resume its newest checkpoint.
+    assert created == [(["podman-compose", "-p", "ctr-ps", "-f", "x.yaml", "up", "--no-start", "--no-deps", *group],
+                        "1", "ctr-ps-run1")]
+    assert run.services["prep"] is prep and prep.exit_code == 0  # data prep is not run again
+    assert all(not run.services[name].started and run.services[name].exit_code is None for name in group)
+    assert run.blocked(run.services["watch"]) == (True, None)  # it starts again at once: prep stays done
+
+
+def test_the_restart_line_names_the_checkpoint_the_next_attempt_resumes_from():
+    run = run_of_committed_file()
+    rule = compose_up.RestartRule(2, ("watch",), frozenset())
+    line = compose_up.restart_line(run, "ctr-ps", "worker-1 exited with code 137 (SIGKILL)", 1, rule)
+    assert line == ("ctr-ps: restart 1 of 2: worker-1 exited with code 137 (SIGKILL); attempt 2 of 3 starts from "
+                    "the beginning again (this run committed no checkpoint)")
+    run.checkpoint = ("20261205T120000Z-e1-s0", compose_up.time.monotonic() - 30)
+    line = compose_up.restart_line(run, "ctr-ps", "ps-0 exited with code 137 (SIGKILL)", 2, rule)
+    assert "attempt 3 of 3 resumes from checkpoint 20261205T120000Z-e1-s0, the newest this run committed (30s" in line

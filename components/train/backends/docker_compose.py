@@ -17,15 +17,21 @@ their role (endpoints are the compose service names). The job spec is one file b
 (:func:`spec_path`), mounted read-only into every service at :data:`SPEC_MOUNT` and named on its command line.
 Checkpoints go to the ``checkpoints`` volume (``checkpoint.uri`` = :data:`CHECKPOINT_MOUNT`) unless the config
 names a remote store. The mount points are directories of the image (``containers/Dockerfile``), owned by the
-non-root user. No service restarts itself: the job decides (a failed role fails the job; resume with
-``python -m pipelines.ctr``).
+non-root user. No service restarts itself: a PS job restarts whole (every role resumes from the run's newest
+checkpoint), which compose cannot say. The file's ``x-ctr-ps`` block (:data:`RESTART_BLOCK`) tells a driver that
+can (``containers/compose_up.py``) what to restart together (``watch`` and the roles, never ``prep``), how often
+(``cluster.max_restarts``) and which exit statuses no restart mends; the driver names each run and counts its
+attempts in two variables the roles' environment interpolates (:data:`RUN_VARIABLE`, :data:`ATTEMPT_VARIABLE`). A
+plain ``docker compose up`` leaves them unset: attempt 0, and a failed role fails the job.
 
 Compose has no launcher, so ``watch`` does what the other backends' launchers do besides starting roles: it holds
 the store's lease while the job runs, cleans what a killed job left in the store before any role starts, and reads
 the roles' heartbeat records under the one stall rule (:mod:`components.train.liveness`). A role that stalls, or a
 lease that is lost (another run took the store over), makes it exit 1, and ``up --abort-on-container-failure``
-(``containers/compose_up.py`` on podman) stops every container: the job stops. It exits 0 once every worker
-recorded it is done. A plain ``up`` without the flag would leave the other containers running.
+(``containers/compose_up.py`` on podman) stops every container: the job stops, or the driver restarts it. It exits
+0 once every worker recorded it is done, :data:`~components.ps.contract.STORE_REFUSED_EXIT` when the store refused
+it or the lease was lost (no restart mends that). A plain ``up`` without the flag would leave the other containers
+running.
 """
 
 from __future__ import annotations
@@ -44,10 +50,12 @@ from components.config import ConfigError, CtrConfig, DataSource, ExportFormat, 
 from components.config_rules import is_remote_uri, validate
 from components.export.serve_command import PUBLIC_KEY_ENV, READY_PATH, SERVING_PORT, serve_command
 from components.export.store import export_store_uri
-from components.ps.contract import ClusterLayout, JobSpec, Role, host_layout, ready_probe_command, role_env
+from components.ps.contract import (RESTART_ENV, RUN_ID_ENV, STORE_REFUSED_EXIT, ClusterLayout, JobSpec, Role,
+                                    host_layout, ready_probe_command, role_env)
 # The container contract the pods use too: the scratch directory and the gloo port rule.
 from components.train.backends.manifests import SCRATCH, gloo_port
 from components.train.job import planned_config
+from components.train.restarts import NOT_RESTARTED
 
 PROJECT = "ctr-ps"  # the compose project name, also the job id the gloo store prefixes its keys with
 DATA_MOUNT = "/data"
@@ -68,6 +76,10 @@ EVALUATE_COMMAND = "evaluate"
 EXPORT_COMMAND = "export"
 WATCH_COMMAND = "watch"
 WATCH_READY = f"{SCRATCH}/watch.ready"  # written once the watch holds the store's lease: the roles may start
+# Set by the driver of a run (containers/compose_up.py), interpolated into the roles' environment: the run's id
+# (a restarted attempt resumes only its own run's checkpoints) and the attempt.
+RUN_VARIABLE, ATTEMPT_VARIABLE = "CTR_PS_RUN", "CTR_PS_ATTEMPT"
+RESTART_BLOCK = "x-ctr-ps"  # compose ignores top-level x- keys; the driver reads its restart rule there
 REGENERATE = "python -m components.train.backends.docker_compose --out containers/docker-compose.yaml"
 
 
@@ -155,8 +167,11 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> 
                 "volumes": [spec_volume, *volumes]}
 
     def role_service(role: Role, index: int, service_image: str) -> dict:
-        return service(service_image, ["python", "-m", "components.ps.role"], role_env(layout, role, index),
+        spec = service(service_image, ["python", "-m", "components.ps.role"], role_env(layout, role, index),
                        [f"dataset:{DATA_MOUNT}:ro", *store])
+        spec["environment"].update({RESTART_ENV: f"${{{ATTEMPT_VARIABLE}:-0}}",
+                                    RUN_ID_ENV: f"${{{RUN_VARIABLE}:-{PROJECT}}}"})  # not escaped: interpolated
+        return spec
 
     module = ["python", "-m", "components.train.backends.docker_compose"]
     services = {"prep": service(image, [*module, PREPARE_COMMAND], {}, [f"dataset:{DATA_MOUNT}"])}
@@ -208,7 +223,10 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> 
         volumes.update({"exports": {}} if exports else {}, signing={})
     if cfg.export.format is not ExportFormat.sharded:
         del networks[SERVING_NETWORK]
-    return {"name": PROJECT, "services": services, "volumes": volumes, "networks": networks}
+    restarted = ["watch", *(name for name in services if name.startswith(("ps-", "worker-")))]
+    return {"name": PROJECT, RESTART_BLOCK: {"max_restarts": cfg.cluster.max_restarts, "restart_together": restarted,
+                                             "not_restarted_exits": list(NOT_RESTARTED)},
+            "services": services, "volumes": volumes, "networks": networks}
 
 
 def compose_networks(cfg: CtrConfig) -> dict[str, dict]:
@@ -350,11 +368,14 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[:1] == [WATCH_COMMAND] and len(argv) == 2:
         from components.checkpoint.store import CheckpointStoreError
-        from components.train.job import PsJobError
+        from components.train.job import PsJobError, PsJobStoreError
 
         try:
             print(f"watch: {watch_from_spec(argv[1])}", flush=True)
-        except (PsJobError, CheckpointStoreError) as err:  # a role stalled, the lease was refused or lost
+        except (PsJobStoreError, CheckpointStoreError) as err:  # the lease was refused or lost: no restart mends it
+            print(f"error: {err}", file=sys.stderr, flush=True)
+            return STORE_REFUSED_EXIT
+        except PsJobError as err:  # a role stalled: the driver restarts the job, or stops it
             print(f"error: {err}", file=sys.stderr, flush=True)
             return 1
         return 0

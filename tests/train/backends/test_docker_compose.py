@@ -30,7 +30,8 @@ from components.checkpoint.store import CheckpointStore
 from components.config import CtrConfig, SecretEnv, from_dict, to_dict
 from components.config_rules import validate
 from components.data_prep.prepare import prepare_synthetic
-from components.ps.contract import SPEC_ENV, ClusterLayout, Role, role_env
+from components.ps.contract import (RESTART_ENV, RUN_ID_ENV, SPEC_ENV, STORE_REFUSED_EXIT, ClusterLayout, Role,
+                                    role_env)
 from components.ps.liveness import LIVENESS, HeartbeatRecord
 from components.ps.strategy import rpc_gflags
 from components.train.backends import docker_compose as compose
@@ -195,7 +196,10 @@ def test_every_ps_service_gets_exactly_the_role_env_of_its_role(servers, workers
     assert sorted((role.value, i) for role, i, _ in found) == sorted(
         [("server", i) for i in range(servers)] + [("worker", i) for i in range(workers)])
     for role, index, service in found:
-        assert container_env(service) == role_env(layout, role, index)  # nothing else without storage secrets
+        # Nothing else without storage secrets but the run and its attempt, which the driver names (default:
+        # attempt 0 of a run named after the project, what a plain `docker compose up` runs).
+        assert container_env(service) == {**role_env(layout, role, index), RESTART_ENV: "${CTR_PS_ATTEMPT:-0}",
+                                          RUN_ID_ENV: "${CTR_PS_RUN:-ctr-ps}"}
         assert service["command"] == ["python", "-m", "components.ps.role", compose.SPEC_MOUNT]
 
 
@@ -224,7 +228,12 @@ def test_the_job_spec_is_one_file_every_service_mounts_read_only():
 
 def test_compose_document_structure():
     doc = yaml.safe_load(COMPOSE_YAML.read_text())
-    assert set(doc) == {"name", "services", "volumes", "networks"}
+    assert set(doc) == {"name", "x-ctr-ps", "services", "volumes", "networks"}
+    # A PS job restarts whole: the watch and every role together, never data prep; a configuration error, a refused
+    # store and an unrunnable command line are not restarted.
+    assert doc["x-ctr-ps"] == {"max_restarts": CtrConfig().cluster.max_restarts,
+                               "restart_together": ["watch", "ps-0", "ps-1", "worker-0", "worker-1"],
+                               "not_restarted_exits": [78, 74, 2]}
     services = doc["services"]
     assert list(services) == ["prep", "watch", "ps-0", "ps-1", "worker-0", "worker-1", "evaluate", "export",
                               "serving"]
@@ -454,8 +463,8 @@ def test_the_watch_service_fails_in_one_line_on_a_stalled_role_or_a_store_anothe
     error = capsys.readouterr().err
     assert error.startswith("error: PS job ctr-ps: server-1 reported nothing for ") and error.count("\n") == 1
     ready.unlink()
-    with StoreLease(CheckpointStore(str(tmp_path / "ckpt")), "another-run"):
-        assert compose.main([compose.WATCH_COMMAND, str(spec_file)]) == 1
+    with StoreLease(CheckpointStore(str(tmp_path / "ckpt")), "another-run"):  # no restart mends this one
+        assert compose.main([compose.WATCH_COMMAND, str(spec_file)]) == STORE_REFUSED_EXIT
     error = capsys.readouterr().err
     assert error.startswith("error: ") and "another-run" in error and error.count("\n") == 1
     assert not ready.exists()  # no role may start on a store another job holds
