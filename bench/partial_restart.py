@@ -1,0 +1,192 @@
+"""Can Paddle 2.6.2 restart less than a whole PS job? One role of a running compose job is killed and only it is
+started again, and what the job does next is watched.
+
+    sudo python bench/partial_restart.py [--rows 400000] [--watch-s 120] [--out bench/results/partial_restart.md]
+
+The compose job (2 servers + 2 workers, two passes, the checkout's code mounted, as ``bench/network.py`` runs it)
+is started service by service, without the driver and without the ``watch`` service, so that nothing restarts the
+whole job. Once worker 0 reports progress in pass 2 (a checkpoint of pass 1 is committed):
+
+* **worker**: worker 1 is killed (``podman kill``) and its container started again, the same environment and job
+  spec: whether it trains again (a progress line of its own), and whether the job ends;
+* **server**: server 1 is killed and started again: whether the workers train on, and with what table (the rows
+  server 1 holds in the job's last checkpoint, against the undisturbed job's).
+
+Per case the table says what happened within ``--watch-s`` seconds and the last line each role logged. Everything
+created is removed at the end. Needs root (podman).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.common import log, publish  # noqa: E402
+from bench.network import CONTAINERS_CONF, run_this_code  # noqa: E402
+from components.train.backends import docker_compose as compose  # noqa: E402
+
+PROJECT = "ctr-partial"
+RESULTS = ROOT / "bench" / "results" / "partial_restart.md"
+PROGRESS = re.compile(r"^@progress (\{.*\})$", re.M)
+CHECKPOINT = re.compile(r"^@checkpoint (\{.*\})$", re.M)
+SERVICES = ("ps-0", "ps-1", "worker-0", "worker-1")
+
+
+def podman(*args: str, check: bool = True, timeout: float = 300) -> str:
+    done = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+    if check and done.returncode:
+        raise RuntimeError(f"podman {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def container(service: str) -> str:
+    return f"{PROJECT}_{service}_1"
+
+
+def logs(service: str, since: Optional[float] = None) -> str:
+    extra = ["--since", str(int(since))] if since else []
+    return podman("logs", *extra, container(service), check=False)
+
+
+def state(service: str) -> str:
+    return podman("inspect", "-f", "{{.State.Status}} {{.State.ExitCode}}", container(service), check=False)
+
+
+def progress(service: str, since: Optional[float] = None) -> list[dict]:
+    return [json.loads(m) for m in PROGRESS.findall(logs(service, since))]
+
+
+def last_line(service: str) -> str:
+    lines = [line for line in logs(service).splitlines() if line.strip()]
+    return lines[-1][:160] if lines else "(nothing)"
+
+
+def compose_file(work: Path, rows: int) -> Path:
+    path = work / "compose.yaml"
+    assert compose.main([f"data.rows={rows}", "ps.epochs=2", "--out", str(path)]) == 0
+    run_this_code(path)
+    doc = yaml.safe_load(path.read_text())
+    doc["name"] = PROJECT
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 20))
+    return path
+
+
+def down(path: Path) -> None:
+    subprocess.run(["podman-compose", "-p", PROJECT, "-f", str(path), "down", "-v", "-t", "5"],
+                   capture_output=True, text=True)
+    for network in ("default", "job", "serving", "store"):
+        subprocess.run(["podman", "network", "rm", "-f", f"{PROJECT}_{network}"], capture_output=True)
+
+
+def start_job(path: Path) -> None:
+    """prep, then the servers (until their healthchecks pass), then the workers: compose_up.py's order, no watch."""
+    subprocess.run(["podman-compose", "-p", PROJECT, "-f", str(path), "up", "--no-start"], capture_output=True,
+                   text=True, check=True)
+    podman("start", container("prep"))
+    if podman("wait", container("prep"), timeout=600) != "0":
+        raise RuntimeError(f"data prep failed: {last_line('prep')}")
+    for server in ("ps-0", "ps-1"):
+        podman("start", container(server))
+    deadline = time.time() + 120
+    while not all(subprocess.run(["podman", "healthcheck", "run", container(s)], capture_output=True).returncode == 0
+                  for s in ("ps-0", "ps-1")):
+        if time.time() > deadline:
+            raise RuntimeError("the servers were not ready in 120 s")
+        time.sleep(1)
+    for worker in ("worker-0", "worker-1"):
+        podman("start", container(worker))
+
+
+def wait_for_pass_2(limit_s: float = 300) -> None:
+    deadline = time.time() + limit_s
+    while not any(p.get("epoch", 0) >= 2 for p in progress("worker-0")):
+        if time.time() > deadline:
+            raise RuntimeError(f"worker 0 never reached pass 2: {last_line('worker-0')}")
+        time.sleep(0.5)
+
+
+def watch(watch_s: float, restarted_at: float, role: str) -> dict:
+    """What the job did within ``watch_s`` of the restart: the roles' progress and ends."""
+    deadline = time.time() + watch_s
+    while time.time() < deadline and any(state(w).startswith("running") for w in ("worker-0", "worker-1")):
+        time.sleep(2)
+    found = {"role": role, "states": {s: state(s) for s in SERVICES}, "last": {s: last_line(s) for s in SERVICES}}
+    found["progress_after"] = {w: len(progress(w, restarted_at)) for w in ("worker-0", "worker-1")}
+    checkpoints = [json.loads(m) for m in CHECKPOINT.findall(logs("worker-0"))]
+    found["server_rows"] = [c.get("servers", {}).get("rows") for c in checkpoints]
+    return found
+
+
+def case(path: Path, role: str, service: str, watch_s: float) -> dict:
+    down(path)
+    start_job(path)
+    wait_for_pass_2()
+    podman("kill", container(service))
+    podman("wait", container(service), check=False)
+    restarted_at = time.time()
+    podman("start", container(service))
+    log(f"{service} killed and started again")
+    return watch(watch_s, restarted_at, role)
+
+
+def render(rows: list[dict], args) -> str:
+    lines = [f"# Restarting one role of a PS job (`sudo python bench/partial_restart.py --rows {args.rows} "
+             f"--watch-s {args.watch_s:g}`, {time.strftime('%Y-%m-%d')})", "",
+             "Paddle 2.6.2 in podman, 2 servers + 2 workers, two passes; once worker 0 trained in pass 2 one role "
+             "is killed and only its container started again (no driver, no watch).", "",
+             "| restarted | progress lines after the restart (worker 0, worker 1) | states after "
+             f"{args.watch_s:g} s | rows per server in each committed checkpoint | the restarted role's last line |",
+             "|---|---|---|---|---|"]
+    for r in rows:
+        states = ", ".join(f"{s}: {v}" for s, v in r["states"].items())
+        restarted = "worker-1" if r["role"] == "worker" else "ps-1"
+        lines.append(f"| {r['role']} | {r['progress_after']['worker-0']}, {r['progress_after']['worker-1']} | "
+                     f"{states} | {r['server_rows']} | `{r['last'][restarted].replace('|', '/')}` |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=400_000)
+    parser.add_argument("--watch-s", type=float, default=120.0)
+    parser.add_argument("--out", type=Path, default=RESULTS)
+    args = parser.parse_args(argv)
+
+    def terminate(signum, frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, terminate)
+    work = Path(tempfile.mkdtemp(prefix="partial-"))
+    (work / "containers.conf").write_text(CONTAINERS_CONF.format(nofile=resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    os.environ["CONTAINERS_CONF"] = str(work / "containers.conf")
+    path = compose_file(work, args.rows)
+    rows = []
+    try:
+        for role, service in (("worker", "worker-1"), ("server", "ps-1")):
+            log(f"case: {role}")
+            rows.append(case(path, role, service, args.watch_s))
+            log(f"  {rows[-1]}")
+    finally:
+        down(path)
+        shutil.rmtree(work, ignore_errors=True)
+    publish(render(rows, args), args.out)
+
+
+if __name__ == "__main__":
+    main()
