@@ -128,16 +128,18 @@ def planned_config(cfg: CtrConfig, restore: Optional[RestoreTarget],
                                data=dataclasses.replace(cfg.data, negative_sample_rate=rate)), source
 
 
-def prepare_job(cfg: CtrConfig, stats: Optional[dict], run_id: Optional[str] = None) -> PreparedJob:
+def prepare_job(cfg: CtrConfig, stats: Optional[dict], run_id: Optional[str] = None,
+                store: Optional[CheckpointStore] = None) -> PreparedJob:
     """Resolve what a job starts from and plan its table; raises ConfigError (a table that cannot fit, a
     shard count a restored table refuses) or CheckpointError (a restore target that does not exist) before
-    any process starts. ``stats``: the dataset's ``stats.json`` (its distinct ids bound the rows), if readable.
+    any process starts. ``stats``: the dataset's ``stats.json`` (its distinct ids bound the rows), if readable;
+    ``store``: the open checkpoint store of ``checkpoint.uri`` (opened here when not given).
 
     It cleans the store of what a killed job left (saves that never committed, upload records): call it holding
     the store's lease (:class:`components.checkpoint.lease.StoreLease`, as :func:`components.train.step.launch_ps_job`
     does), or another job's save in progress would go too.
     """
-    store = CheckpointStore(cfg.checkpoint.uri)
+    store = store or CheckpointStore(cfg.checkpoint.uri)
     clean_store(store)
     return plan_job(cfg, stats, store, run_id)
 

@@ -52,7 +52,7 @@ BACKENDS: dict[ClusterBackend, Callable[[], type[JobBackend]]] = {
 
 
 def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = echo_now,
-                  data_uri: Optional[str] = None) -> JobResult:
+                  data_uri: Optional[str] = None, store: Optional[CheckpointStore] = None) -> JobResult:
     """Prepare the PS job of ``cfg`` once and run it on ``cluster.backend`` (:data:`BACKENDS`), the one dispatch
     to the backends.
 
@@ -63,18 +63,20 @@ def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[
     The job holds the checkpoint store's lease while it runs (:mod:`components.checkpoint.lease`): a store
     another job is using is refused with :class:`~components.checkpoint.lease.StoreInUse`, naming that job.
     Started by a local pipeline run (``$CTR_DRIVER_PID``), this process stops its job when the driver dies.
+    ``store``: the open checkpoint store of ``checkpoint.uri`` (opened here when not given).
     """
     stop_when_gone(driver_from_env())
     stats_path = Path(data_dir) / "stats.json"
     stats = json.loads(stats_path.read_text()) if stats_path.is_file() else None
     run_id = new_run_id()
-    with StoreLease(CheckpointStore(cfg.checkpoint.uri), run_id) as lease:
-        job = prepare_job(cfg, stats, run_id)
+    store = store or CheckpointStore(cfg.checkpoint.uri)
+    with StoreLease(store, run_id) as lease:
+        job = prepare_job(cfg, stats, run_id, store)
         inputs = StepInputs(data_dir=Path(data_dir), data_uri=data_uri, log_dir=Path(log_dir), echo=echo, lease=lease)
         return BACKENDS[cfg.cluster.backend]().for_step(job, inputs).run()
 
 
-def delivered_checkpoint(result: JobResult, checkpoint_uri: str) -> str:
+def delivered_checkpoint(result: JobResult, store: CheckpointStore) -> str:
     """The checkpoint the run delivers: the best on the validation split (the store's ``BEST``, which may predate a
     resume) when the job validated its checkpoints, else the last.
 
@@ -83,7 +85,6 @@ def delivered_checkpoint(result: JobResult, checkpoint_uri: str) -> str:
     with one warning line."""
     last = result.checkpoints[-1]["id"]
     if any(c.get("validation") for c in result.checkpoints):
-        store = CheckpointStore(checkpoint_uri)
         best = store.best()
         if best and best not in {c["id"] for c in result.checkpoints}:
             problem = checkpoint_problem(store, best)
@@ -96,16 +97,16 @@ def delivered_checkpoint(result: JobResult, checkpoint_uri: str) -> str:
     return last
 
 
-def training_summary(result: JobResult, checkpoint_uri: str) -> dict:
+def training_summary(result: JobResult, store: CheckpointStore) -> dict:
     """What the Model artifact records about the run (JSON-safe): the store and the delivered checkpoint's id."""
     examples = sum(int(e["examples"]) for e in result.epochs)
     train_seconds = sum(float(e["seconds"]) for e in result.epochs)
     if not result.checkpoints:
-        raise RuntimeError(f"the PS job committed no checkpoint to {checkpoint_uri} (nothing left to train "
+        raise RuntimeError(f"the PS job committed no checkpoint to {store.uri} (nothing left to train "
                            f"after resuming from {result.restored_from.id if result.restored_from else None}?)")
-    delivered = delivered_checkpoint(result, checkpoint_uri)
+    delivered = delivered_checkpoint(result, store)
     summary = {
-        "uri": checkpoint_uri,
+        "uri": store.uri,
         "id": delivered,
         "last_id": result.checkpoints[-1]["id"],
         "stopped_early": any(c.get("stop") for c in result.checkpoints),
@@ -140,7 +141,7 @@ def training_summary(result: JobResult, checkpoint_uri: str) -> dict:
     return summary
 
 
-def record_day(cfg: CtrConfig, day: str, result: JobResult, summary: dict, data_dir: Path) -> dict:
+def record_day(day: str, result: JobResult, summary: dict, data_dir: Path, store: CheckpointStore) -> dict:
     """Record a trained day in the store's ledger (:mod:`components.checkpoint.days`): its ``days.csv`` row, its
     data's drift summary and its train ids. Returns the row."""
     from components.data_prep.prepare import read_distinct_ids
@@ -156,7 +157,7 @@ def record_day(cfg: CtrConfig, day: str, result: JobResult, summary: dict, data_
            "evicted_rows": sum(e for e in evicted if e is not None) if any(e is not None for e in evicted) else None,
            "new_id_fraction": (drift or {}).get("new_id_fraction"), "seconds": summary["seconds"],
            "checkpoint": summary["id"]}
-    DayLedger(CheckpointStore(cfg.checkpoint.uri)).record(row, drift, read_distinct_ids(data_dir))
+    DayLedger(store).record(row, drift, read_distinct_ids(data_dir))
     return row
 
 
@@ -182,12 +183,13 @@ def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
     ``log_dir`` (the launcher's per-role scratch directories are dropped from it after a successful job).
     """
     cfg = from_dict(config)
-    result = launch_ps_job(cfg, Path(data_dir), Path(log_dir), echo=echo, data_uri=data_uri)
+    store = CheckpointStore(cfg.checkpoint.uri)  # opened once for the step: the job, its summary, the day's ledger
+    result = launch_ps_job(cfg, Path(data_dir), Path(log_dir), echo=echo, data_uri=data_uri, store=store)
     shutil.rmtree(Path(log_dir) / "work", ignore_errors=True)  # kept on failure, for debugging
-    summary = training_summary(result, cfg.checkpoint.uri)
+    summary = training_summary(result, store)
     day = day_of(cfg)
     if day is not None:
-        summary["day"] = record_day(cfg, day, result, summary, Path(data_dir))
+        summary["day"] = record_day(day, result, summary, Path(data_dir), store)
         echo(f"== day {day!r}: {describe_day(summary['day'])}")
     write_pointer(pointer_path, summary)
     for line in server_report(result):

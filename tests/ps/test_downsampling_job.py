@@ -30,9 +30,9 @@ def _train_and_score(tmp_path, rate: float) -> tuple[np.ndarray, np.ndarray, dic
     cfg = from_dict({"ps": {"servers": 1, "workers": 1, "epochs": 3, "batch_size": 64},
                      "model": {"name": "deepfm", "hidden": [32]}, "table": {"shard_num": 2},
                      "checkpoint": {"uri": str(tmp_path / f"ckpt-{rate}")}, "run_dir": str(tmp_path)})
-    result = launch_ps_job(cfg, data_dir, tmp_path / f"logs-{rate}", echo=lambda line: None)
-    local = CheckpointStore(cfg.checkpoint.uri).download(delivered_checkpoint(result, cfg.checkpoint.uri),
-                                                         tmp_path / f"local-{rate}")
+    store = CheckpointStore(cfg.checkpoint.uri)
+    result = launch_ps_job(cfg, data_dir, tmp_path / f"logs-{rate}", echo=lambda line: None, store=store)
+    local = store.download(delivered_checkpoint(result, store), tmp_path / f"local-{rate}")
     table = CheckpointTable(local)
     ids, rows = table.whole()
     labels, dense, sparse = read_test_split(data_dir)

@@ -64,6 +64,7 @@ def test_more_passes_never_deliver_a_worse_model(tmp_path):
     from components.config import EvalConfig, from_dict
     from components.data_prep.prepare import prepare_synthetic
     from components.evaluate.evaluate import evaluate
+    from components.checkpoint.store import CheckpointStore
     from components.train.step import launch_ps_job, training_summary
 
     prepare_synthetic(tmp_path / "data", rows=40_000, test_fraction=0.3, valid_fraction=0.3, num_shards=1,
@@ -78,7 +79,7 @@ def test_more_passes_never_deliver_a_worse_model(tmp_path):
     assert [(c["best"], c["stop"]) for c in result.checkpoints] == [
         replayed.judge(c["id"], c["validation"]["auc"]) for c in result.checkpoints], judged
     assert len(result.epochs) < 10 and result.checkpoints[-1]["stop"], judged  # stopped early
-    summary = training_summary(result, cfg.checkpoint.uri)
+    summary = training_summary(result, CheckpointStore(cfg.checkpoint.uri))
     best = max(result.checkpoints, key=lambda c: c["validation"]["auc"])
     assert summary["id"] == best["id"] and summary["stopped_early"]
     test_auc = {c["id"]: evaluate(fetch_for_scoring(cfg.checkpoint.uri, c["id"], tmp_path / c["id"], EVALUATION_PARTS),

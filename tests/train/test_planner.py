@@ -208,7 +208,7 @@ def test_the_restore_target_carries_the_saved_shard_count(tmp_path):
         planned_config(_cfg(table={"shard_num": 16}), restore)
 
 
-def test_train_step_reports_the_load_and_records_it():
+def test_train_step_reports_the_load_and_records_it(tmp_path):
     plan = _plan(_cfg())
     checkpoint = {"id": "c1", "epoch": 1, "uri": "u", "servers": {"rows": [100, 120], "saved_bytes": [1000, 1200]}}
     memory = [{"serving_rss": GIB // 4, "peak_rss": GIB // 2}, {"serving_rss": GIB // 4, "peak_rss": GIB // 2}]
@@ -217,7 +217,7 @@ def test_train_step_reports_the_load_and_records_it():
     lines = server_report(result)
     assert "rows 100 | 120 (largest 1.091x the mean)" in lines[0]
     assert "saved shards 0.0 MiB | 0.0 MiB" in lines[1] and "peak 512.0 MiB | 512.0 MiB" in lines[2]
-    summary = training_summary(result, "u")
+    summary = training_summary(result, CheckpointStore(str(tmp_path / "u")))
     assert summary["server_rows"] == [100, 120] and summary["server_rows_max_over_mean"] == pytest.approx(1.0909)
     assert summary["memory_plan"]["shard_num"] == 16 and summary["server_peak_rss_gib"] == [0.5, 0.5]
     json.dumps(summary)  # the Model artifact's metadata

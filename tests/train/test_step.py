@@ -19,11 +19,11 @@ def test_a_best_from_before_the_job_that_is_corrupt_now_gives_way_to_the_jobs_la
     for ckpt_id in ids:
         store.commit(ckpt_id, store.upload_dir(staged, ckpt_id), {})
     store.mark_best(ids[0])
-    assert delivered_checkpoint(_result(ids[1]), store.uri) == ids[0]  # intact: the best is delivered
+    assert delivered_checkpoint(_result(ids[1]), store) == ids[0]  # intact: the best is delivered
     assert capsys.readouterr().out == ""
     scores = tmp_path / "ckpt" / ids[0] / "scores" / "test.npz"
     scores.write_bytes(b"\xff" + scores.read_bytes()[1:])
-    assert delivered_checkpoint(_result(ids[1]), store.uri) == ids[1]
+    assert delivered_checkpoint(_result(ids[1]), store) == ids[1]
     [line] = capsys.readouterr().out.splitlines()
     assert line.startswith(f"warning: checkpoint {ids[0]} in {store.uri} is corrupt (scores/test.npz does not match")
     assert f"delivering {ids[1]}, this job's last checkpoint" in line
