@@ -51,7 +51,8 @@ POLL_S = 0.5
 STOP_TIMEOUT_S = 10  # SIGTERM, then SIGKILL, as `docker compose` stops containers
 RESTART_BLOCK = "x-ctr-ps"
 RUN_VARIABLE, ATTEMPT_VARIABLE = "CTR_PS_RUN", "CTR_PS_ATTEMPT"  # interpolated into the roles' environment
-CHECKPOINT_EVENT = "@checkpoint "  # a worker's line once a checkpoint committed: its id, as JSON
+CHECKPOINT_EVENT = "@checkpoint "  # a worker's line once a checkpoint committed: its id and pass, as JSON
+PROGRESS_EVENT = "@progress "  # a worker's report: its pass and the examples it trained in it so far
 
 
 def seconds(duration: str) -> float:
@@ -153,7 +154,9 @@ class Run:
         self.services = {s.name: s for s in services}
         self.lock = threading.Lock()
         self.width = max(len(name) for name in self.services)
-        self.checkpoint: Optional[tuple[str, float]] = None  # the newest one committed: (id, when)
+        self.checkpoint: Optional[tuple[str, float, int]] = None  # the newest one committed: (id, when, pass)
+        self.trained: dict[str, tuple[int, int]] = {}  # worker -> (pass, examples in it), its last report
+        self.attempt_started = time.monotonic()
 
     def say(self, line: str) -> None:
         with self.lock:
@@ -175,11 +178,25 @@ class Run:
     def _relay(self, service: Service) -> None:
         for line in service.logs.stdout:
             self.say(f"{service.name:<{self.width}} | {line.rstrip()}")
-            if line.startswith(CHECKPOINT_EVENT):
-                try:
-                    self.checkpoint = (json.loads(line[len(CHECKPOINT_EVENT):])["id"], time.monotonic())
-                except (ValueError, KeyError, TypeError):  # garbled by native output: the next one tells
-                    pass
+            try:  # a line garbled by native output is skipped: the next one tells
+                if line.startswith(CHECKPOINT_EVENT):
+                    event = json.loads(line[len(CHECKPOINT_EVENT):])
+                    # A checkpoint inside a pass (chunk > 0) keeps that pass's examples: none counted after it.
+                    done = int(event["epoch"]) if not event.get("chunk") else None
+                    self.checkpoint = (event["id"], time.monotonic(), done)
+                elif line.startswith(PROGRESS_EVENT) and service.name.startswith("worker-"):
+                    event = json.loads(line[len(PROGRESS_EVENT):])
+                    self.trained[service.name] = (int(event["epoch"]), int(event["examples"]))
+            except (ValueError, KeyError, TypeError):
+                pass
+
+    def examples_again(self) -> Optional[int]:
+        """The examples the workers reported in the passes after the newest checkpoint (all of them without one):
+        a restart trains them again; None when a checkpoint inside a pass makes that count unknown here."""
+        done = self.checkpoint[2] if self.checkpoint else 0
+        if done is None:
+            return None
+        return sum(n for epoch, n in self.trained.values() if epoch > done)
 
     def poll_exits(self) -> None:
         for service in self.services.values():
@@ -311,19 +328,24 @@ def restart(run: Run, rule: RestartRule, compose: list[str], env: dict, attempt:
     fresh = [Service(s.name, s.container, s.depends_on, s.healthcheck) for s in group]
     problem = create(compose, fresh, env)
     run.services.update({s.name: s for s in fresh})
+    run.trained.clear()
+    run.attempt_started = time.monotonic()
     return problem
 
 
 def restart_line(run: Run, project: str, reason: str, attempt: int, rule: RestartRule) -> str:
-    """``restart 1 of 2: ...``: what failed, and what the next attempt resumes from and loses."""
+    """``restart 1 of 2: ...``: what failed, what the next attempt resumes from and what it trains again (the shape
+    of the local launcher's line)."""
     if run.checkpoint:
-        ckpt_id, at = run.checkpoint
-        start = (f"resumes from checkpoint {ckpt_id}, the newest this run committed ({time.monotonic() - at:.0f}s "
-                 "of training since it is done again)")
+        ckpt_id, since, _ = run.checkpoint
+        start = f"resumes from checkpoint {ckpt_id}, the newest this run committed"
     else:
+        since = run.attempt_started
         start = "starts from the beginning again (this run committed no checkpoint)"
+    again = run.examples_again()
+    examples = f"at least {again:,} examples to train again" if again is not None else "the pass so far to train again"
     return (f"{project}: restart {attempt} of {rule.max_restarts}: {reason}; attempt {attempt + 1} of "
-            f"{rule.max_restarts + 1} {start}")
+            f"{rule.max_restarts + 1} {start}; {examples} ({time.monotonic() - since:.0f}s of training lost)")
 
 
 def main(argv: list[str]) -> int:

@@ -184,12 +184,27 @@ def test_a_restart_recreates_only_the_group_for_the_next_attempt_of_the_same_run
     assert run.blocked(run.services["watch"]) == (True, None)  # it starts again at once: prep stays done
 
 
-def test_the_restart_line_names_the_checkpoint_the_next_attempt_resumes_from():
+def test_the_restart_line_names_the_checkpoint_the_next_attempt_resumes_from_and_what_it_trains_again():
     run = run_of_committed_file()
     rule = compose_up.RestartRule(2, ("watch",), frozenset())
+
+    def relay(service: str, *lines: str) -> None:
+        run.services[service].logs = type("Logs", (), {"stdout": [f"{line}\n" for line in lines]})()
+        run._relay(run.services[service])
+
+    relay("worker-0", '@progress {"role": "worker", "index": 0, "epoch": 1, "examples": 3000}')
+    relay("worker-1", '@progress {"role": "worker", "index": 1, "epoch": 1, "examples": 2000}',
+          "W1205 12:00:00 a native line", '@progress {"role": "worker", "epoch": 1, "examp')  # garbled: skipped
     line = compose_up.restart_line(run, "ctr-ps", "worker-1 exited with code 137 (SIGKILL)", 1, rule)
-    assert line == ("ctr-ps: restart 1 of 2: worker-1 exited with code 137 (SIGKILL); attempt 2 of 3 starts from "
-                    "the beginning again (this run committed no checkpoint)")
-    run.checkpoint = ("20261205T120000Z-e1-s0", compose_up.time.monotonic() - 30)
+    assert line.startswith("ctr-ps: restart 1 of 2: worker-1 exited with code 137 (SIGKILL); attempt 2 of 3 starts "
+                           "from the beginning again (this run committed no checkpoint); at least 5,000 examples to "
+                           "train again (")
+    relay("worker-0", '@checkpoint {"id": "20261205T120000Z-e0001-s0", "epoch": 1, "chunk": 0}',
+          '@progress {"role": "worker", "index": 0, "epoch": 2, "examples": 700}')
+    relay("worker-1", '@progress {"role": "worker", "index": 1, "epoch": 2, "examples": 600}')
     line = compose_up.restart_line(run, "ctr-ps", "ps-0 exited with code 137 (SIGKILL)", 2, rule)
-    assert "attempt 3 of 3 resumes from checkpoint 20261205T120000Z-e1-s0, the newest this run committed (30s" in line
+    assert ("attempt 3 of 3 resumes from checkpoint 20261205T120000Z-e0001-s0, the newest this run committed; at least "
+            "1,300 examples to train again (0s of training lost)") in line
+    relay("worker-0", '@checkpoint {"id": "20261205T120100Z-e0001-s1", "epoch": 1, "chunk": 3}')  # inside pass 2
+    assert compose_up.restart_line(run, "ctr-ps", "x", 2, rule).endswith(
+        "; the pass so far to train again (0s of training lost)")
