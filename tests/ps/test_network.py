@@ -24,7 +24,7 @@ def test_a_host_that_does_not_resolve_fails_naming_it_rather_than_binding_every_
         resolved_own_host("no-such-host.invalid", timeout_s=0)
 
 
-def test_a_process_waits_for_its_own_host_to_resolve_before_paddle_starts_its_server(monkeypatch):
+def test_a_process_waits_for_its_own_host_to_resolve_before_paddle_starts_its_server(monkeypatch, tmp_path):
     """A brpc server whose own name does not resolve yet segfaults inside Paddle; the process waits for the name
     instead (a container's name reaches the network's DNS a moment after it starts), then fails naming POD_IP."""
     import socket
@@ -39,6 +39,7 @@ def test_a_process_waits_for_its_own_host_to_resolve_before_paddle_starts_its_se
             raise socket.gaierror(-2, "Name or service not known")
         return "127.0.0.1"
 
+    monkeypatch.chdir(tmp_path)  # Paddle's gloo store module opens http.log in the working directory on import
     monkeypatch.setenv("POD_IP", "ps-0")
     monkeypatch.delenv("PADDLE_GLOO_HTTP_ENDPOINT", raising=False)
     monkeypatch.setattr(network.socket, "gethostbyname", resolve_on_third_try)
