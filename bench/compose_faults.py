@@ -201,16 +201,20 @@ def run_once(fault: Fault, path: Path) -> Run:
 
 
 def row(fault: Fault, run: Run, reference_auc: Optional[float]) -> dict:
-    restarts = [when for when, line in run.lines if RESTART.match(line)]
+    every = [when for when, line in run.lines if RESTART.match(line)]
+    # A restart before the fault is the start's own (a role that failed as the job came up), not the fault's.
+    restarts = [when for when in every if when >= fault.injected_at]
+    before = f" (+{len(every) - len(restarts)} before the fault)" if len(every) > len(restarts) else ""
     auc = run.first(AUC)
-    out = {"fault": fault.what, "exit": run.status, "restarts": len(restarts), "detected": None, "again": None,
-           "twice": 0, "auc": float(auc[1].group(1)) if auc else None, "reference": reference_auc, "left": run.left}
+    out = {"fault": fault.what, "exit": run.status, "restarts": f"{len(restarts)}{before}", "detected": None,
+           "again": None, "twice": 0, "auc": float(auc[1].group(1)) if auc else None, "reference": reference_auc,
+           "left": run.left}
     if fault.act is None:
         return out
     if restarts:
         out["detected"] = restarts[0] - fault.injected_at
-        before = [(w, p, n) for when, w, p, n in run.progress() if when < restarts[0] and p >= fault.in_pass]
-        last = {w: n for w, _, n in before}  # the pass the restart threw away: trained again
+        thrown = [(w, p, n) for when, w, p, n in run.progress() if when < restarts[0] and p >= fault.in_pass]
+        last = {w: n for w, _, n in thrown}  # the pass the restart threw away: trained again
         out["twice"] = sum(last.values())
     resumed = max(restarts[0] if restarts else 0.0, fault.ended_at)
     seen = {w: (p, n) for when, w, p, n in run.progress() if when <= resumed}

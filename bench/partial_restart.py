@@ -45,6 +45,7 @@ PROJECT = "ctr-partial"
 RESULTS = ROOT / "bench" / "results" / "partial_restart.md"
 PROGRESS = re.compile(r"^@progress (\{.*\})$", re.M)
 CHECKPOINT = re.compile(r"^@checkpoint (\{.*\})$", re.M)
+EPOCH = re.compile(r"^@epoch (\{.*\})$", re.M)
 SERVICES = ("ps-0", "ps-1", "worker-0", "worker-1")
 
 
@@ -73,7 +74,8 @@ def progress(service: str, since: Optional[float] = None) -> list[dict]:
 
 
 def last_line(service: str) -> str:
-    lines = [line for line in logs(service).splitlines() if line.strip()]
+    """Its last line that is not a heartbeat (what it did, or the error it ended with)."""
+    lines = [line for line in logs(service).splitlines() if line.strip() and not line.startswith("@heartbeat")]
     return lines[-1][:160] if lines else "(nothing)"
 
 
@@ -127,7 +129,10 @@ def watch(watch_s: float, restarted_at: float, role: str) -> dict:
     while time.time() < deadline and any(state(w).startswith("running") for w in ("worker-0", "worker-1")):
         time.sleep(2)
     found = {"role": role, "states": {s: state(s) for s in SERVICES}, "last": {s: last_line(s) for s in SERVICES}}
-    found["progress_after"] = {w: len(progress(w, restarted_at)) for w in ("worker-0", "worker-1")}
+    # The examples each worker reported in its pass after the restart (repeated reports of one count: no progress).
+    found["progress_after"] = {w: sorted({p["examples"] for p in progress(w, restarted_at) if "examples" in p})
+                               for w in ("worker-0", "worker-1")}
+    found["passes_ended"] = len(EPOCH.findall(logs("worker-0", restarted_at)))
     checkpoints = [json.loads(m) for m in CHECKPOINT.findall(logs("worker-0"))]
     found["server_rows"] = [c.get("servers", {}).get("rows") for c in checkpoints]
     return found
@@ -150,14 +155,15 @@ def render(rows: list[dict], args) -> str:
              f"--watch-s {args.watch_s:g}`, {time.strftime('%Y-%m-%d')})", "",
              "Paddle 2.6.2 in podman, 2 servers + 2 workers, two passes; once worker 0 trained in pass 2 one role "
              "is killed and only its container started again (no driver, no watch).", "",
-             "| restarted | progress lines after the restart (worker 0, worker 1) | states after "
-             f"{args.watch_s:g} s | rows per server in each committed checkpoint | the restarted role's last line |",
-             "|---|---|---|---|---|"]
+             "| restarted | examples reported after the restart: worker 0 / worker 1 | passes ended after it | "
+             f"states after {args.watch_s:g} s (status, exit code) | rows per server in each committed checkpoint | "
+             "last lines (not heartbeats) |", "|---|---|---|---|---|---|"]
     for r in rows:
         states = ", ".join(f"{s}: {v}" for s, v in r["states"].items())
-        restarted = "worker-1" if r["role"] == "worker" else "ps-1"
-        lines.append(f"| {r['role']} | {r['progress_after']['worker-0']}, {r['progress_after']['worker-1']} | "
-                     f"{states} | {r['server_rows']} | `{r['last'][restarted].replace('|', '/')}` |")
+        reported = " / ".join(", ".join(f"{n:,}" for n in r["progress_after"][w]) or "none"
+                              for w in ("worker-0", "worker-1"))
+        last = "; ".join(f"{s}: `{line.replace('|', '/')}`" for s, line in r["last"].items())
+        lines.append(f"| {r['role']} | {reported} | {r['passes_ended']} | {states} | {r['server_rows']} | {last} |")
     return "\n".join(lines) + "\n"
 
 
