@@ -40,13 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import log, publish  # noqa: E402
-from bench.network import CONTAINERS_CONF, run_this_code  # noqa: E402
+from bench.network import CONTAINERS_CONF, project_file  # noqa: E402
+from bench.network import down as network_down  # noqa: E402
 from components.train.backends import docker_compose as compose  # noqa: E402
 
 PROJECT = "ctr-faultbench"
@@ -155,20 +155,12 @@ FAULTS = [
 
 
 def compose_file(work: Path, rows: int, overrides: tuple[str, ...]) -> Path:
-    path = work / f"compose-{abs(hash(overrides))}.yaml"
-    assert compose.main([f"data.rows={rows}", "ps.epochs=2", *overrides, "--out", str(path)]) == 0
-    run_this_code(path)
-    doc = yaml.safe_load(path.read_text())
-    doc["name"] = PROJECT
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 20))
-    return path
+    return project_file(work / f"compose-{abs(hash(overrides))}.yaml", PROJECT,
+                        [f"data.rows={rows}", "ps.epochs=2", *overrides])
 
 
 def down(path: Path) -> None:
-    subprocess.run(["podman-compose", "-p", PROJECT, "-f", str(path), "down", "-v", "-t", "5"],
-                   capture_output=True, text=True)
-    for network in ("default", "job", "serving", "store"):
-        subprocess.run(["podman", "network", "rm", "-f", f"{PROJECT}_{network}"], capture_output=True)
+    network_down(path, PROJECT)
 
 
 def run_once(fault: Fault, path: Path) -> Run:

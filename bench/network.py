@@ -209,11 +209,23 @@ def table(runs: list[dict], args, links: list[str], jobs: list[str], netem: bool
     return "\n".join(lines) + "\n"
 
 
-def down(compose_file: Path) -> None:
-    subprocess.run(["podman-compose", "-p", PROJECT, "-f", str(compose_file), "down", "-v", "-t", "5"],
+def project_file(path: Path, project: str, overrides: list[str]) -> Path:
+    """The compose file of ``overrides`` at ``path``, as project ``project`` (its ``name``, which
+    ``containers/compose_up.py`` takes), running this checkout's code (:func:`run_this_code`)."""
+    assert compose.main([*overrides, "--out", str(path)]) == 0
+    run_this_code(path)
+    doc = yaml.safe_load(path.read_text())
+    doc["name"] = project
+    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 20))
+    return path
+
+
+def down(compose_file: Path, project: str = PROJECT) -> None:
+    """Remove every container, volume and network of ``project`` (podman-compose 1.0 leaves the networks)."""
+    subprocess.run(["podman-compose", "-p", project, "-f", str(compose_file), "down", "-v", "-t", "5"],
                    capture_output=True, text=True)
     for network in ("default", "job", "serving", "store"):
-        subprocess.run(["podman", "network", "rm", "-f", f"{PROJECT}_{network}"], capture_output=True)
+        subprocess.run(["podman", "network", "rm", "-f", f"{project}_{network}"], capture_output=True)
 
 
 def main(argv: list[str] | None = None) -> None:

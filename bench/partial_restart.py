@@ -32,14 +32,13 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.common import log, publish  # noqa: E402
-from bench.network import CONTAINERS_CONF, run_this_code  # noqa: E402
-from components.train.backends import docker_compose as compose  # noqa: E402
+from bench.network import CONTAINERS_CONF, project_file  # noqa: E402
+from bench.network import down as network_down  # noqa: E402
 
 PROJECT = "ctr-partial"
 RESULTS = ROOT / "bench" / "results" / "partial_restart.md"
@@ -80,20 +79,11 @@ def last_line(service: str) -> str:
 
 
 def compose_file(work: Path, rows: int) -> Path:
-    path = work / "compose.yaml"
-    assert compose.main([f"data.rows={rows}", "ps.epochs=2", "--out", str(path)]) == 0
-    run_this_code(path)
-    doc = yaml.safe_load(path.read_text())
-    doc["name"] = PROJECT
-    path.write_text(yaml.safe_dump(doc, sort_keys=False, width=1 << 20))
-    return path
+    return project_file(work / "compose.yaml", PROJECT, [f"data.rows={rows}", "ps.epochs=2"])
 
 
 def down(path: Path) -> None:
-    subprocess.run(["podman-compose", "-p", PROJECT, "-f", str(path), "down", "-v", "-t", "5"],
-                   capture_output=True, text=True)
-    for network in ("default", "job", "serving", "store"):
-        subprocess.run(["podman", "network", "rm", "-f", f"{PROJECT}_{network}"], capture_output=True)
+    network_down(path, PROJECT)
 
 
 def start_job(path: Path) -> None:
