@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# containers/tls_check.sh: the compose job with ps.tls=on and ps.tls=off, side by side, on the same data (issue 35).
+#
+#     containers/tls_check.sh [IMAGE]        # from the repository root, as root, podman set up (containers/check.sh)
+#
+# Each run: generate the compose file with the image's own generator, run the job (containers/compose_up.py), and
+# while the workers train
+# * capture the job network's traffic of every server and worker (tcpdump on eth0 inside each container's network
+#   namespace: the loopback legs between a role and its stunnel are not the network);
+# * let a stranger (a container on the job's network without the job's certificate: containers/ps_stranger.py) send
+#   a brpc request to every server's PS port, server 0's store and every worker's client-service port (8500), in
+#   the clear, in TLS without a certificate and with another CA's. With TLS on the request is PS_STOP_SERVER (12),
+#   with TLS off a command the servers do not know (999): an answer proves the probe reaches them.
+# With TLS on the job must finish (so PS_STOP_SERVER had no effect), no capture may hold a brpc frame ("PRPC"), an
+# HTTP request of the store, or any sparse id of the canary row (the first training row) as the wire carries it
+# (uint64, little-endian), and no stranger may get an answer. With TLS off the captures must hold them and the
+# stranger's plaintext request must be answered by brpc (the checks can fail). Examples/s of each pass
+# (examples / seconds of its @epoch event) go to $WORK/tls.env; the last line compares them (>= 0.85 required).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+IMAGE=${1:-paddle-ps-pipelines:0.1.0}
+WORK=${TLS_CHECK_WORK:-$ROOT/build/containers/tls}
+PROJECT=ctr-tls-check  # not check.sh's ctr-ps: both may run on one host
+HOST_PY=/usr/bin/python3
+MIN_RATIO=0.85
+
+fail() { printf '\ntls check FAILED: %s\n' "$*" >&2; exit 1; }
+say() { printf '\n== %s\n' "$*"; }
+
+down() {  # $1: the run's compose file
+    podman-compose -p "$PROJECT" -f "$1" down -v -t 5 > /dev/null 2>&1 || true
+    podman network rm -f "${PROJECT}_job" "${PROJECT}_serving" "${PROJECT}_store" > /dev/null 2>&1 || true
+}
+
+run_job() {  # $1: on | off
+    local mode=$1 dir=$WORK/$1 compose captures=() pids=() service pid up_pid
+    rm -rf "$dir" && mkdir -p "$dir"
+    compose=$dir/docker-compose.yaml
+    podman run --rm --user 0 --network none -v "$dir:/out" "$IMAGE" python -m components.train.backends.docker_compose \
+        "ps.tls=$mode" --image "$IMAGE" --out /out/docker-compose.yaml > "$dir/generate.log" 2>&1 \
+        || { cat "$dir/generate.log"; fail "the compose generator failed"; }
+    sed -i "s/^name: .*/name: $PROJECT/" "$compose"
+    down "$compose"
+    say "ps.tls=$mode: run the job"
+    $HOST_PY containers/compose_up.py "$compose" --timeout 1800 > "$dir/run.log" 2>&1 &
+    up_pid=$!
+    # The workers start once every server is ready; capture from then until the job ends.
+    for _ in $(seq 600); do
+        [ "$(podman inspect --format '{{.State.Running}}' "${PROJECT}_worker-1_1" 2>/dev/null)" = true ] && break
+        kill -0 "$up_pid" 2> /dev/null || break
+        sleep 0.5
+    done
+    for service in ps-0 ps-1 worker-0 worker-1; do
+        pid=$(podman inspect --format '{{.State.Pid}}' "${PROJECT}_${service}_1" 2>/dev/null || echo 0)
+        [ "$pid" != 0 ] || { wait "$up_pid" || true; tail -30 "$dir/run.log"; fail "$service is not running"; }
+        nsenter -t "$pid" -n tcpdump -i eth0 -U -s 0 -w "$dir/$service.pcap" > "$dir/tcpdump-$service.log" 2>&1 &
+        pids+=($!)
+        captures+=("$dir/$service.pcap")
+    done
+    sleep 3  # the first pulls and pushes are under way
+    local cmd=12
+    [ "$mode" = off ] && cmd=999
+    podman run --rm --network "${PROJECT}_job" -v "$ROOT/containers/ps_stranger.py:/tmp/ps_stranger.py:ro" "$IMAGE" \
+        python /tmp/ps_stranger.py --cmd "$cmd" ps-0:36000 ps-1:36000 ps-0:36018 worker-0:8500 worker-1:8500 \
+        > "$dir/stranger.jsonl" 2> "$dir/stranger.log" || { cat "$dir/stranger.log"; fail "the stranger probe failed"; }
+    local rc=0
+    wait "$up_pid" || rc=$?
+    kill -INT "${pids[@]}" 2> /dev/null || true
+    wait "${pids[@]}" 2> /dev/null || true
+    grep -E '@epoch|evaluation:|^ctr-tls-check:' "$dir/run.log" | cut -c1-200
+    [ "$rc" = 0 ] || { tail -40 "$dir/run.log"; down "$compose"; fail "the ps.tls=$mode job failed (exit $rc)"; }
+    local dataset
+    dataset=$(podman volume inspect --format '{{.Mountpoint}}' "${PROJECT}_dataset")/dataset/train
+    $HOST_PY - "$mode" "$dataset" "$dir" "${captures[@]}" <<'EOF' | tee -a "$WORK/tls.env" \
+        || { down "$compose"; fail "ps.tls=$mode: see above"; }
+import json, re, struct, sys
+from pathlib import Path
+mode, dataset, run_dir, captures = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
+row = (sorted(dataset.iterdir())[0]).read_text().split("\n", 1)[0].split()
+dense = int(row[2])  # label, its "1 dense-count" header, dense values, then "1 id" per sparse slot
+ids = [int(v) for v in row[3 + dense + 1::2]]
+canary = [struct.pack("<Q", i) for i in ids]
+blob = b"".join(Path(c).read_bytes() for c in captures)
+found = {"brpc_frames": blob.count(b"PRPC"), "http_requests": len(re.findall(rb"(?:GET|POST|PUT) /", blob)),
+         "canary_ids": sum(c in blob for c in canary)}
+stranger = [json.loads(line) for line in (run_dir / "stranger.jsonl").read_text().splitlines()]
+answered = [s for s in stranger if s["result"] == "answered"]
+epoch = [json.loads(l.split("@epoch ", 1)[1]) for l in (run_dir / "run.log").read_text().splitlines() if "@epoch " in l]
+rate = sum(e["examples"] for e in epoch) / sum(e["seconds"] for e in epoch)
+print(f"examples_per_s_tls_{mode}={rate:.0f}")
+print(f"# ps.tls={mode}: capture {len(blob):,} bytes, {found['brpc_frames']} brpc frames, {found['http_requests']} HTTP "
+      f"requests, {found['canary_ids']}/{len(ids)} canary ids; stranger answered on "
+      f"{sorted({(a['endpoint'], a['try']) for a in answered}) or 'nothing'}")
+if mode == "on":
+    assert not any(found.values()), f"ps.tls=on: plaintext on the job's network: {found}"
+    assert not answered, f"ps.tls=on: a client without the job's certificate got answers: {answered}"
+else:
+    assert found["brpc_frames"] and found["canary_ids"], f"ps.tls=off: the capture misses what it must see: {found}"
+    assert any(a["brpc"] and a["try"] == "plain" for a in answered), "ps.tls=off: no brpc answer to the stranger"
+EOF
+    down "$compose"
+}
+
+mkdir -p "$WORK"
+: > "$WORK/tls.env"
+run_job on
+run_job off
+. "$WORK/tls.env"
+ratio=$(awk -v a="$examples_per_s_tls_on" -v b="$examples_per_s_tls_off" 'BEGIN {printf "%.3f", a / b}')
+echo "tls_ratio=$ratio" >> "$WORK/tls.env"
+awk -v r="$ratio" -v m="$MIN_RATIO" 'BEGIN {exit !(r >= m)}' \
+    || fail "examples/s with TLS is ${ratio}x without (< ${MIN_RATIO})"
+echo "tls: examples/s ${examples_per_s_tls_on} with TLS, ${examples_per_s_tls_off} without: ${ratio}x (>= ${MIN_RATIO})"
