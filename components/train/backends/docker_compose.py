@@ -142,7 +142,7 @@ def job_spec(cfg: CtrConfig) -> str:
     return json.dumps(json.loads(spec.to_json()), indent=2, sort_keys=True) + "\n"
 
 
-def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str, tls_dir: str = "") -> dict:
+def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str, tls_dir: str) -> dict:
     """The compose document for ``cfg``: data prep, ``ps.servers`` servers, ``ps.workers`` workers, evaluation.
 
     ``spec_file`` is the job spec's path relative to the compose file (compose resolves it from there). Workers
