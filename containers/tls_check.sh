@@ -24,6 +24,9 @@ WORK=${TLS_CHECK_WORK:-$ROOT/build/containers/tls}
 PROJECT=ctr-tls-check  # not check.sh's ctr-ps: both may run on one host
 HOST_PY=/usr/bin/python3
 MIN_RATIO=0.85
+# check.sh's podman settings (runc, ulimits, netavark) when it calls this, or the ones its last run wrote.
+export CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/build/containers/containers.conf}
+[ -f "$CONTAINERS_CONF" ] || { echo "no $CONTAINERS_CONF: run containers/check.sh once (it writes it)" >&2; exit 1; }
 
 fail() { printf '\ntls check FAILED: %s\n' "$*" >&2; exit 1; }
 say() { printf '\n== %s\n' "$*"; }
@@ -34,7 +37,7 @@ down() {  # $1: the run's compose file
 }
 
 run_job() {  # $1: on | off
-    local mode=$1 dir=$WORK/$1 compose captures=() pids=() service pid up_pid
+    local mode=$1 dir=$WORK/$1 compose captures=() pids=() service pid up_pid capture
     rm -rf "$dir" && mkdir -p "$dir"
     compose=$dir/docker-compose.yaml
     podman run --rm --user 0 --network none -v "$dir:/out" "$IMAGE" python -m components.train.backends.docker_compose \
@@ -54,7 +57,7 @@ run_job() {  # $1: on | off
     for service in ps-0 ps-1 worker-0 worker-1; do
         pid=$(podman inspect --format '{{.State.Pid}}' "${PROJECT}_${service}_1" 2>/dev/null || echo 0)
         [ "$pid" != 0 ] || { wait "$up_pid" || true; tail -30 "$dir/run.log"; fail "$service is not running"; }
-        nsenter -t "$pid" -n tcpdump -i eth0 -U -s 0 -w "$dir/$service.pcap" > "$dir/tcpdump-$service.log" 2>&1 &
+        nsenter -t "$pid" -n tcpdump -i eth0 -B 65536 -U -s 0 -w "$dir/$service.pcap" > "$dir/tcpdump-$service.log" 2>&1 &
         pids+=($!)
         captures+=("$dir/$service.pcap")
     done
@@ -70,6 +73,13 @@ run_job() {  # $1: on | off
     wait "${pids[@]}" 2> /dev/null || true
     grep -E '@epoch|evaluation:|^ctr-tls-check:' "$dir/run.log" | cut -c1-200
     [ "$rc" = 0 ] || { tail -40 "$dir/run.log"; down "$compose"; fail "the ps.tls=$mode job failed (exit $rc)"; }
+    # The stranger's own plaintext probes are not the job's traffic.
+    local stranger
+    stranger=$($HOST_PY -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["stranger"])' \
+               "$dir/stranger.jsonl")
+    for capture in "${captures[@]}"; do
+        tcpdump -r "$capture" -w "$capture.job" "not host $stranger" 2> /dev/null && mv "$capture.job" "$capture"
+    done
     local dataset
     dataset=$(podman volume inspect --format '{{.Mountpoint}}' "${PROJECT}_dataset")/dataset/train
     $HOST_PY - "$mode" "$dataset" "$dir" "${captures[@]}" <<'EOF' | tee -a "$WORK/tls.env" \
@@ -84,7 +94,7 @@ canary = [struct.pack("<Q", i) for i in ids]
 blob = b"".join(Path(c).read_bytes() for c in captures)
 found = {"brpc_frames": blob.count(b"PRPC"), "http_requests": len(re.findall(rb"(?:GET|POST|PUT) /", blob)),
          "canary_ids": sum(c in blob for c in canary)}
-stranger = [json.loads(line) for line in (run_dir / "stranger.jsonl").read_text().splitlines()]
+stranger = [json.loads(line) for line in (run_dir / "stranger.jsonl").read_text().splitlines()[1:]]
 answered = [s for s in stranger if s["result"] == "answered"]
 epoch = [json.loads(l.split("@epoch ", 1)[1]) for l in (run_dir / "run.log").read_text().splitlines() if "@epoch " in l]
 rate = sum(e["examples"] for e in epoch) / sum(e["seconds"] for e in epoch)

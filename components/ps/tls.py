@@ -46,26 +46,28 @@ STUNNEL_START_TIMEOUT_S = 30.0
 
 
 def tls_on(cfg: CtrConfig, compose: bool = False) -> bool:
-    """Whether the job's roles talk through TLS (``ps.tls``): ``auto`` is on where they talk across hosts (a compose
-    job, a Kubernetes job outside an ambient mesh) and off for local roles on loopback. ``compose``: the job is a
-    compose file's (whatever ``cluster.backend`` says)."""
+    """Whether the job's roles talk through TLS (``ps.tls``). ``compose``: the job is a compose file's (whatever
+    ``cluster.backend`` says), where ``auto`` and ``on`` are on. Local roles talk on loopback: ``auto`` is off and
+    ``on`` refused. The Kubernetes manifests carry no TLS sidecar yet: ``auto`` is off there (the run header says
+    the PS plane is plaintext, unless ``cluster.mesh_encryption``'s ambient mesh carries it) and ``on`` refused."""
     mode = cfg.ps.tls
-    local = cfg.cluster.backend is ClusterBackend.local and not compose
-    if local and mode is PsTls.on:
-        raise ConfigError("ps.tls", mode.value, "auto or off for the local backend",
-                          "its roles talk on this machine's loopback only; TLS runs between hosts (compose, Kubernetes)")
-    if mode is not PsTls.auto:
-        return mode is PsTls.on
-    return not local and (compose or not cfg.cluster.mesh_encryption)
+    if compose:
+        return mode is not PsTls.off
+    if mode is PsTls.on:
+        where = ("its roles talk on this machine's loopback only" if cfg.cluster.backend is ClusterBackend.local
+                 else "the Kubernetes manifests carry no TLS sidecar yet; cluster.mesh_encryption=true encrypts the "
+                      "PS plane with Istio ambient's mTLS")
+        raise ConfigError("ps.tls", mode.value, "auto or off for this backend", f"{where}; TLS runs in compose jobs")
+    return False
 
 
 def plaintext_warning(cfg: CtrConfig, compose: bool = False) -> str | None:
-    """The line the run header and the report carry when roles talk across hosts in the clear (``ps.tls=off``)."""
+    """The line the run header and the compose file carry when roles talk across hosts in the clear."""
     local = cfg.cluster.backend is ClusterBackend.local and not compose
     if local or tls_on(cfg, compose) or (cfg.cluster.mesh_encryption and not compose):
         return None
-    return ("warning: ps.tls=off: the PS plane (rows, gradients, brpc table commands such as PS_STOP_SERVER) crosses "
-            "hosts in plaintext and answers any peer that reaches it (docs/security.md)")
+    return (f"warning: ps.tls={cfg.ps.tls.value}: the PS plane (rows, gradients, brpc table commands such as "
+            "PS_STOP_SERVER) crosses hosts in plaintext and answers any peer that reaches it (docs/security.md)")
 
 
 @dataclass(frozen=True)
