@@ -15,7 +15,8 @@
 #    (containers/compose_up.py starts the services in depends_on order); the serving profile's export and online
 #    server then score a raw record on 127.0.0.1:8080 and stop on SIGTERM with exit 0; then the job again,
 #    stopping server 1 during training: it must fail within 30 s, naming it; `down` must leave no container,
-#    network or volume;
+#    network or volume; then containers/tls_check.sh: the job with ps.tls on and off side by side (captures on the
+#    job network, a client without the job's certificate, examples/s);
 # 5. pushes the image to a registry on loopback (Debian's docker-registry), GPG-signed by podman at push and with
 #    a sigstore signature attached (containers/sigstore.py); a policy.json requiring the GPG signature must
 #    accept it and refuse an unsigned and a re-tagged image; the Kubeflow compile writes the sigstore admission
@@ -281,6 +282,14 @@ for worker in worker-0 worker-1; do
 done
 project_down
 assert_nothing_left
+
+# The jobs above ran with ps.tls=auto (on in compose). What TLS keeps off the job's network, and what it costs.
+say "tls: the compose job with ps.tls=on and off (containers/tls_check.sh)"
+tls_rc=0
+TLS_CHECK_WORK=$WORK/tls containers/tls_check.sh "$IMAGE" > "$LOGS/tls.log" 2>&1 || tls_rc=$?
+grep -E '^(# ps.tls|tls:)' "$LOGS/tls.log" || true
+[ "$tls_rc" = 0 ] || { tail -20 "$LOGS/tls.log"; fail "the TLS check failed: see $LOGS/tls.log"; }
+cat "$WORK/tls/tls.env" >> "$WORK/measurements.env"
 
 # -- 5. signed images ------------------------------------------------------------------------------------------
 say "signing: a registry on loopback, GPG (podman, at push) and sigstore signatures, policy.json"

@@ -109,6 +109,7 @@ else:
     assert found["brpc_frames"] and found["canary_ids"], f"ps.tls=off: the capture misses what it must see: {found}"
     assert any(a["brpc"] and a["try"] == "plain" for a in answered), "ps.tls=off: no brpc answer to the stranger"
 EOF
+    rm -f "${captures[@]}"  # hundreds of MB each; the verdict above is what they were for
     down "$compose"
 }
 
