@@ -37,7 +37,7 @@ down() {  # $1: the run's compose file
 }
 
 run_job() {  # $1: on | off
-    local mode=$1 dir=$WORK/$1 compose captures=() pids=() service pid up_pid capture
+    local mode=$1 dir=$WORK/$1 compose captures=() pids=() service pid up_pid
     rm -rf "$dir" && mkdir -p "$dir"
     compose=$dir/docker-compose.yaml
     podman run --rm --user 0 --network none -v "$dir:/out" "$IMAGE" python -m components.train.backends.docker_compose \
@@ -61,7 +61,13 @@ run_job() {  # $1: on | off
         pids+=($!)
         captures+=("$dir/$service.pcap")
     done
-    sleep 3  # the first pulls and pushes are under way
+    # The stranger comes once the workers train: every port is open then (and a container joining the network while
+    # a server resolves its own name can fail that lookup, podman's DNS reloading).
+    for _ in $(seq 600); do
+        grep -q 'worker-0 | @progress' "$dir/run.log" && break
+        kill -0 "$up_pid" 2> /dev/null || break
+        sleep 0.5
+    done
     local cmd=12
     [ "$mode" = off ] && cmd=999
     podman run --rm --network "${PROJECT}_job" -v "$ROOT/containers/ps_stranger.py:/tmp/ps_stranger.py:ro" "$IMAGE" \
@@ -73,13 +79,6 @@ run_job() {  # $1: on | off
     wait "${pids[@]}" 2> /dev/null || true
     grep -E '@epoch|evaluation:|^ctr-tls-check:' "$dir/run.log" | cut -c1-200
     [ "$rc" = 0 ] || { tail -40 "$dir/run.log"; down "$compose"; fail "the ps.tls=$mode job failed (exit $rc)"; }
-    # The stranger's own plaintext probes are not the job's traffic.
-    local stranger
-    stranger=$($HOST_PY -c 'import json, sys; print(json.loads(open(sys.argv[1]).readline())["stranger"])' \
-               "$dir/stranger.jsonl")
-    for capture in "${captures[@]}"; do
-        tcpdump -r "$capture" -w "$capture.job" "not host $stranger" 2> /dev/null && mv "$capture.job" "$capture"
-    done
     local dataset
     dataset=$(podman volume inspect --format '{{.Mountpoint}}' "${PROJECT}_dataset")/dataset/train
     $HOST_PY - "$mode" "$dataset" "$dir" "${captures[@]}" <<'EOF' | tee -a "$WORK/tls.env" \
@@ -88,18 +87,52 @@ import json, re, struct, sys
 from pathlib import Path
 mode, dataset, run_dir, captures = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4:]
 row = (sorted(dataset.iterdir())[0]).read_text().split("\n", 1)[0].split()
-dense = int(row[2])  # label, its "1 dense-count" header, dense values, then "1 id" per sparse slot
+dense = int(row[2])  # a count and the label, the dense count and values, then "1 id" per sparse slot
 ids = [int(v) for v in row[3 + dense + 1::2]]
 canary = [struct.pack("<Q", i) for i in ids]
-blob = b"".join(Path(c).read_bytes() for c in captures)
-found = {"brpc_frames": blob.count(b"PRPC"), "http_requests": len(re.findall(rb"(?:GET|POST|PUT) /", blob)),
-         "canary_ids": sum(c in blob for c in canary)}
-stranger = [json.loads(line) for line in (run_dir / "stranger.jsonl").read_text().splitlines()[1:]]
+lines = (run_dir / "stranger.jsonl").read_text().splitlines()
+stranger_ip = bytes(int(b) for b in json.loads(lines[0])["stranger"].split("."))
+# A brpc (baidu_std) frame: "PRPC", body size, meta size (big-endian, meta within the body): not 4 random bytes.
+FRAME = re.compile(rb"PRPC(.{4})(.{4})", re.S)
+HTTP = re.compile(rb"(?:GET|POST|PUT) /\S* HTTP/1")
+found = {"brpc_frames": 0, "http_requests": 0}
+seen_ids, total = set(), 0
+
+
+def streams(path):
+    """(flow, TCP payload) of each IPv4 packet of a pcap, the stranger's own left out (its probes are not the job's)."""
+    with open(path, "rb") as f:
+        head = f.read(24)
+        endian = "<" if head[:4] in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1") else ">"
+        link = struct.unpack(endian + "I", head[20:24])[0]
+        while len(record := f.read(16)) == 16:
+            packet = f.read(struct.unpack(endian + "IIII", record)[2])
+            offset, ethertype = (14, packet[12:14]) if link == 1 else (16, packet[14:16])
+            ip = packet[offset:]
+            if ethertype != b"\x08\x00" or len(ip) < 20 or ip[9] != 6 or stranger_ip in (ip[12:16], ip[16:20]):
+                continue
+            tcp = ip[(ip[0] & 15) * 4:]
+            yield ip[12:20] + tcp[:4], tcp[(tcp[12] >> 4) * 4:]
+
+
+for capture in captures:
+    carry = {}  # the tail of each flow's previous packet: a frame or an id split across two packets is found too
+    for flow, payload in streams(capture):
+        total += len(payload)
+        data = carry.get(flow, b"") + payload
+        carry[flow] = data[-11:]
+        found["brpc_frames"] += sum(1 for m in FRAME.finditer(data)
+                                    if struct.unpack(">I", m[2])[0] <= struct.unpack(">I", m[1])[0] < 1 << 26)
+        found["http_requests"] += len(HTTP.findall(data))
+        seen_ids.update(i for i, c in enumerate(canary) if c in data)
+found["canary_ids"] = len(seen_ids)
+
+stranger = [json.loads(line) for line in lines[1:]]
 answered = [s for s in stranger if s["result"] == "answered"]
 epoch = [json.loads(l.split("@epoch ", 1)[1]) for l in (run_dir / "run.log").read_text().splitlines() if "@epoch " in l]
 rate = sum(e["examples"] for e in epoch) / sum(e["seconds"] for e in epoch)
 print(f"examples_per_s_tls_{mode}={rate:.0f}")
-print(f"# ps.tls={mode}: capture {len(blob):,} bytes, {found['brpc_frames']} brpc frames, {found['http_requests']} HTTP "
+print(f"# ps.tls={mode}: {total:,} bytes of TCP payload captured, {found['brpc_frames']} brpc frames, {found['http_requests']} HTTP "
       f"requests, {found['canary_ids']}/{len(ids)} canary ids; stranger answered on "
       f"{sorted({(a['endpoint'], a['try']) for a in answered}) or 'nothing'}")
 if mode == "on":
