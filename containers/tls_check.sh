@@ -15,7 +15,8 @@
 # HTTP request of the store, or any sparse id of the canary row (the first training row) as the wire carries it
 # (uint64, little-endian), and no stranger may get an answer. With TLS off the captures must hold them and the
 # stranger's plaintext request must be answered by brpc (the checks can fail). Examples/s of each pass
-# (examples / seconds of its @epoch event) go to $WORK/tls.env; the last line compares them (>= 0.85 required).
+# (examples / seconds of its @epoch event) go to $WORK/tls.env; the last line compares them: exit 1 when a security
+# check fails, 3 when only the cost misses the target (TLS >= 0.85x the examples/s without).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -153,6 +154,11 @@ run_job off
 . "$WORK/tls.env"
 ratio=$(awk -v a="$examples_per_s_tls_on" -v b="$examples_per_s_tls_off" 'BEGIN {printf "%.3f", a / b}')
 echo "tls_ratio=$ratio" >> "$WORK/tls.env"
-awk -v r="$ratio" -v m="$MIN_RATIO" 'BEGIN {exit !(r >= m)}' \
-    || fail "examples/s with TLS is ${ratio}x without (< ${MIN_RATIO})"
-echo "tls: examples/s ${examples_per_s_tls_on} with TLS, ${examples_per_s_tls_off} without: ${ratio}x (>= ${MIN_RATIO})"
+if awk -v r="$ratio" -v m="$MIN_RATIO" 'BEGIN {exit !(r >= m)}'; then
+    echo "tls: examples/s ${examples_per_s_tls_on} with TLS, ${examples_per_s_tls_off} without: ${ratio}x (>= ${MIN_RATIO})"
+else
+    # Exit 3, not 1: what TLS keeps out held (above); its cost misses issue 35's target (bench/results/tls.md).
+    echo "tls: examples/s ${examples_per_s_tls_on} with TLS, ${examples_per_s_tls_off} without: ${ratio}x, BELOW the" \
+         "target ${MIN_RATIO}x" >&2
+    exit 3
+fi
