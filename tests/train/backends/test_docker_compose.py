@@ -215,7 +215,8 @@ def test_with_tls_every_role_runs_behind_its_stunnel_on_loopback_with_its_own_fi
         name = f"{'ps' if role is Role.SERVER else 'worker'}-{index}"
         assert service["command"] == ["python", "-m", "components.ps.tls", f"{TLS_DIR}/{CONF_FILE}", "--",
                                       "python", "-m", "components.ps.role", compose.SPEC_MOUNT]
-        assert container_env(service) == {**role_env(loopback_layout(hosts), role, index), "PS_TRANSPORT_HOST": name}
+        assert container_env(service) == {**role_env(loopback_layout(hosts), role, index), "PS_TRANSPORT_HOST": name,
+                                          RESTART_ENV: "${CTR_PS_ATTEMPT:-0}", RUN_ID_ENV: "${CTR_PS_RUN:-ctr-ps}"}
         assert mounts(service)[TLS_DIR] == (f"./job.tls/{name}", ["ro"])
         assert service["hostname"] == "localhost"  # a worker's brpc client service binds loopback
     for name, service in doc["services"].items():
