@@ -63,6 +63,10 @@ PipelineRunner = _vocabulary("PipelineRunner", ["local", "kubeflow"],
 Compression = _vocabulary("Compression", ["none", "snappy", "gzip", "zlib", "lz4"],
                           "How a PS client compresses its requests (brpc's lossless codecs; README: choosing a mode "
                           "for your network).")
+PsTls = _vocabulary("PsTls", ["auto", "on", "off"],
+                    "Mutual TLS on the PS plane between hosts (stunnel beside each role, a CA per job): on whenever "
+                    "roles talk across hosts (auto: compose, Kubernetes without cluster.mesh_encryption), always, or "
+                    "never (docs/security.md).")
 ClusterBackend = _vocabulary("ClusterBackend", ["local", "trainjob", "jobset", "paddlejob"],
                              "How the train step starts the PS processes: local subprocesses, a Kubeflow Trainer "
                              "TrainJob, a JobSet, or a PaddleJob of PaddleFlow's paddle-operator (README: which "
@@ -228,6 +232,9 @@ class PsConfig:
     # The codec of the workers' requests to the servers (Paddle's FLAGS_pserver_communicate_compress_type): lossless,
     # it trades the workers' and servers' CPU for bytes on a short link (README: choosing a mode for your network).
     compress: Compression = Compression.none
+    # Mutual TLS on every PS connection that leaves a host (components/ps/tls.py); off across hosts is said in the
+    # run header and the report.
+    tls: PsTls = PsTls.auto
     # GiB (2^30 bytes) one server may hold; a sparse table whose plan exceeds it is refused before the job
     # starts. null: the server pods' memory (cluster.servers.memory) on Kubernetes, no check locally.
     memory_budget_gb: Optional[float] = None

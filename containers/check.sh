@@ -16,7 +16,8 @@
 #    server then score a raw record on 127.0.0.1:8080 and stop on SIGTERM with exit 0; then the job again,
 #    killing server 1 during training: the driver must stop the other roles within 30 s, restart the job whole
 #    (one line naming ps-1) and the restarted job must finish and be evaluated; `down` must leave no container,
-#    network or volume;
+#    network or volume; then containers/tls_check.sh: the job with ps.tls on and off side by side (captures on the
+#    job network, a client without the job's certificate, examples/s);
 # 5. pushes the image to a registry on loopback (Debian's docker-registry), GPG-signed by podman at push and with
 #    a sigstore signature attached (containers/sigstore.py); a policy.json requiring the GPG signature must
 #    accept it and refuse an unsigned and a re-tagged image; the Kubeflow compile writes the sigstore admission
@@ -285,6 +286,16 @@ for worker in worker-0 worker-1; do
 done
 project_down
 assert_nothing_left
+
+# The jobs above ran with ps.tls=auto (on in compose). What TLS keeps off the job's network, and what it costs.
+say "tls: the compose job with ps.tls=on and off (containers/tls_check.sh)"
+tls_rc=0
+TLS_CHECK_WORK=$WORK/tls containers/tls_check.sh "$IMAGE" > "$LOGS/tls.log" 2>&1 || tls_rc=$?
+grep -E '^(# ps.tls|tls:)' "$LOGS/tls.log" || true
+# Exit 3: only the cost missed issue 35's target (0.85x); said, and measured in measurements.env, not a failure.
+[ "$tls_rc" = 0 ] || [ "$tls_rc" = 3 ] || { tail -20 "$LOGS/tls.log"; fail "the TLS check failed: see $LOGS/tls.log"; }
+[ "$tls_rc" = 0 ] || tail -1 "$LOGS/tls.log"
+cat "$WORK/tls/tls.env" >> "$WORK/measurements.env"
 
 # -- 5. signed images ------------------------------------------------------------------------------------------
 say "signing: a registry on loopback, GPG (podman, at push) and sigstore signatures, policy.json"

@@ -24,6 +24,7 @@ from typing import Callable, Optional, TextIO
 
 from components.config import CtrConfig, DataSource
 from components.ps.contract import EPOCH, PROGRESS, parse_event
+from components.ps.tls import plaintext_warning
 from components.train.job import format_epoch, format_progress
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -57,9 +58,11 @@ def header_lines(cfg: CtrConfig) -> list[str]:
     what = (f"synthetic data, {data.rows:,} rows" if data.source is DataSource.synthetic
             else f"{data.uri} (data.format={data.format.value}; rows counted by data prep)")
     ps = cfg.ps
+    plaintext = plaintext_warning(cfg)
     return [f"CTR pipeline: {what}",
             f"  model {cfg.model.name.value} | mode {ps.mode.value} | {ps.servers} server(s) x {ps.workers} worker(s) "
             f"| up to {ps.epochs} epoch(s)",
+            *([f"  {plaintext}"] if plaintext else []),
             f"  outputs {cfg.run_dir} (log: {log_path(Path(cfg.run_dir)).name})"]
 
 

@@ -28,6 +28,7 @@ from components.config import (ClusterBackend, ConfigError, CtrConfig, ModelName
 from components.config_rules import validate
 from components.data_prep.input_checks import check_inputs
 from components.days import expand_days
+from components.ps.tls import tls_on
 from components.resolve.step import check_checkpoint_store, check_local_host
 from pipelines.errors import reported_in_one_line, run_main
 from pipelines.help import register_help
@@ -48,6 +49,7 @@ def run(cfg: DictConfig) -> dict[str, Any]:
     # The data and a resume target in the cluster's storage are checked by the run's first step, which
     # holds the cluster's credentials; this machine may have none.
     validate(typed)
+    tls_on(typed)  # ps.tls=on where the backend cannot carry it (local, Kubernetes): refused before any work
     if not on_kubeflow:
         check_inputs(typed)
     exposed = check_local_host(typed)

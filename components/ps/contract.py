@@ -13,7 +13,8 @@ What crosses it, and nothing else:
   :data:`EPOCH`, :data:`CHECKPOINT`, :data:`DONE` or :data:`HEARTBEAT` (at least one every
   ``ps.progress_period_s`` while the process works: :mod:`components.ps.liveness`); launchers read them with
   :func:`parse_event`;
-* **readiness**: a server is ready for workers once an endpoint accepts TCP (:func:`ready_probe_command`);
+* **readiness**: a server is ready for workers once an endpoint accepts TCP and holds the connection
+  (:func:`ready_probe_command`);
 * **exit status**: 0 when the process's part of the job is done; :data:`CONFIG_ERROR_EXIT` when its job spec,
   config or environment cannot work, and :data:`STORE_REFUSED_EXIT` when the checkpoint store refused a write for
   good, which no restart can mend (launchers fail the job at once); anything else is a failure a whole-job restart
@@ -184,21 +185,34 @@ def parse_event(line: str) -> Optional[tuple[str, dict]]:
         return None
 
 
-def endpoint_accepts(endpoint: str) -> bool:
+# How long a probe's connection must stay open. A TLS tunnel (components/ps/tls.py) accepts at once and closes the
+# connection moments later when the peer behind it refuses; a listening PS port or store waits for a request.
+HOLD_S = 0.2
+
+
+def endpoint_accepts(endpoint: str, hold_s: float = HOLD_S) -> bool:
+    """Whether ``endpoint`` accepts a TCP connection and keeps it open for ``hold_s`` (0: accepting is enough)."""
     host, port = endpoint.rsplit(":", 1)
     try:
-        with socket.create_connection((host, int(port)), timeout=0.5):
-            return True
+        with socket.create_connection((host, int(port)), timeout=0.5) as conn:
+            if not hold_s:
+                return True
+            conn.settimeout(hold_s)
+            try:
+                return conn.recv(1) != b""  # b"": closed at once, by a tunnel whose peer is not listening
+            except socket.timeout:
+                return True
     except OSError:
         return False
 
 
-def wait_until_listening(endpoints: list[str], timeout_s: float, poll_s: float = 0.1) -> None:
-    """Block until every endpoint accepts TCP connections; TimeoutError names those that do not."""
+def wait_until_listening(endpoints: list[str], timeout_s: float, poll_s: float = 0.1, hold_s: float = HOLD_S) -> None:
+    """Block until every endpoint accepts TCP connections (:func:`endpoint_accepts`); TimeoutError names those that
+    do not."""
     deadline = time.time() + timeout_s
     pending = list(endpoints)
     while pending:
-        pending = [ep for ep in pending if not endpoint_accepts(ep)]
+        pending = [ep for ep in pending if not endpoint_accepts(ep, hold_s)]
         if pending and time.time() > deadline:
             raise TimeoutError(f"PS servers {pending} did not listen within {timeout_s:.0f}s")
         if pending:

@@ -8,7 +8,8 @@ Paddle 2.6.2 binds two kinds of sockets of its own choosing:
 * gloo's TCP transport, which workers use for barriers and all-reduce on ephemeral ports, binds the address
   of the interface it is given, and Paddle gives it none (``Gloo._iface = ""``), so it binds whatever the
   machine's host name resolves to (on many machines the LAN address). It is given the interface that holds
-  ``POD_IP``'s address instead.
+  ``POD_IP``'s address instead, or, when the PS ports are on loopback behind TLS (:mod:`components.ps.tls`), the
+  interface of ``PS_TRANSPORT_HOST`` (the host's name on the job's network): peers dial it from other hosts.
 
 The brpc PS servers bind ``POD_IP:PADDLE_PORT`` themselves. Nothing falls back to every interface: a store host
 that does not resolve yet (a pod's own DNS name before its headless service publishes it) is waited for, up to
@@ -29,6 +30,8 @@ from typing import Optional
 _SIOCGIFADDR = 0x8915
 # How long server 0 waits for its own DNS name to resolve before its rendezvous store gives up.
 RESOLVE_TIMEOUT_S = 60.0
+# The host name whose interface gloo's transport binds instead of POD_IP's, when POD_IP is loopback (TLS on).
+TRANSPORT_HOST_ENV = "PS_TRANSPORT_HOST"
 
 
 def _interface_address(name: str) -> Optional[str]:
@@ -87,7 +90,7 @@ def bind_to_own_host() -> None:
         # A brpc server whose own name does not resolve yet segfaults in Paddle ("Brpc Start failed ... Host name
         # lookup failure", measured in podman: a container's name reaches the network's DNS a moment after it starts).
         resolved_own_host(own_host, RESOLVE_TIMEOUT_S, what="this process's host", key="POD_IP")
-    iface = interface_of(own_host)
+    iface = interface_of(os.environ.get(TRANSPORT_HOST_ENV) or own_host)
     if iface:
         init_http = role_maker.Gloo._init_http
 

@@ -160,3 +160,21 @@ def test_a_restart_of_the_ps_job_is_shown_as_its_one_line(tmp_path):
     console.take("    PS job b28056af3918: 1 server(s) + 1 worker(s), mode async, logs in /r/logs")  # not shown
     screen.close(), log.close()
     assert (tmp_path / "screen").read_text() == f"  {restart}\n"
+
+
+@pytest.mark.parametrize("overrides, plaintext", [
+    ({"cluster": {"backend": "jobset"}}, True),  # pods across nodes, no TLS sidecar yet, no mesh
+    ({"cluster": {"backend": "jobset", "mesh_encryption": True}}, False),
+    ({}, False),  # local roles on loopback
+])
+def test_the_run_header_says_when_the_ps_plane_crosses_hosts_in_plaintext(overrides, plaintext):
+    from omegaconf import OmegaConf
+
+    from components.config import CtrConfig, from_dict
+    from pipelines.console import header_lines
+
+    cfg = from_dict(OmegaConf.merge(OmegaConf.structured(CtrConfig), overrides))
+    said = [line for line in header_lines(cfg) if "plaintext" in line]
+    assert len(said) == int(plaintext)
+    if plaintext:
+        assert said[0].strip().startswith("warning: ps.tls=auto: the PS plane")

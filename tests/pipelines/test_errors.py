@@ -46,6 +46,8 @@ CASES = {
                                               ["Could not find 'model/nosuch'", "dcn, deepfm, dnn, wide_deep"]),
     "override of the wrong type (Hydra)": (lambda tmp: ["ps.servers=two"], ["ps.servers=two", "Integer"]),
     "config value": (lambda tmp: ["ps.batch_size=0"], ["'ps.batch_size' has value 0", "a number > 0"]),
+    "TLS where the backend cannot carry it": (lambda tmp: ["ps.tls=on"],
+                                              ["'ps.tls' has value 'on'", "auto or off for this backend", "loopback"]),
     "data: a binary file": (lambda tmp: ["data=criteo", f"data.uri={_binary_file(tmp)}"],
                             ["'data.uri'", "is binary", "data.format=raw"]),
     "data: no file": (lambda tmp: ["data=criteo", f"data.uri={tmp}/missing-*.tsv"], ["'data.uri'", "nothing matches"]),

@@ -22,3 +22,26 @@ def test_role_env_matches_paddle_contract():
         assert env["PADDLE_GLOO_HTTP_ENDPOINT"] == layout.gloo_endpoint
     ports = [e.rsplit(":", 1)[1] for e in servers + layout.worker_endpoints + (layout.gloo_endpoint,)]
     assert len(set(ports)) == len(ports)
+
+
+def test_a_port_that_closes_what_it_accepts_is_not_listening_for_the_roles():
+    """A TLS tunnel accepts at once and closes moments later while the peer behind it is not up: not ready."""
+    import socket
+    import threading
+
+    from components.ps.contract import endpoint_accepts
+
+    with socket.create_server(("127.0.0.1", 0)) as closing, socket.create_server(("127.0.0.1", 0)) as holding:
+        def close_each():
+            while True:
+                try:
+                    conn, _ = closing.accept()
+                except OSError:
+                    return
+                conn.close()
+
+        threading.Thread(target=close_each, daemon=True).start()
+        closing_ep = f"127.0.0.1:{closing.getsockname()[1]}"
+        assert not endpoint_accepts(closing_ep)
+        assert endpoint_accepts(closing_ep, hold_s=0)  # accepting is enough when asked so (stunnel's own ports)
+        assert endpoint_accepts(f"127.0.0.1:{holding.getsockname()[1]}")  # a listener that waits for a request

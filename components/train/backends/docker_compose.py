@@ -38,6 +38,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import signal
 import sys
 import time
@@ -50,6 +52,7 @@ from components.config import ConfigError, CtrConfig, DataSource, ExportFormat, 
 from components.config_rules import is_remote_uri, validate
 from components.export.serve_command import PUBLIC_KEY_ENV, READY_PATH, SERVING_PORT, serve_command
 from components.export.store import export_store_uri
+from components.ps import tls
 from components.ps.contract import (RESTART_ENV, RUN_ID_ENV, STORE_REFUSED_EXIT, ClusterLayout, JobSpec, Role,
                                     host_layout, ready_probe_command, role_env)
 # The container contract the pods use too: the scratch directory and the gloo port rule.
@@ -83,10 +86,15 @@ RESTART_BLOCK = "x-ctr-ps"  # compose ignores top-level x- keys; the driver read
 REGENERATE = "python -m components.train.backends.docker_compose --out containers/docker-compose.yaml"
 
 
+def role_service_name(role: Role, index: int) -> str:
+    return f"{'ps' if role is Role.SERVER else 'worker'}-{index}"
+
+
 def compose_layout(cfg: CtrConfig) -> ClusterLayout:
-    """Every process listens on ``cluster.paddle_port`` of its own container, named by its service."""
-    return host_layout(lambda role, i: f"{'ps' if role is Role.SERVER else 'worker'}-{i}", cfg.ps.servers,
-                       cfg.ps.workers, cfg.cluster.paddle_port, gloo_port(cfg), job_id=PROJECT)
+    """Every process listens on ``cluster.paddle_port`` of its own container, named by its service (with TLS on,
+    its stunnel does, and the process on loopback: :func:`components.ps.tls.loopback_layout`)."""
+    return host_layout(role_service_name, cfg.ps.servers, cfg.ps.workers, cfg.cluster.paddle_port, gloo_port(cfg),
+                       job_id=PROJECT)
 
 
 def ready_endpoints(layout: ClusterLayout, server: int) -> list[str]:
@@ -127,6 +135,12 @@ def _escape(value: str) -> str:
     return value.replace("$", "$$")  # compose interpolates ${...}; $$ is a literal $
 
 
+def tls_path(compose_path: Path) -> Path:
+    """The directory of the job's TLS files beside a compose file: one sub-directory per role's service, mounted
+    read-only at :data:`components.ps.tls.TLS_DIR` in that service only (its key is in no other container)."""
+    return compose_path.with_name(f"{compose_path.stem}.tls")
+
+
 def spec_path(compose_path: Path) -> Path:
     """The job spec file that goes with a compose file: beside it, named after it."""
     return compose_path.with_name(f"{compose_path.stem}.job-spec.json")
@@ -140,16 +154,22 @@ def job_spec(cfg: CtrConfig) -> str:
     return json.dumps(json.loads(spec.to_json()), indent=2, sort_keys=True) + "\n"
 
 
-def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> dict:
+def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str, tls_dir: str) -> dict:
     """The compose document for ``cfg``: data prep, ``ps.servers`` servers, ``ps.workers`` workers, evaluation.
 
     ``spec_file`` is the job spec's path relative to the compose file (compose resolves it from there). Workers
     run ``gpu_image`` and reserve ``cluster.workers.gpus`` GPUs each (distinct devices) when that is > 0, else
     ``image``. Storage credentials are passed through from the shell running ``docker compose`` by name only
-    (``cluster.storage_secrets`` keys), never written into the file.
+    (``cluster.storage_secrets`` keys), never written into the file. With TLS on (:func:`components.ps.tls.tls_on`)
+    each role runs behind its stunnel (``python -m components.ps.tls``, in the role's container: it lives and dies
+    with the role, and compose's readiness and exit rules stay the role's) on the loopback layout, its TLS files
+    mounted from ``tls_dir/<service>`` (relative to the compose file), its host named ``localhost`` so that a
+    worker's brpc client service binds loopback (:mod:`components.ps.tls`).
     """
     _check(cfg)
-    layout = compose_layout(cfg)
+    hosts = compose_layout(cfg)
+    secure = tls.tls_on(cfg, compose=True)
+    layout = tls.loopback_layout(hosts) if secure else hosts
     credentials = {name: None for secret in cfg.cluster.storage_secrets for name in secret.keys}
     store = [f"checkpoints:{CHECKPOINT_MOUNT}"] if _local_path(cfg.checkpoint.uri) is not None else []
     spec_volume = f"./{spec_file}:{SPEC_MOUNT}:ro"
@@ -167,11 +187,15 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str) -> 
                 "volumes": [spec_volume, *volumes]}
 
     def role_service(role: Role, index: int, service_image: str) -> dict:
-        spec = service(service_image, ["python", "-m", "components.ps.role"], role_env(layout, role, index),
-                       [f"dataset:{DATA_MOUNT}:ro", *store])
-        spec["environment"].update({RESTART_ENV: f"${{{ATTEMPT_VARIABLE}:-0}}",
-                                    RUN_ID_ENV: f"${{{RUN_VARIABLE}:-{PROJECT}}}"})  # not escaped: interpolated
-        return spec
+        command, env, volumes = ["python", "-m", "components.ps.role"], role_env(layout, role, index), []
+        if secure:
+            command = ["python", "-m", "components.ps.tls", f"{tls.TLS_DIR}/{tls.CONF_FILE}", "--", *command]
+            env.update(tls.transport_env(hosts, role, index))
+            volumes = [f"./{tls_dir}/{role_service_name(role, index)}:{tls.TLS_DIR}:ro"]
+        role_doc = service(service_image, command, env, [f"dataset:{DATA_MOUNT}:ro", *store, *volumes])
+        role_doc["environment"].update({RESTART_ENV: f"${{{ATTEMPT_VARIABLE}:-0}}",
+                                        RUN_ID_ENV: f"${{{RUN_VARIABLE}:-{PROJECT}}}"})  # not escaped: interpolated
+        return {**role_doc, "hostname": "localhost"} if secure else role_doc
 
     module = ["python", "-m", "components.train.backends.docker_compose"]
     services = {"prep": service(image, [*module, PREPARE_COMMAND], {}, [f"dataset:{DATA_MOUNT}"])}
@@ -275,16 +299,38 @@ def load_config(overrides: list[str]) -> CtrConfig:
 
 def generate(overrides: list[str], out: Path, image: Optional[str] = None,
              gpu_image: Optional[str] = None) -> dict[Path, str]:
-    """The compose YAML for ``out`` and its job spec file (:func:`spec_path`), by path; images default to the
-    config's ``cluster.servers`` / ``cluster.workers`` image references (``name@digest`` when
+    """The compose YAML for ``out``, its job spec file (:func:`spec_path`) and, with TLS on, the job's TLS files
+    (:func:`tls_path`: a new CA each time, so each generated file is a job of its own), by path; images default to
+    the config's ``cluster.servers`` / ``cluster.workers`` image references (``name@digest`` when
     ``*.image.digest`` is set)."""
     cfg = load_config(overrides)
-    spec = spec_path(out)
+    spec, tls_dir = spec_path(out), tls_path(out)
     doc = compose_file(cfg, image or cfg.cluster.servers.image.reference,
-                       gpu_image or cfg.cluster.workers.image.reference, spec.name)
+                       gpu_image or cfg.cluster.workers.image.reference, spec.name, tls_dir.name)
     command = " ".join(["python -m components.train.backends.docker_compose", *overrides])
     header = f"# Generated by `{command}`; do not edit, regenerate.\n"
-    return {out: header + yaml.safe_dump(doc, sort_keys=False, width=1 << 20), spec: job_spec(cfg)}
+    plaintext = tls.plaintext_warning(cfg, compose=True)
+    header += f"# {plaintext}\n" if plaintext else ""
+    files = {out: header + yaml.safe_dump(doc, sort_keys=False, width=1 << 20), spec: job_spec(cfg)}
+    if tls.tls_on(cfg, compose=True):
+        for (role, index), role_files in tls.role_files(compose_layout(cfg)).items():
+            files.update({tls_dir / role_service_name(role, index) / name: text for name, text in role_files.items()})
+    return files
+
+
+def write_files(files: dict[Path, str], run_as_user: int) -> None:
+    """Write what :func:`generate` made, after removing an earlier job's TLS files; a TLS key is readable by its
+    owner only, who is the containers' user (``cluster.run_as_user``) when this runs as root (the key is
+    bind-mounted into the role's container)."""
+    for tls_dir in {path.parent.parent for path in files if path.name == tls.KEY_FILE}:
+        shutil.rmtree(tls_dir, ignore_errors=True)
+    for path, text in files.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        if path.name == tls.KEY_FILE:
+            path.chmod(0o600)
+            if os.geteuid() == 0:
+                os.chown(path, run_as_user, -1)
 
 
 def prepare_from_spec(spec_file: str) -> dict:
@@ -392,12 +438,15 @@ def main(argv: list[str]) -> int:
                         help="worker image when cluster.workers.gpus > 0 (default: cluster.workers.image)")
     args = parser.parse_args(argv)
     try:
+        cfg = load_config(args.overrides)
         files = generate(args.overrides, args.out, args.image, args.gpu_image)
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    for path, text in files.items():
-        path.write_text(text)
+    plaintext = tls.plaintext_warning(cfg, compose=True)
+    if plaintext:
+        print(plaintext, file=sys.stderr)
+    write_files(files, cfg.cluster.run_as_user)
     return 0
 
 

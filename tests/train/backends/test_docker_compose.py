@@ -34,6 +34,7 @@ from components.ps.contract import (RESTART_ENV, RUN_ID_ENV, SPEC_ENV, STORE_REF
                                     role_env)
 from components.ps.liveness import LIVENESS, HeartbeatRecord
 from components.ps.strategy import rpc_gflags
+from components.ps.tls import CONF_FILE, KEY_FILE, TLS_DIR, loopback_layout
 from components.train.backends import docker_compose as compose
 from components.train.job import planned_config
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET
@@ -166,7 +167,7 @@ def role_services(doc: dict) -> list[tuple[Role, int, dict]]:
 
 def generated(*overrides: str, image: str = "cpu:1", gpu_image: str = "gpu:1") -> tuple[CtrConfig, dict]:
     cfg = compose.load_config(list(overrides))
-    return cfg, compose.compose_file(cfg, image, gpu_image, "job.json")
+    return cfg, compose.compose_file(cfg, image, gpu_image, "job.json", "job.tls")
 
 
 def mounts(service: dict) -> dict[str, tuple[str, list[str]]]:
@@ -180,14 +181,17 @@ def mounts(service: dict) -> dict[str, tuple[str, list[str]]]:
 
 def test_committed_compose_file_and_job_spec_are_what_the_default_config_generates():
     files = compose.generate([], COMPOSE_YAML)
-    assert set(files) == {COMPOSE_YAML, SPEC_JSON}
-    for path, text in files.items():
-        assert path.read_text() == text, f"{path.relative_to(ROOT)} is stale: regenerate it with `{compose.REGENERATE}`"
+    tls_dir = compose.tls_path(COMPOSE_YAML)
+    # The TLS files are a new CA's each time: made for each job, never committed (.gitignore).
+    assert {p for p in files if not p.is_relative_to(tls_dir)} == {COMPOSE_YAML, SPEC_JSON}
+    for path in (COMPOSE_YAML, SPEC_JSON):
+        assert path.read_text() == files[path], \
+            f"{path.relative_to(ROOT)} is stale: regenerate it with `{compose.REGENERATE}`"
 
 
 @pytest.mark.parametrize("servers,workers", [(2, 2), (3, 1), (1, 4)])
 def test_every_ps_service_gets_exactly_the_role_env_of_its_role(servers, workers):
-    _, doc = generated(f"ps.servers={servers}", f"ps.workers={workers}")
+    _, doc = generated(f"ps.servers={servers}", f"ps.workers={workers}", "ps.tls=off")
     # Written out here rather than taken from compose.py: the endpoints are the compose service names.
     layout = ClusterLayout(server_endpoints=tuple(f"ps-{i}:36000" for i in range(servers)),
                            worker_endpoints=tuple(f"worker-{i}:36000" for i in range(workers)),
@@ -201,6 +205,46 @@ def test_every_ps_service_gets_exactly_the_role_env_of_its_role(servers, workers
         assert container_env(service) == {**role_env(layout, role, index), RESTART_ENV: "${CTR_PS_ATTEMPT:-0}",
                                           RUN_ID_ENV: "${CTR_PS_RUN:-ctr-ps}"}
         assert service["command"] == ["python", "-m", "components.ps.role", compose.SPEC_MOUNT]
+
+
+def test_with_tls_every_role_runs_behind_its_stunnel_on_loopback_with_its_own_files_only():
+    _, doc = generated()  # ps.tls=auto: on in a compose file
+    hosts = ClusterLayout(server_endpoints=("ps-0:36000", "ps-1:36000"), worker_endpoints=("worker-0:36000",
+                          "worker-1:36000"), gloo_endpoint="ps-0:36018", job_id=compose.PROJECT)
+    for role, index, service in role_services(doc):
+        name = f"{'ps' if role is Role.SERVER else 'worker'}-{index}"
+        assert service["command"] == ["python", "-m", "components.ps.tls", f"{TLS_DIR}/{CONF_FILE}", "--",
+                                      "python", "-m", "components.ps.role", compose.SPEC_MOUNT]
+        assert container_env(service) == {**role_env(loopback_layout(hosts), role, index), "PS_TRANSPORT_HOST": name,
+                                          RESTART_ENV: "${CTR_PS_ATTEMPT:-0}", RUN_ID_ENV: "${CTR_PS_RUN:-ctr-ps}"}
+        assert mounts(service)[TLS_DIR] == (f"./job.tls/{name}", ["ro"])
+        assert service["hostname"] == "localhost"  # a worker's brpc client service binds loopback
+    for name, service in doc["services"].items():
+        if not name.startswith(("ps-", "worker-")):
+            assert TLS_DIR not in mounts(service) and "hostname" not in service, name
+
+
+def test_the_cli_writes_a_new_ca_per_job_and_each_key_readable_by_its_owner_only(tmp_path):
+    out = tmp_path / "c.yaml"
+    assert compose.main(["--out", str(out)]) == 0
+    tls_dir = compose.tls_path(out)
+    assert sorted(p.name for p in tls_dir.iterdir()) == ["ps-0", "ps-1", "worker-0", "worker-1"]
+    doc = yaml.safe_load(out.read_text())
+    for name in ("ps-0", "worker-1"):
+        assert mounts(doc["services"][name])[TLS_DIR] == (f"./{tls_dir.name}/{name}", ["ro"])
+        assert (tls_dir / name / KEY_FILE).stat().st_mode & 0o777 == 0o600
+    first_ca = (tls_dir / "ps-0" / "ca.crt").read_text()
+    (tls_dir / "ps-9").mkdir()  # an earlier job's role: its files go with the new job's
+    assert compose.main(["--out", str(out)]) == 0
+    assert (tls_dir / "ps-0" / "ca.crt").read_text() != first_ca and not (tls_dir / "ps-9").exists()
+
+
+def test_tls_off_across_hosts_is_said_in_the_file_and_on_stderr(tmp_path, capsys):
+    out = tmp_path / "c.yaml"
+    assert compose.main(["ps.tls=off", "--out", str(out)]) == 0
+    assert "ps.tls=off" in capsys.readouterr().err
+    assert out.read_text().splitlines()[1].startswith("# warning: ps.tls=off")
+    assert not compose.tls_path(out).exists()
 
 
 def test_the_job_spec_is_one_file_every_service_mounts_read_only():
@@ -221,8 +265,8 @@ def test_the_job_spec_is_one_file_every_service_mounts_read_only():
     assert PurePosixPath(spec["data_dir"]).is_relative_to(compose.DATA_MOUNT)
     assert PurePosixPath(cfg.checkpoint.uri).is_relative_to(compose.CHECKPOINT_MOUNT)
     assert PurePosixPath(spec["workdir"]).is_relative_to(compose.SCRATCH)
-    for _, _, service in role_services(doc):
-        assert set(mounts(service)) == {compose.SPEC_MOUNT, compose.DATA_MOUNT, compose.CHECKPOINT_MOUNT}
+    for role, index, service in role_services(doc):
+        assert set(mounts(service)) == {compose.SPEC_MOUNT, compose.DATA_MOUNT, compose.CHECKPOINT_MOUNT, TLS_DIR}
     assert SPEC_JSON.read_text().startswith('{\n  "config": {\n')  # indented: the readable record of the job
 
 
@@ -246,7 +290,7 @@ def test_compose_document_structure():
         assert all(isinstance(v, str) for v in service.get("environment", {}).values())
         for target, (source, options) in mounts(service).items():
             assert target.startswith("/") and set(options) <= {"ro"}, (name, target)
-            assert source in doc["volumes"] or (target == compose.SPEC_MOUNT and source.startswith("./")), source
+            assert source in doc["volumes"] or (target in (compose.SPEC_MOUNT, TLS_DIR) and source.startswith("./")), source
         for target, dependency in service.get("depends_on", {}).items():
             assert target in services and dependency["condition"] in DEPENDENCY_CONDITIONS, (name, target)
             if dependency["condition"] == "service_healthy":
@@ -282,7 +326,7 @@ def test_a_remote_store_adds_a_routed_network_to_reach_it_and_a_single_file_expo
 
 
 def test_server_healthcheck_passes_only_while_the_ps_port_accepts_tcp():
-    _, doc = generated()
+    _, doc = generated("ps.tls=off")  # with TLS on, the same probe of the loopback ports (test_tls_* above)
     # Server 0 opens its PS port only after the workers joined its rendezvous store: it is ready when either listens.
     assert doc["services"]["ps-0"]["healthcheck"]["test"][-2:] == ["ps-0:36018", "ps-0:36000"]
     test = doc["services"]["ps-1"]["healthcheck"]["test"]
@@ -321,7 +365,7 @@ def test_storage_credentials_pass_through_by_name_only(monkeypatch):
     cfg = compose.load_config(["checkpoint.uri=s3://bucket/ctr"])
     secret = SecretEnv(name="ctr-storage", keys={"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "secret"})
     cfg = dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, storage_secrets=[secret]))
-    doc = compose.compose_file(cfg, "cpu:1", "gpu:1", "job.json")
+    doc = compose.compose_file(cfg, "cpu:1", "gpu:1", "job.json", "job.tls")
     text = yaml.safe_dump(doc) + compose.job_spec(cfg)
     assert FAKE_SECRET not in text and FAKE_KEY_ID not in text
     for service in doc["services"].values():
@@ -377,7 +421,7 @@ def test_prep_service_builds_the_dataset_its_job_spec_names(tmp_path):
     spec["data_dir"] = str(tmp_path / "data" / "dataset")  # the volume's stand-in
     spec_file = tmp_path / "job.json"
     spec_file.write_text(json.dumps(spec))
-    prep = compose.compose_file(cfg, "cpu:1", "gpu:1", "job.json")["services"]["prep"]
+    prep = compose.compose_file(cfg, "cpu:1", "gpu:1", "job.json", "job.tls")["services"]["prep"]
     assert prep["command"][-2:] == [compose.PREPARE_COMMAND, compose.SPEC_MOUNT]
     assert compose.main([compose.PREPARE_COMMAND, str(spec_file)]) == 0
     stats = json.loads((tmp_path / "data" / "dataset" / "stats.json").read_text())
