@@ -6,7 +6,8 @@
 # Each run: generate the compose file with the image's own generator, run the job (containers/compose_up.py), and
 # while the workers train
 # * capture the job network's traffic of every server and worker (tcpdump on eth0 inside each container's network
-#   namespace: the loopback legs between a role and its stunnel are not the network);
+#   namespace: the loopback legs between a role and its stunnel are not the network), again for a container the
+#   driver creates anew after a fault;
 # * let a stranger (a container on the job's network without the job's certificate: containers/ps_stranger.py) send
 #   a brpc request to every server's PS port, server 0's store and every worker's client-service port (8500), in
 #   the clear, in TLS without a certificate and with another CA's. With TLS on the request is PS_STOP_SERVER (12),
@@ -37,8 +38,28 @@ down() {  # $1: the run's compose file
     podman network rm -f "${PROJECT}_job" "${PROJECT}_serving" "${PROJECT}_store" > /dev/null 2>&1 || true
 }
 
+capture_roles() {  # $1: the run's directory, $2: the driver's pid
+    # Every server's and worker's traffic, from the container's start until the job ends: a container the driver
+    # creates again (a restart after a fault) is a new network namespace, so its capture starts anew, to a file of its
+    # own. The tcpdump pids go to $1/tcpdump.pids (they outlive this loop, which is killed when the job ends).
+    local dir=$1 up_pid=$2 service pid
+    local -A capturing=()
+    : > "$dir/tcpdump.pids"
+    while kill -0 "$up_pid" 2> /dev/null; do
+        for service in ps-0 ps-1 worker-0 worker-1; do
+            pid=$(podman inspect --format '{{.State.Pid}}' "${PROJECT}_${service}_1" 2>/dev/null || echo 0)
+            [ "$pid" != 0 ] && [ "${capturing[$service]:-}" != "$pid" ] || continue
+            capturing[$service]=$pid
+            nsenter -t "$pid" -n tcpdump -i eth0 -B 65536 -U -s 0 -w "$dir/$service-$pid.pcap" \
+                >> "$dir/tcpdump-$service.log" 2>&1 &
+            echo $! >> "$dir/tcpdump.pids"
+        done
+        sleep 0.5
+    done
+}
+
 run_job() {  # $1: on | off
-    local mode=$1 dir=$WORK/$1 compose captures=() pids=() service pid up_pid
+    local mode=$1 dir=$WORK/$1 compose captures=() pids=() up_pid capturer alive pid
     rm -rf "$dir" && mkdir -p "$dir"
     compose=$dir/docker-compose.yaml
     podman run --rm --user 0 --network none -v "$dir:/out" "$IMAGE" python -m components.train.backends.docker_compose \
@@ -49,19 +70,8 @@ run_job() {  # $1: on | off
     say "ps.tls=$mode: run the job"
     $HOST_PY containers/compose_up.py "$compose" --timeout 1800 > "$dir/run.log" 2>&1 &
     up_pid=$!
-    # The workers start once every server is ready; capture from then until the job ends.
-    for _ in $(seq 600); do
-        [ "$(podman inspect --format '{{.State.Running}}' "${PROJECT}_worker-1_1" 2>/dev/null)" = true ] && break
-        kill -0 "$up_pid" 2> /dev/null || break
-        sleep 0.5
-    done
-    for service in ps-0 ps-1 worker-0 worker-1; do
-        pid=$(podman inspect --format '{{.State.Pid}}' "${PROJECT}_${service}_1" 2>/dev/null || echo 0)
-        [ "$pid" != 0 ] || { wait "$up_pid" || true; tail -30 "$dir/run.log"; fail "$service is not running"; }
-        nsenter -t "$pid" -n tcpdump -i eth0 -B 65536 -U -s 0 -w "$dir/$service.pcap" > "$dir/tcpdump-$service.log" 2>&1 &
-        pids+=($!)
-        captures+=("$dir/$service.pcap")
-    done
+    capture_roles "$dir" "$up_pid" &
+    capturer=$!
     # The stranger comes once the workers train: every port is open then (and a container joining the network while
     # a server resolves its own name can fail that lookup, podman's DNS reloading).
     for _ in $(seq 600); do
@@ -76,8 +86,17 @@ run_job() {  # $1: on | off
         > "$dir/stranger.jsonl" 2> "$dir/stranger.log" || { cat "$dir/stranger.log"; fail "the stranger probe failed"; }
     local rc=0
     wait "$up_pid" || rc=$?
+    kill "$capturer" 2> /dev/null || true
+    wait "$capturer" 2> /dev/null || true
+    mapfile -t pids < "$dir/tcpdump.pids"
     kill -INT "${pids[@]}" 2> /dev/null || true
-    wait "${pids[@]}" 2> /dev/null || true
+    for _ in $(seq 50); do  # each writes out its last packets
+        alive=0
+        for pid in "${pids[@]}"; do kill -0 "$pid" 2> /dev/null && alive=1; done
+        [ "$alive" = 1 ] || break
+        sleep 0.2
+    done
+    captures=("$dir"/*.pcap)
     grep -E '@epoch|evaluation:|^ctr-tls-check:' "$dir/run.log" | cut -c1-200
     [ "$rc" = 0 ] || { tail -40 "$dir/run.log"; down "$compose"; fail "the ps.tls=$mode job failed (exit $rc)"; }
     local dataset
@@ -104,6 +123,8 @@ def streams(path):
     """(flow, TCP payload) of each IPv4 packet of a pcap, the stranger's own left out (its probes are not the job's)."""
     with open(path, "rb") as f:
         head = f.read(24)
+        if len(head) < 24:  # a container gone before its capture wrote the file's header
+            return
         endian = "<" if head[:4] in (b"\xd4\xc3\xb2\xa1", b"\x4d\x3c\xb2\xa1") else ">"
         link = struct.unpack(endian + "I", head[20:24])[0]
         while len(record := f.read(16)) == 16:

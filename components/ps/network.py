@@ -25,7 +25,7 @@ import os
 import socket
 import struct
 import time
-from typing import Optional
+from typing import MutableMapping, Optional
 
 _SIOCGIFADDR = 0x8915
 # How long server 0 waits for its own DNS name to resolve before its rendezvous store gives up.
@@ -73,6 +73,40 @@ def resolved_own_host(host: str, timeout_s: float = RESOLVE_TIMEOUT_S, poll_s: f
             time.sleep(poll_s)
 
 
+def pin_addresses(environ: MutableMapping[str, str], timeout_s: float) -> None:
+    """Replace, in Paddle's variables, the host names this process hands to brpc and gloo by their addresses,
+    resolved here once each, waiting for names not yet published.
+
+    brpc looks a name up again on its own and a failed lookup is fatal inside Paddle: "Brpc Start failed ... Host
+    name lookup failure" and a segfault, in 2 of 19 podman compose runs, although Python had just resolved the same
+    name (podman's DNS answers nothing for a moment while it reloads, as a container joins the network). An address
+    needs no lookup. A process resolves its own name, the rendezvous store's and, as a worker, the servers' (it
+    connects to them); a server never waits for a worker's name (a worker pod may be scheduled much later).
+    """
+    addresses: dict[str, str] = {}
+
+    def pinned(endpoint: str, what: str, key: str) -> str:
+        host, _, port = endpoint.rpartition(":")
+        if host not in addresses:
+            addresses[host] = resolved_own_host(host, timeout_s, what=what, key=key)
+        return f"{addresses[host]}:{port}"
+
+    port = environ.get("PADDLE_PORT", "")
+    own_endpoint = f"{environ.get('POD_IP', '')}:{port}"
+    if environ.get("POD_IP"):
+        environ["POD_IP"] = pinned(own_endpoint, "this process's host", "POD_IP").rpartition(":")[0]
+    if environ.get("PADDLE_GLOO_HTTP_ENDPOINT"):
+        environ["PADDLE_GLOO_HTTP_ENDPOINT"] = pinned(environ["PADDLE_GLOO_HTTP_ENDPOINT"],
+                                                      "the rendezvous store's host", "PADDLE_GLOO_HTTP_ENDPOINT")
+    if environ.get("PADDLE_PSERVERS_IP_PORT_LIST"):
+        worker = environ.get("TRAINING_ROLE") == "TRAINER"
+        # A server's POD_IP:PADDLE_PORT must stay equal to its entry in the list: Paddle finds its index so.
+        environ["PADDLE_PSERVERS_IP_PORT_LIST"] = ",".join(
+            pinned(endpoint, "a server's host", "PADDLE_PSERVERS_IP_PORT_LIST")
+            if worker or endpoint == own_endpoint else endpoint
+            for endpoint in environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(","))
+
+
 def bind_to_own_host() -> None:
     """Patch Paddle (before ``fleet.init``) so its gloo store and transport bind this process's host."""
     from paddle.distributed.fleet.base import role_maker
@@ -85,12 +119,7 @@ def bind_to_own_host() -> None:
             http_server.HTTPServer.server_bind(self)
 
         http_server.KVHTTPServer.server_bind = server_bind
-    own_host = os.environ.get("POD_IP", "")
-    if own_host:
-        # A brpc server whose own name does not resolve yet segfaults in Paddle ("Brpc Start failed ... Host name
-        # lookup failure", measured in podman: a container's name reaches the network's DNS a moment after it starts).
-        resolved_own_host(own_host, RESOLVE_TIMEOUT_S, what="this process's host", key="POD_IP")
-    iface = interface_of(os.environ.get(TRANSPORT_HOST_ENV) or own_host)
+    iface = interface_of(os.environ.get(TRANSPORT_HOST_ENV) or os.environ.get("POD_IP", ""))
     if iface:
         init_http = role_maker.Gloo._init_http
 

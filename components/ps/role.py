@@ -46,7 +46,7 @@ from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RE
 from components.ps.liveness import (Heartbeat, HeartbeatRecord, children_die_with_this_process, die_with_parent,
                                     parent_from_env)
 from components.networks.models import EMBEDDING_TABLE
-from components.ps.network import bind_to_own_host
+from components.ps.network import bind_to_own_host, pin_addresses
 from components.ps.pull_scoring import split_share
 from components.ps.strategy import (build_strategy, dense_optimizer, install_ps_desc_settings, load_dense_tables,
                                     rpc_gflags, server_flags)
@@ -413,6 +413,7 @@ def main(job_path: Optional[str]) -> None:
     import paddle.distributed.fleet as fleet
     from paddle.distributed.fleet.base.role_maker import PaddleCloudRoleMaker
 
+    pin_addresses(os.environ, cfg.ps.startup_timeout_s)
     bind_to_own_host()
     install_ps_desc_settings(rpc_gflags(cfg))
     role_maker = PaddleCloudRoleMaker(is_collective=False)

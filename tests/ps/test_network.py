@@ -24,33 +24,47 @@ def test_a_host_that_does_not_resolve_fails_naming_it_rather_than_binding_every_
         resolved_own_host("no-such-host.invalid", timeout_s=0)
 
 
-def test_a_process_waits_for_its_own_host_to_resolve_before_paddle_starts_its_server(monkeypatch, tmp_path):
-    """A brpc server whose own name does not resolve yet segfaults inside Paddle; the process waits for the name
-    instead (a container's name reaches the network's DNS a moment after it starts), then fails naming POD_IP."""
-    import socket
-
+def test_the_names_handed_to_brpc_and_gloo_become_addresses_resolved_once_waiting_for_late_ones(monkeypatch):
+    """brpc looks names up again itself and a failed lookup segfaults inside Paddle: a process hands it addresses,
+    resolved in Python, where a name not yet published is waited for, then fails naming the variable."""
     from components.ps import network
 
-    lookups, real_lookup = [], socket.gethostbyname
+    addresses = {"ps-0": "10.0.0.2", "ps-1": "10.0.0.3", "worker-0": "10.0.0.4"}
+    lookups = []
 
-    def resolve_on_third_try(host):
+    def resolve_on_second_try(host):
         lookups.append(host)
-        if len(lookups) < 3:
-            raise socket.gaierror(-2, "Name or service not known")
-        return "127.0.0.1"
+        if lookups.count(host) < 2:
+            raise OSError(-2, "Name or service not known")
+        return addresses[host]
 
-    monkeypatch.chdir(tmp_path)  # Paddle's gloo store module opens http.log in the working directory on import
-    monkeypatch.setenv("POD_IP", "ps-0")
-    monkeypatch.delenv("PADDLE_GLOO_HTTP_ENDPOINT", raising=False)
-    monkeypatch.setattr(network.socket, "gethostbyname", resolve_on_third_try)
+    monkeypatch.setattr(network.socket, "gethostbyname", resolve_on_second_try)
     monkeypatch.setattr(network.time, "sleep", lambda s: None)
-    network.bind_to_own_host()
-    assert lookups[:3] == ["ps-0"] * 3
-    monkeypatch.setattr(network, "RESOLVE_TIMEOUT_S", 0.0)
-    monkeypatch.setenv("POD_IP", "no-such-host.invalid")
-    monkeypatch.setattr(network.socket, "gethostbyname", real_lookup)
-    with pytest.raises(OSError, match="this process's host 'no-such-host.invalid' .POD_IP. did not resolve"):
-        network.bind_to_own_host()
+    common = {"PADDLE_PSERVERS_IP_PORT_LIST": "ps-0:36000,ps-1:36000", "PADDLE_GLOO_HTTP_ENDPOINT": "ps-0:36018",
+              "PADDLE_TRAINER_ENDPOINTS": "worker-0:36000", "PADDLE_PORT": "36000"}
+    server = dict(common, TRAINING_ROLE="PSERVER", POD_IP="ps-1")
+    network.pin_addresses(server, timeout_s=60)
+    # A server's own entry stays equal to POD_IP:PADDLE_PORT (Paddle finds its index so); it waits for no peer.
+    assert server["POD_IP"] == "10.0.0.3"
+    assert server["PADDLE_PSERVERS_IP_PORT_LIST"] == "ps-0:36000,10.0.0.3:36000"
+    assert server["PADDLE_GLOO_HTTP_ENDPOINT"] == "10.0.0.2:36018"
+    assert server["PADDLE_TRAINER_ENDPOINTS"] == "worker-0:36000"
+    lookups.clear()
+    worker = dict(common, TRAINING_ROLE="TRAINER", POD_IP="worker-0")
+    network.pin_addresses(worker, timeout_s=60)
+    assert worker["POD_IP"] == "10.0.0.4"
+    assert worker["PADDLE_PSERVERS_IP_PORT_LIST"] == "10.0.0.2:36000,10.0.0.3:36000"  # it connects to each
+    assert sorted(set(lookups)) == ["ps-0", "ps-1", "worker-0"] and len(lookups) == 6
+    local = {"PADDLE_PSERVERS_IP_PORT_LIST": "127.0.0.1:5000,127.0.0.1:5001", "PADDLE_PORT": "5001",
+             "POD_IP": "127.0.0.1", "TRAINING_ROLE": "PSERVER"}
+    monkeypatch.undo()
+    network.pin_addresses(local, timeout_s=0)
+    assert local["PADDLE_PSERVERS_IP_PORT_LIST"] == "127.0.0.1:5000,127.0.0.1:5001"
+    late = dict(common, TRAINING_ROLE="TRAINER", POD_IP="localhost",
+                PADDLE_PSERVERS_IP_PORT_LIST="no-such-host.invalid:36000", PADDLE_GLOO_HTTP_ENDPOINT="localhost:1")
+    with pytest.raises(OSError, match="a server's host 'no-such-host.invalid' .PADDLE_PSERVERS_IP_PORT_LIST. did "
+                                      "not resolve within 0s"):
+        network.pin_addresses(late, timeout_s=0)
 
 
 def _local(*overrides):
