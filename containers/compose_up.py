@@ -128,7 +128,8 @@ def restart_rule(doc: dict) -> RestartRule:
                        frozenset(int(code) for code in block["not_restarted_exits"]))
 
 
-def load(path: Path) -> tuple[str, list[Service]]:
+def load(path: Path) -> tuple[str, list[Service], RestartRule]:
+    """The compose file's project, the services to run (in start order) and what to restart together."""
     doc = yaml.safe_load(path.read_text())
     project = doc.get("name") or path.parent.resolve().name
     services = []
@@ -142,7 +143,7 @@ def load(path: Path) -> tuple[str, list[Service]]:
         services.append(Service(name, spec.get("container_name", f"{project}_{name}_1"),
                                 {d: c.get("condition", "service_started") for d, c in depends.items()},
                                 spec.get("healthcheck")))
-    return project, services
+    return project, services, restart_rule(doc)
 
 
 def podman(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -356,9 +357,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--max-restarts", type=int,
                         help=f"whole-job restarts after a role failed (default: the file's {RESTART_BLOCK} block)")
     args = parser.parse_args(argv)
-    project, services = load(args.file)
-    doc = yaml.safe_load(args.file.read_text())
-    rule = restart_rule(doc)
+    project, services, rule = load(args.file)
     if args.max_restarts is not None:
         rule = RestartRule(args.max_restarts, rule.together, rule.not_restarted_exits)
     # The run's name: a restarted attempt resumes only this run's checkpoints, never an earlier run's in the store.

@@ -17,12 +17,12 @@ STARTED = object()  # stands for the log follower of a started container
 
 
 def run_of_committed_file():
-    _, services = compose_up.load(COMPOSE_YAML)
+    _, services, _ = compose_up.load(COMPOSE_YAML)
     return compose_up.Run(services)
 
 
 def test_services_start_after_their_dependencies_under_podman_compose_names():
-    project, services = compose_up.load(COMPOSE_YAML)
+    project, services, _ = compose_up.load(COMPOSE_YAML)
     assert project == "ctr-ps"
     # The serving profile's services (export, serving) are left out, as a plain `docker compose up` leaves them.
     assert [s.name for s in services] == ["prep", "watch", "ps-0", "ps-1", "worker-0", "worker-1", "evaluate"]
@@ -142,7 +142,7 @@ def test_a_paused_container_is_resumed_before_the_job_is_stopped(monkeypatch):
 
 def test_the_committed_file_restarts_the_watch_and_the_roles_together_unless_no_restart_mends_the_exit():
     run = run_of_committed_file()
-    rule = compose_up.restart_rule(yaml.safe_load(COMPOSE_YAML.read_text()))
+    rule = compose_up.load(COMPOSE_YAML)[2]
     assert rule.max_restarts == 2
     for name, code, restarted in (("worker-1", 137, True), ("ps-0", 143, True), ("watch", 1, True),
                                   ("worker-0", 78, False), ("ps-1", 74, False), ("watch", 74, False),
@@ -155,7 +155,7 @@ def test_the_committed_file_restarts_the_watch_and_the_roles_together_unless_no_
 
 def test_a_restart_recreates_only_the_group_for_the_next_attempt_of_the_same_run(monkeypatch):
     run = run_of_committed_file()
-    rule = compose_up.restart_rule(yaml.safe_load(COMPOSE_YAML.read_text()))
+    rule = compose_up.load(COMPOSE_YAML)[2]
     prep, worker = run.services["prep"], run.services["worker-1"]
     prep.logs, prep.exit_code = STARTED, 0
     worker.logs, worker.exit_code, worker.exited_at = STARTED, 137, 5.0
