@@ -136,6 +136,10 @@ class ModelConfig:
     embedding_l2: float = 0.0  # L2 penalty on the embedding rows a batch looks up (their gradient reaches the servers)
     cross_layers: int = 3  # dcn: cross layers beside the deep tower
     pooling: Pooling = Pooling.sum  # of a multi-valued slot's rows
+    # Blend the pipeline's fitted baseline (the hashed logistic regression, fitted before training) into the model:
+    # the delivered probability is sigmoid(a * network logit + c * regression logit + b), a, b, c fitted on the
+    # validation split at each checkpoint in place of eval.calibration's Platt scaling (docs/quality.md).
+    blend_baseline: bool = True
     # model=custom: the network, "package.module:function" importable by every process (README: bring your own
     # network; the contract is components.networks.models.NetworkInputs).
     network: Optional[str] = None

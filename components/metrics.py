@@ -374,6 +374,36 @@ def fit_platt_counts(counts: ScoreCounts, iterations: int = 50) -> dict[str, flo
     return {"method": "platt", "a": float(params[0]), "b": float(params[1])}
 
 
+def fit_blend(logits: np.ndarray, labels: np.ndarray, weights: Optional[np.ndarray] = None,
+              all_reduce: Callable[[np.ndarray], np.ndarray] = lambda sums: sums,
+              iterations: int = 50) -> Optional[dict[str, float]]:
+    """The blend of a network with the baseline: ``p = sigmoid(a * n + c * r + b)`` with ``a``, ``b``, ``c``
+    minimising the (weighted) logloss on held-out rows, ``logits`` ``[rows, 2]`` holding each row's network logit
+    ``n`` and baseline logit ``r``. Newton's method from ``(a, b, c) = (1, 0, 0)`` (the network alone), a little
+    ridge for separable data, as :func:`fit_platt_counts`.
+
+    The rows may be spread over processes: each passes its own and an ``all_reduce`` summing arrays across them;
+    the gradient and Hessian are sums over rows, so every process takes the same steps and returns the same blend.
+    None when no process holds rows of both classes."""
+    labels = np.asarray(labels, np.float64).ravel()
+    weights = np.ones_like(labels) if weights is None else np.asarray(weights, np.float64).ravel()
+    features = np.column_stack([np.asarray(logits, np.float64).reshape(-1, 2), np.ones_like(labels)])  # n, r, 1
+    positives, total = all_reduce(np.array([weights @ labels, weights.sum()]))
+    if not 0 < positives < total:
+        return None
+    params = np.array([1.0, 0.0, 0.0])  # a, c, b
+    for _ in range(iterations):
+        p = 1.0 / (1.0 + np.exp(-(features @ params)))
+        sums = all_reduce(np.concatenate([features.T @ (weights * (p - labels)),
+                                          ((features * (weights * p * (1 - p))[:, None]).T @ features).ravel()]))
+        gradient, hessian = sums[:3] / total + 1e-6 * params, sums[3:].reshape(3, 3) / total + 1e-6 * np.eye(3)
+        step = np.linalg.solve(hessian, gradient)
+        params -= step
+        if np.abs(step).max() < 1e-10:
+            break
+    return {"method": "blend", "a": float(params[0]), "c": float(params[1]), "b": float(params[2])}
+
+
 def fit_platt(labels: npt.ArrayLike, preds: npt.ArrayLike, iterations: int = 50,
               weights: Optional[npt.ArrayLike] = None) -> dict[str, float]:
     """:func:`fit_platt_counts` of rows."""

@@ -57,7 +57,7 @@ DEPLOY_TASK = "deploy-model"
 # What each task of the root DAG waits for, in a topological order: the export, on the evaluation that gates it.
 DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOOP: ("plan-data",),
                 "merge-data": ("plan-data", PREP_LOOP), BASELINE_TASK: ("merge-data",),
-                "train": ("resolve-config", "merge-data"),
+                "train": ("resolve-config", "merge-data", BASELINE_TASK),  # model.blend_baseline, the default
                 "evaluate-model": ("resolve-config", "merge-data", BASELINE_TASK, "train"),
                 EXPORT_GATE: ("resolve-config", "merge-data", "train", "evaluate-model")}
 # On Kubeflow the root DAG holds EXIT_HANDLER, the group of every task above, and EXIT_TASK, which runs once that
@@ -153,12 +153,15 @@ def ctr_pipeline(cfg: CtrConfig):
             prep = merge_data(groups=planned.output, parts=dsl.Collected(converted.outputs["parts"]))
             if is_daily(cfg.data.uri):  # a day's drift check reads the checkpoint store, which changes between runs
                 prep.set_caching_options(False)
-            fit = train(config=effective, dataset=prep.outputs["dataset"])
+            # The baseline reads the dataset alone: cached per dataset. A model that blends it in
+            # (model.blend_baseline) trains after it; otherwise, on Kubeflow, it is fitted while the job trains.
+            baseline = (fit_baseline(dataset=prep.outputs["dataset"], rows=cfg.eval.baseline_rows,
+                                     features=cfg.eval.baseline_features)
+                        if cfg.eval.baseline or cfg.model.blend_baseline else None)
+            fit = train(config=effective, dataset=prep.outputs["dataset"],
+                        **({"baseline": baseline.outputs["baseline"]} if cfg.model.blend_baseline else {}))
             # The checkpoint lives outside the artifact store (checkpoint.uri): a cached step would only point at it.
             fit.set_caching_options(False)
-            # The baseline reads the dataset alone: cached per dataset, and on Kubeflow fitted while the job trains.
-            baseline = (fit_baseline(dataset=prep.outputs["dataset"], rows=cfg.eval.baseline_rows,
-                                     features=cfg.eval.baseline_features) if cfg.eval.baseline else None)
             scored = evaluate_model(config=effective, dataset=prep.outputs["dataset"],
                                     checkpoint=fit.outputs["checkpoint"],
                                     **({"baseline": baseline.outputs["baseline"]} if baseline is not None else {}))

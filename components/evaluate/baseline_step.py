@@ -18,8 +18,9 @@ import numpy as np
 
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components.evaluate.baseline import HashedLogisticRegression, Split
+from components.networks.models import BASELINE_FILE
 
-MODEL_FILE, FIT_FILE = "baseline.npz", "baseline.json"
+FIT_FILE = "baseline.json"
 
 
 def fit_baseline(data_dir: str | os.PathLike, rows: int, features: int, out_dir: str | os.PathLike) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def fit_baseline(data_dir: str | os.PathLike, rows: int, features: int, out_dir:
            "baseline_features": features}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / MODEL_FILE, weights=model.weights, dense_weights=model.dense_weights,
+    np.savez(out / BASELINE_FILE, weights=model.weights, dense_weights=model.dense_weights,
              bias=model.bias, logit_shift=model.logit_shift)
     (out / FIT_FILE).write_text(json.dumps(fit, indent=2))
     return fit
@@ -45,7 +46,7 @@ def fit_baseline(data_dir: str | os.PathLike, rows: int, features: int, out_dir:
 
 def load_baseline(baseline_dir: str | os.PathLike) -> tuple[HashedLogisticRegression, dict[str, Any]]:
     """``(the fitted model, what it was fitted with)`` from a directory :func:`fit_baseline` wrote."""
-    with np.load(Path(baseline_dir) / MODEL_FILE) as saved:
+    with np.load(Path(baseline_dir) / BASELINE_FILE) as saved:
         model = HashedLogisticRegression(len(saved["weights"]))
         model.weights, model.dense_weights = saved["weights"], saved["dense_weights"]
         model.bias, model.logit_shift = float(saved["bias"]), float(saved["logit_shift"])

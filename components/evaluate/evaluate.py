@@ -45,7 +45,7 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
              cfg: EvalConfig, training: Optional[dict] = None,
              markdown_path: Optional[str | os.PathLike] = None, curve: Optional[dict] = None,
              servers: Optional[dict] = None, days: Optional[list[dict]] = None,
-             baseline_dir: Optional[str | os.PathLike] = None) -> dict[str, Any]:
+             baseline_dir: Optional[str | os.PathLike] = None, warnings: tuple[str, ...] = ()) -> dict[str, Any]:
     """Metrics of the checkpoint on the test split; writes metrics.json, roc.png, calibration.png, roc.npz,
     confusion.json and report.md/html, and to ``markdown_path`` the report without the linked images (a KFP Markdown
     artifact, whose viewer cannot follow a relative link; the ROC curve is the ClassificationMetrics artifact).
@@ -54,7 +54,7 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
     training_curve.png; ``servers``: what the job measured of each server, a table of the report; ``days``: the trained
     days' rows (day-by-day training), written into days.csv and days.png; the day's drift warnings are reported;
     ``baseline_dir``: the fitted baseline (:func:`components.evaluate.baseline_step.fit_baseline`), scored beside the
-    model (its lift over it)."""
+    model (its lift over it); ``warnings``: lines about how the job ran, a table of the report."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     meta = ckpt_io.verify_meta(checkpoint_dir, parts=ckpt_io.EVALUATION_PARTS)
@@ -119,10 +119,11 @@ def evaluate(checkpoint_dir: str | os.PathLike, data_dir: str | os.PathLike, out
                    ("Calibration (fitted on the validation split)",
                     {**{k: result[k] for k in ("ece", "uncalibrated_ece", "uncalibrated_calibration",
                                                "uncalibrated_logloss") if k in result},
-                     **({"method": calibration["method"], "a": calibration["a"], "b": calibration["b"]}
-                        if calibration else {})}),
+                     **(calibration or {})}),
                    ("Validation split (the delivered checkpoint)", validation),
                    ("Servers (rows at the last checkpoint, memory)", servers or {})]
+    if warnings:  # about how the job ran (the PS plane in plaintext across hosts): the report says them too
+        comparisons.append(("How the job ran (warnings)", {str(i): w for i, w in enumerate(warnings, 1)}))
     drift = stats.get("drift") or {}
     if drift.get("warnings"):
         comparisons.append((f"Drift from day {drift.get('previous_day')!r} (warnings)",

@@ -30,6 +30,7 @@ from components.days import day_of
 from components.evaluate.baseline_step import fit_baseline
 from components.evaluate.evaluate import CONFUSION_FILE, evaluate
 from components.evaluate.server_load import load_facts
+from components.ps.tls import plaintext_warning
 
 # Training facts from the Model artifact's metadata that the report lists.
 TRAINING_KEYS = ("epochs", "examples", "seconds", "examples_per_s", "final_train_auc", "examples_trained_twice")
@@ -67,12 +68,14 @@ def planned_shard_num(checkpoint_metadata: Optional[dict]) -> Optional[int]:
 
 def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkpoint_metadata: Optional[dict],
                         out_dir: str, report_path: Optional[str] = None,
-                        markdown_path: Optional[str] = None, baseline_dir: Optional[str] = None) -> tuple[dict, dict]:
+                        markdown_path: Optional[str] = None, baseline_dir: Optional[str] = None,
+                        compose: bool = False) -> tuple[dict, dict]:
     """Score the checkpoint the Model artifact points at on the test split of ``data_dir``, and with ``eval.baseline``
     the baseline in ``baseline_dir`` (the fit-baseline step's; without one, fitted here into ``out_dir/baseline``).
 
-    Writes the evaluation files into ``out_dir`` and, when given, the HTML report to ``report_path`` and the
-    Markdown one to ``markdown_path``; returns ``(metrics, charts)``: ``charts`` holds the ROC curve's ``fpr``,
+    ``compose``: the job ran from a compose file (its roles on hosts of their own: the report warns when they talked
+    in plaintext). Writes the evaluation files into ``out_dir`` and, when given, the HTML report to ``report_path``
+    and the Markdown one to ``markdown_path``; returns ``(metrics, charts)``: ``charts`` holds the ROC curve's ``fpr``,
     ``tpr``, ``thresholds`` and the ``confusion`` summary (the arguments of ``report.log_kfp_metrics``).
     """
     cfg = from_dict(config)
@@ -85,7 +88,8 @@ def evaluate_checkpoint(config: Any, data_dir: str, checkpoint_path: str, checkp
                            markdown_path=markdown_path, curve=(checkpoint_metadata or {}).get("curve"),
                            servers={**server_facts(checkpoint_metadata),
                                     **load_facts(cfg, data_dir, planned_shard_num(checkpoint_metadata))}, days=days,
-                           baseline_dir=baseline_dir if cfg.eval.baseline else None)
+                           baseline_dir=baseline_dir if cfg.eval.baseline else None,
+                           warnings=tuple(w for w in [plaintext_warning(cfg, compose)] if w))
     record_evaluation(uri, ckpt_id, metrics)
     if report_path:
         Path(report_path).parent.mkdir(parents=True, exist_ok=True)

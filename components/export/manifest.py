@@ -44,6 +44,8 @@ def checkpoint_facts(meta: dict[str, Any], manifest_sha256: str, source: dict[st
         # Applied in the program, in this order: it outputs corrected, then calibrated probabilities.
         "negative_sample_rate": negative_sample_rate(meta), "correction": DOWNSAMPLING_CORRECTION,
         "calibration": meta.get("calibration"),
+        # A network that starts from the baseline: its buckets' count (each slot also feeds id % this).
+        "baseline_features": meta.get("baseline_features"),
         "source_checkpoint": {"manifest_sha256": manifest_sha256, "mode": meta.get("mode"), "rows": meta.get("rows"),
                               "paddle_version": meta.get("paddle_version"), **source},
     }

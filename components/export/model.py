@@ -32,7 +32,8 @@ from components.export.signing import Verifier
 from components.export.single import IDS_FILE
 from components.export.store import ExportStore
 from components.networks.models import EMBEDDING_TABLE
-from components.networks.scoring import SCORE_BATCH, predict_batches
+from components.networks.scoring import (BUCKETS_SUFFIX, SCORE_BATCH, BaselineFeeds, baseline_buckets,
+                                         predict_batches)
 
 
 class InferenceModel:
@@ -48,9 +49,12 @@ class InferenceModel:
         self.schema = Schema.from_dict(meta["schema"])
         # None: exported without its dataset; such a model scores shards only.
         self.transform: Optional[Transform] = load_transform(root, meta)
-        feeds = program.feed_names
+        buckets = [name for name in program.feed_names if name.endswith(BUCKETS_SUFFIX)]
+        feeds = [name for name in program.feed_names if name not in buckets]
         self.dense_name = feeds[0] if self.schema.dense_dim else None
         self.sparse_names = feeds[1:] if self.schema.dense_dim else list(feeds)
+        # A network that starts from the baseline: each slot's ids' buckets are fed too.
+        self.baseline = BaselineFeeds(buckets, int(meta["baseline_features"])) if buckets else None
 
     @classmethod
     def load(cls, path: str | os.PathLike, verify: bool = True, public_key: Optional[str | os.PathLike] = None,
@@ -144,7 +148,8 @@ class SingleModel(InferenceModel):
         return cls(root, meta, program, verifier, ids)
 
     def _predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
-        return predict_batches(self.program.run, self.ids, self.dense_name, self.sparse_names, dense, sparse)[:, 0]
+        return predict_batches(self.program.run, self.ids, self.dense_name, self.sparse_names, dense, sparse,
+                               baseline=self.baseline)[:, 0]
 
 
 class ShardedModel(InferenceModel):
@@ -285,6 +290,9 @@ class ShardedModel(InferenceModel):
                 tensor.set_lod([(slot.offsets[start:stop + 1] - lo).tolist()])
                 feed[name] = tensor
                 at += hi - lo
+            for name, slot, (lo, hi) in zip(self.baseline.names if self.baseline else [], sparse, spans):
+                feed[name] = baseline_buckets(slot.values[lo:hi], self.baseline.features,
+                                              (slot.offsets[start:stop + 1] - lo).tolist())
             out[start:stop] = np.asarray(self.program.run(feed), np.float32).reshape(-1)
         return out
 

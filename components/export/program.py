@@ -25,7 +25,7 @@ from components.checkpoint.format import CheckpointError
 from components.config import ModelConfig, section_from_dict
 from components.data_prep.multislot import Schema
 from components.export.manifest import ServingModelError
-from components.networks.scoring import negative_sample_rate, network_program
+from components.networks.scoring import blended_features, negative_sample_rate, network_program
 
 MODEL_PREFIX = "model"
 PROGRAM_FILES = (f"{MODEL_PREFIX}.pdmodel", f"{MODEL_PREFIX}.pdiparams")
@@ -123,10 +123,11 @@ class RowsProgram:
     """The sharded format's network, its dense parameters set in ``scope``."""
 
     main: Any
-    feeds: list  # dense (when the schema has it), then each sparse slot's rows, in schema order
+    feeds: list  # dense (when the schema has it), then each sparse slot's rows, in schema order, then its buckets
     prob: Any  # [batch, 1] click probability: corrected for negative downsampling, then calibrated
     scope: Any
     exe: Any
+    baseline_feeds: bool = False  # the calibration blends the baseline in: each slot's buckets are fed too
 
 
 def rows_program(meta: dict[str, Any], dense: dict[str, np.ndarray]) -> RowsProgram:
@@ -147,7 +148,8 @@ def rows_program(meta: dict[str, Any], dense: dict[str, np.ndarray]) -> RowsProg
             return rows
         return lookup
 
-    built = network_program(model_cfg, schema, dim, make_lookup, meta.get("calibration"), negative_sample_rate(meta))
+    built = network_program(model_cfg, schema, dim, make_lookup, meta.get("calibration"), negative_sample_rate(meta),
+                            blended_features(meta, meta.get("calibration")))
     missing = [p.name for p in built.main.all_parameters() if p.name not in dense]
     if missing:
         raise CheckpointError(f"checkpoint lacks parameters {missing} of model {model_cfg.name.value}")
@@ -156,5 +158,6 @@ def rows_program(meta: dict[str, Any], dense: dict[str, np.ndarray]) -> RowsProg
         exe.run(built.startup)
     for param in built.main.all_parameters():
         scope.find_var(param.name).get_tensor().set(dense[param.name], paddle.CPUPlace())
-    feeds = ([built.feeds.dense] if built.feeds.dense is not None else []) + row_feeds
-    return RowsProgram(built.main, feeds, built.prob, scope, exe)
+    buckets = [built.main.global_block().var(name) for name in built.baseline.names] if built.baseline else []
+    feeds = ([built.feeds.dense] if built.feeds.dense is not None else []) + row_feeds + buckets
+    return RowsProgram(built.main, feeds, built.prob, scope, exe, bool(buckets))

@@ -34,6 +34,7 @@ from components.export.delta import DELTA, diff_shard, plan_version, rebuilt_sha
 from components.export.manifest import checkpoint_facts, copy_transform, file_entries, write_manifest
 from components.export.signing import AUTO, signer
 from components.export.program import PROGRAM_FILES, declared_ops, rows_program, save_inference
+from components.networks.scoring import BUCKETS_SUFFIX, bucket_feed_description
 from components.export.shards import IDS, ROWS, TOMBSTONES, narrowed, write_shard
 from components.export.store import ExportStore
 from components.export.table import CheckpointTable, FetchFile
@@ -68,7 +69,9 @@ def export_sharded(checkpoint_dir: str | os.PathLike, store_uri: str, dtype: Exp
     chain = [store.manifest(version) for version in plan.chain[:-1]]  # the parent's, to rebuild its shards
     program = rows_program(table.meta, table.dense())
     schema = Schema.from_dict(table.meta["schema"])
-    slots = (["dense"] if schema.dense_dim else []) + list(schema.sparse_slots)  # what each feed carries
+    # What each feed carries: a network that starts from the baseline also feeds each slot's buckets.
+    slots = ((["dense"] if schema.dense_dim else []) + list(schema.sparse_slots)
+             + [f"{slot}{BUCKETS_SUFFIX}" for slot in schema.sparse_slots if program.baseline_feeds])
     with store.publishing(plan.version) as staging:
         fetch_names = save_inference(staging, program.feeds, program.prob, program.main, program.scope, program.exe,
                                      declared_ops(table.meta))
@@ -117,6 +120,8 @@ def _feed_description(name: str, slot: str, schema: Schema, dim: int) -> dict:
     if slot == "dense":
         return {"name": name, "slot": slot, "dtype": "float32", "shape": [-1, schema.dense_dim],
                 "lod_level": 0, "values": "the dense features"}
+    if slot.endswith(BUCKETS_SUFFIX):
+        return bucket_feed_description(name, slot.removesuffix(BUCKETS_SUFFIX))
     return {"name": name, "slot": slot, "dtype": "float32", "shape": [-1, dim], "lod_level": 1,
             "values": "the embedding rows of the slot's ids, looked up in the shards (zeros for an id no shard "
                       "holds), one LoD sequence per example"}

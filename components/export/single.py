@@ -41,7 +41,7 @@ from components.export.signing import AUTO, signer
 from components.export.program import PROGRAM_FILES, declared_ops, save_inference
 from components.export.shards import narrowed
 from components.export.table import CheckpointTable, FetchFile
-from components.networks.scoring import Scorer
+from components.networks.scoring import Scorer, bucket_feed_description
 
 IDS_FILE = "ids.npy"
 
@@ -109,6 +109,8 @@ def _feed_description(var: Any, program: Any, schema: Schema) -> dict:
     if program.feeds.dense is not None and var.name == program.feeds.dense.name:
         return {"name": var.name, "slot": "dense", "dtype": "float32", "shape": [-1, schema.dense_dim],
                 "lod_level": 0, "values": "the dense features"}
+    if program.baseline and var.name in program.baseline.names:
+        return bucket_feed_description(var.name, schema.sparse_slots[program.baseline.names.index(var.name)])
     slot = schema.sparse_slots[[v.name for v in program.feeds.sparse].index(var.name)]
     return {"name": var.name, "slot": slot, "dtype": "int64", "shape": [-1, 1], "lod_level": 1,
             "values": "row indices (see sparse_values), one LoD sequence per example"}

@@ -20,9 +20,10 @@ from __future__ import annotations
 import math
 import importlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional
 
-from components.config import ModelConfig, ModelName, Pooling
+from components.config import CtrConfig, ModelConfig, ModelName, Pooling
 from components.data_prep.multislot import WEIGHT_SLOT, Schema
 
 # The one sparse table every model looks its ids up in (its parameter name in every program).
@@ -34,6 +35,11 @@ POOL_TYPES = {Pooling.sum: "sum", Pooling.mean: "average", Pooling.sqrtn: "sqrt"
 BASE_RATE_BOUND = 1e-4  # a day without clicks still starts its bias at a finite logit
 # The prefix of the automatic parameter names of a network of its user's (model=custom): the same in every program.
 CUSTOM_NAME_SCOPE = "custom_"
+# The baseline's parameters in a model that blends it in (model.blend_baseline): the regression's bucket weights
+# ([features, 1]), dense weights ([dense_dim, 1]) and bias ([1]), set from its fit, never trained.
+BASELINE_WEIGHTS, BASELINE_DENSE_WEIGHTS, BASELINE_BIAS = "baseline.w", "baseline.dense_w", "baseline.b"
+BASELINE_PARAMETERS = (BASELINE_WEIGHTS, BASELINE_DENSE_WEIGHTS, BASELINE_BIAS)
+BASELINE_FILE = "baseline.npz"  # in the fit-baseline step's directory (components.evaluate.baseline_step)
 # Below it a batch's weights count as none: the weighted loss is then 0 rather than 0 / 0.
 MIN_WEIGHT_SUM = 1e-12
 
@@ -172,6 +178,45 @@ def load_network(path: str) -> Callable[[NetworkInputs], object]:
 class Net:
     logit: object  # [batch, 1]
     embedding_squares: object  # per example, the sum of squares of the rows it looked up (model.embedding_l2 only)
+
+
+def baseline_logit(feeds: Feeds, features: int, buckets: list):
+    """``[batch, 1]``: the logit of the pipeline's hashed logistic regression (:mod:`components.evaluate.baseline`)
+    in the program, before its correction for negative downsampling: the weights of the rows' ids' ``buckets`` (per
+    sparse slot, a feed of ``id % features``: the programs that score feed row indices or rows, not ids; each
+    bucket counts as often as a row holds it), the dense values' weights and the bias. Its parameters are not
+    trainable: they stay the regression's (:data:`BASELINE_PARAMETERS`)."""
+    import paddle
+
+    def fixed(name):
+        return paddle.ParamAttr(name=name, trainable=False, initializer=paddle.nn.initializer.Constant(0.0))
+
+    logit = None
+    for slot_buckets in buckets:
+        weights = paddle.static.nn.embedding(slot_buckets, size=[features, 1], param_attr=fixed(BASELINE_WEIGHTS))
+        pooled = pool(paddle.reshape(weights, [-1, 1]), Pooling.sum)
+        logit = pooled if logit is None else logit + pooled  # elementwise adds: the ops every export holds already
+    if feeds.dense is not None:  # fc: the mul and add every export holds already
+        return logit + paddle.static.nn.fc(feeds.dense, 1, weight_attr=fixed(BASELINE_DENSE_WEIGHTS),
+                                           bias_attr=fixed(BASELINE_BIAS))
+    return logit + paddle.static.create_parameter([1], "float32", attr=fixed(BASELINE_BIAS))
+
+
+def baseline_features(cfg: CtrConfig) -> Optional[int]:
+    """The baseline's bucket count when the model blends it in (``model.blend_baseline``), else None."""
+    return cfg.eval.baseline_features if cfg.model.blend_baseline else None
+
+
+def baseline_values(baseline_dir: str) -> dict:
+    """The values of :data:`BASELINE_PARAMETERS` from the baseline fit-baseline wrote into ``baseline_dir``."""
+    import numpy as np
+
+    with np.load(Path(baseline_dir) / BASELINE_FILE) as fitted:
+        values = {BASELINE_WEIGHTS: fitted["weights"].astype(np.float32).reshape(-1, 1),
+                  BASELINE_BIAS: np.array([fitted["bias"]], np.float32)}
+        if len(fitted["dense_weights"]):  # a schema without dense values has no such parameter
+            values[BASELINE_DENSE_WEIGHTS] = fitted["dense_weights"].astype(np.float32).reshape(-1, 1)
+    return values
 
 
 def net(cfg: ModelConfig, feeds: Feeds, lookup: Lookup, embedding_dim: int, training: bool = False,

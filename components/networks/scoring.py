@@ -29,6 +29,7 @@ from components.networks import models
 from components.networks.models import EMBEDDING_TABLE
 
 SCORE_BATCH = 8192
+BUCKETS_SUFFIX = ".baseline_buckets"  # a slot's feed of its ids' baseline buckets: "<slot feed>.baseline_buckets"
 # How the programs correct for negative downsampling, as the serving manifest names it.
 DOWNSAMPLING_CORRECTION = "logit + ln(negative_sample_rate)"
 
@@ -44,6 +45,22 @@ class NetworkProgram:
     # [batch, 1] before any calibration, corrected for negative downsampling: what the calibration is fitted on, and
     # the "uncalibrated" metrics are of (the network's own probability only when the rate is 1)
     raw_prob: Any
+    logit: Any = None  # [batch, 1] the network's logit, corrected for negative downsampling
+    baseline: Optional["BaselineFeeds"] = None  # a model that blends the baseline in: its buckets' feeds
+    baseline_logit: Any = None  # [batch, 1] then the baseline's logit, corrected as the network's
+
+
+@dataclass(frozen=True)
+class BaselineFeeds:
+    """The feeds of a program that blends the baseline in (:func:`models.baseline_logit`): per sparse slot, in
+    schema order, the name of the feed of its ids' buckets (``id % features``)."""
+
+    names: list[str]
+    features: int
+
+    @staticmethod
+    def name_of(slot_feed: str) -> str:
+        return f"{slot_feed}{BUCKETS_SUFFIX}"
 
 
 @dataclass
@@ -54,20 +71,25 @@ class LocalProgram(NetworkProgram):
     table_dtype: str = "float32"  # or float16
 
     def input_vars(self) -> list:
-        """What inference feeds, in MultiSlot slot order without the label: ``dense`` (if any), sparse slots."""
-        return ([self.feeds.dense] if self.feeds.dense is not None else []) + list(self.feeds.sparse)
+        """What inference feeds, in MultiSlot slot order without the label: ``dense`` (if any), sparse slots, then
+        (a model that blends the baseline in) each sparse slot's buckets."""
+        buckets = [self.main.global_block().var(name) for name in self.baseline.names] if self.baseline else []
+        return ([self.feeds.dense] if self.feeds.dense is not None else []) + list(self.feeds.sparse) + buckets
 
 
 def network_program(model_cfg: ModelConfig, schema: Schema, embedding_dim: int,
                     make_lookup: Callable[[Any], models.Lookup], calibration: Optional[dict] = None,
-                    negative_sample_rate: float = 1.0) -> NetworkProgram:
+                    negative_sample_rate: float = 1.0, baseline_features: Optional[int] = None) -> NetworkProgram:
     """The network of ``model_cfg`` in a program of its own, its rows looked up by ``make_lookup(block)``'s lookup
     (called inside the program, so the variables it creates are the program's).
 
     Its dense parameters carry the names the PS programs give them, so a checkpoint's dense parameters map onto it.
     The logit is corrected for the ``negative_sample_rate`` ``w`` the model was trained with (``logit + ln w``),
-    then ``calibration`` (Platt's ``a``, ``b``, fitted on corrected predictions) is applied in the program:
-    ``sigmoid(a * (logit + ln w) + b)``.
+    then ``calibration`` is applied in the program: Platt's (``{"method": "platt", "a", "b"}``, fitted on corrected
+    predictions) ``sigmoid(a * (logit + ln w) + b)``, or the blend with the baseline
+    (``{"method": "blend", "a", "b", "c"}``: :func:`components.metrics.fit_blend`)
+    ``sigmoid(a * (logit + ln w) + c * (baseline logit + ln w) + b)``. ``baseline_features``: the program also holds
+    the baseline (:func:`components.networks.models.baseline_logit`), its buckets fed (:class:`BaselineFeeds`).
     """
     import paddle
 
@@ -76,18 +98,32 @@ def network_program(model_cfg: ModelConfig, schema: Schema, embedding_dim: int,
     with paddle.static.program_guard(main, startup), paddle.utils.unique_name.guard():
         feeds = models.create_feeds(schema)
         logit = models.net(model_cfg, feeds, make_lookup(main.global_block()), embedding_dim).logit
+        baseline, baseline_logit = None, None
+        if baseline_features:
+            baseline = BaselineFeeds([BaselineFeeds.name_of(slot.name) for slot in feeds.sparse], baseline_features)
+            buckets = [paddle.static.data(name, [-1, 1], "int64", lod_level=1) for name in baseline.names]
+            baseline_logit = models.baseline_logit(feeds, baseline_features, buckets)
         if negative_sample_rate != 1.0:
-            # Keeping negatives at rate w multiplies the odds the model learns by 1 / w: ln w undoes it.
+            # Keeping negatives at rate w multiplies the odds the model learns by 1 / w: ln w undoes it (the
+            # baseline was fitted on the same rows).
             logit = logit + math.log(negative_sample_rate)
+            if baseline_logit is not None:
+                baseline_logit = baseline_logit + math.log(negative_sample_rate)
         raw_prob = prob = paddle.nn.functional.sigmoid(logit)
-        if calibration and calibration.get("method") == "platt":
+        method = (calibration or {}).get("method")
+        if method == "platt":
             prob = paddle.nn.functional.sigmoid(logit * float(calibration["a"]) + float(calibration["b"]))
-    return NetworkProgram(main, startup, feeds, prob, raw_prob)
+        elif method == "blend":
+            if baseline_logit is None:
+                raise ValueError("a blend with the baseline needs the baseline in the program (baseline_features)")
+            prob = paddle.nn.functional.sigmoid(logit * float(calibration["a"]) + baseline_logit * float(calibration["c"])
+                                                + float(calibration["b"]))
+    return NetworkProgram(main, startup, feeds, prob, raw_prob, logit, baseline, baseline_logit)
 
 
 def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embedding_dim: int,
                   table_dtype: str = "float32", calibration: Optional[dict] = None,
-                  negative_sample_rate: float = 1.0) -> LocalProgram:
+                  negative_sample_rate: float = 1.0, baseline_features: Optional[int] = None) -> LocalProgram:
     """The network of ``model_cfg`` over a local ``[table_rows, embedding_dim]`` table named ``EMBEDDING_TABLE``.
 
     A ``float16`` table stays float16 (half the table's bytes, in memory and in a saved inference model); the
@@ -104,7 +140,8 @@ def build_program(model_cfg: ModelConfig, schema: Schema, table_rows: int, embed
             return rows if table_dtype == "float32" else paddle.cast(rows, "float32")  # keeps the LoD
         return lookup
 
-    built = network_program(model_cfg, schema, shape[1], make_lookup, calibration, negative_sample_rate)
+    built = network_program(model_cfg, schema, shape[1], make_lookup, calibration, negative_sample_rate,
+                            baseline_features)
     return LocalProgram(**vars(built), table_shape=shape, table_dtype=table_dtype)
 
 
@@ -128,6 +165,12 @@ def local_table(checkpoint: ckpt_io.Checkpoint) -> np.ndarray:
     return np.vstack([checkpoint.rows, np.zeros((1, dim), checkpoint.rows.dtype)])
 
 
+def blended_features(meta: dict, calibration: Optional[dict]) -> Optional[int]:
+    """The baseline's bucket count a program of the checkpoint of ``meta`` holds: only where ``calibration`` (the one
+    the program applies) blends the baseline in, so that a program never feeds what it does not use."""
+    return meta.get("baseline_features") if (calibration or {}).get("method") == "blend" else None
+
+
 def checkpoint_program(checkpoint: ckpt_io.Checkpoint,
                        calibrated: bool = False) -> tuple[LocalProgram, dict[str, np.ndarray]]:
     """The checkpoint's network (:func:`build_program`, corrected for the negative sample rate its ``model.json``
@@ -138,9 +181,10 @@ def checkpoint_program(checkpoint: ckpt_io.Checkpoint,
     model_cfg = section_from_dict(ModelConfig, checkpoint.meta["model"])
     schema = Schema.from_dict(checkpoint.meta["schema"])
     table = local_table(checkpoint)
-    program = build_program(model_cfg, schema, *table.shape, table_dtype=table.dtype.name,
-                            calibration=checkpoint.meta.get("calibration") if calibrated else None,
-                            negative_sample_rate=negative_sample_rate(checkpoint.meta))
+    calibration = checkpoint.meta.get("calibration") if calibrated else None
+    program = build_program(model_cfg, schema, *table.shape, table_dtype=table.dtype.name, calibration=calibration,
+                            negative_sample_rate=negative_sample_rate(checkpoint.meta),
+                            baseline_features=blended_features(checkpoint.meta, calibration))
     params = {**checkpoint.dense, EMBEDDING_TABLE: table}
     missing = [p.name for p in program.main.all_parameters() if p.name not in params]
     if missing:
@@ -160,12 +204,13 @@ def row_indices(ids: np.ndarray, values: np.ndarray) -> np.ndarray:
 
 def predict_batches(run: Callable[[dict], np.ndarray], ids: Optional[np.ndarray], dense_name: Optional[str],
                     sparse_names: list[str], dense: np.ndarray, sparse: list[RaggedIds],
-                    batch: int = SCORE_BATCH) -> np.ndarray:
+                    batch: int = SCORE_BATCH, baseline: Optional[BaselineFeeds] = None) -> np.ndarray:
     """``[n, k]``: the ``k`` outputs of every row, ``run(feed)`` scoring one batch into ``[b, k]``.
 
     ``feed`` maps ``dense_name`` to a float32 ``[b, dense_dim]`` array and each sparse name to a LoD tensor
     of row indices (:func:`row_indices` in ``ids``; ``ids`` None: the feature ids themselves, for a program that
-    looks them up on the servers) with one sequence per example.
+    looks them up on the servers) with one sequence per example; with ``baseline``, each slot's bucket feed to
+    its ids' buckets, with the same sequences.
     """
     import paddle
 
@@ -189,14 +234,36 @@ def predict_batches(run: Callable[[dict], np.ndarray], ids: Optional[np.ndarray]
             tensor = paddle.base.core.LoDTensor()
             values = slot.values[lo:hi]
             rows = values.astype(np.int64) if ids is None else row_indices(ids, values)
+            lod = [(slot.offsets[start:stop + 1] - lo).tolist()]
             tensor.set(rows.reshape(-1, 1), paddle.CPUPlace())
-            tensor.set_lod([(slot.offsets[start:stop + 1] - lo).tolist()])
+            tensor.set_lod(lod)
             feed[name] = tensor
+        for name, slot in zip(baseline.names if baseline else [], sparse):
+            lo, hi = int(slot.offsets[start]), int(slot.offsets[stop])
+            feed[name] = baseline_buckets(slot.values[lo:hi], baseline.features,
+                                          (slot.offsets[start:stop + 1] - lo).tolist())
         scores = np.asarray(run(feed), dtype=np.float32).reshape(stop - start, -1)
         if out.shape[1] != scores.shape[1]:
             out = np.empty((n, scores.shape[1]), dtype=np.float32)
         out[start:stop] = scores
     return out
+
+
+def bucket_feed_description(name: str, slot: str) -> dict:
+    """A bucket feed, for ``serving.json``."""
+    return {"name": name, "slot": slot, "dtype": "int64", "shape": [-1, 1], "lod_level": 1,
+            "values": "the baseline buckets of the slot's ids (id % baseline_features), the slot's sequences"}
+
+
+def baseline_buckets(values: np.ndarray, features: int, lod: list) -> Any:
+    """The LoD tensor of ``values``' (raw ids') baseline buckets, ``id % features``, as the regression hashes them."""
+    import paddle
+
+    tensor = paddle.base.core.LoDTensor()
+    tensor.set((np.asarray(values, np.uint64) % np.uint64(features)).astype(np.int64).reshape(-1, 1),
+               paddle.CPUPlace())
+    tensor.set_lod([lod])
+    return tensor
 
 
 class Scorer:
@@ -224,7 +291,8 @@ class Scorer:
                 return np.hstack(self.exe.run(self.main, feed=feed, fetch_list=outputs))
 
         dense_name = self.feeds.dense.name if self.feeds.dense is not None else None
-        return predict_batches(run, self.ids, dense_name, [v.name for v in self.feeds.sparse], dense, sparse)
+        return predict_batches(run, self.ids, dense_name, [v.name for v in self.feeds.sparse], dense, sparse,
+                               baseline=self.program.baseline)
 
     def predict(self, dense: np.ndarray, sparse: list[RaggedIds]) -> np.ndarray:
         return self._predict(dense, sparse, [self.prob])[:, 0]

@@ -27,7 +27,8 @@ from components.checkpoint.restore import STATE_FILE
 from components.config import CtrConfig, Mode
 from components.data_prep.multislot import Schema, read_shards
 from components.days import day_of
-from components.metrics import ScoreCounts, binary_metrics_counts
+from components.metrics import ScoreCounts, binary_metrics_counts, fit_blend
+from components.networks import models
 from components.ps.contract import CHECKPOINT, DAY_EVAL, JobSpec, emit
 from components.ps.liveness import Heartbeat
 from components.networks.models import EMBEDDING_TABLE
@@ -48,7 +49,7 @@ class Checkpointer:
     def __init__(self, cfg: CtrConfig, job: JobSpec, stats: dict, fleet: Any, paddle: Any, exe: Any, scope: Any,
                  place: Any, heartbeat: Heartbeat, barrier: Callable[[], None],
                  all_reduce: Callable[[np.ndarray, str], np.ndarray], validator: Optional[Validator],
-                 aged: bool = False):
+                 aged: bool = False, baseline: Optional[dict] = None, restored_baseline: Optional[dict] = None):
         self.cfg, self.job, self.stats, self.fleet, self.paddle = cfg, job, stats, fleet, paddle
         self.exe, self.scope, self.place, self.heartbeat = exe, scope, place, heartbeat
         self.barrier, self.all_reduce, self.validator = barrier, all_reduce, validator
@@ -57,7 +58,10 @@ class Checkpointer:
         self.store = CheckpointStore(cfg.checkpoint.uri, retries=protocol.JOB_STORE_RETRIES)
         self.schema = Schema.from_dict(stats["schema"])
         self.main = paddle.static.default_main_program()
-        self.scorer = PullScorer(cfg, self.schema, self.main, scope, place, paddle)
+        # baseline: the parameters of the baseline a model that blends it in scores with (model.blend_baseline);
+        # restored_baseline: the one the checkpoint the job starts from blended in (its day's scoring uses it).
+        self.baseline, self.restored_baseline = baseline, restored_baseline
+        self.scorer = PullScorer(cfg, self.schema, self.main, scope, place, paddle, baseline)
         # A day's job ages and shrinks the table once (a mid-day resume: its day has been aged already); any other
         # job at every checkpoint.
         self.day = day_of(cfg)
@@ -74,11 +78,15 @@ class Checkpointer:
         shards = [str(Path(s).relative_to(self.job.data_dir)) for s in train_shards] + [
             rel for split in SCORED_SPLITS for rel in split_share(self.stats, split, self.index, self.count)]
         self.scorer.take_parameters()
+        if self.restored_baseline:  # yesterday's model with yesterday's regression: nothing fitted on this day
+            self.scorer.set_baseline(self.restored_baseline)
         parts = []  # the counts of each shard only: its rows' predictions go as soon as it is scored
         for rel in shards:
             raw, calibrated, _, _ = self.scorer.score(Path(self.job.data_dir), [rel], calibration)
             parts.append(calibrated if calibration else raw)
         counts = ScoreCounts.merge(parts)
+        if self.restored_baseline:
+            self.scorer.set_baseline(self.baseline or {})
         round_key = f"day-{day}"
         protocol.upload_scores(self.store, round_key, DAY_SPLIT, self.index, counts, self.workdir)
         self.barrier()
@@ -144,7 +152,7 @@ class Checkpointer:
         verdict = self._score_validation(round_key, ckpt_id, local)
         # The test split is scored after the calibration is fitted, by a program that applies it as the served one
         # does: the evaluation's calibrated metrics come from the same float32 arithmetic.
-        calibration = self._shared_calibration(verdict)
+        calibration = self._shared_blend() if self.baseline else self._shared_calibration(verdict)
         test_shards = split_share(self.stats, checkpoint.TEST, self.index, self.count)
         raw, calibrated, preds, weights = self.scorer.score(Path(self.job.data_dir), test_shards, calibration)
         protocol.upload_scores(self.store, round_key, checkpoint.TEST, self.index, raw, self.workdir)
@@ -185,6 +193,15 @@ class Checkpointer:
         merged = protocol.merged_scores(self.store, round_key, (checkpoint.VALID,), self.count, local)
         return self.validator.judge(ckpt_id, merged[checkpoint.VALID]) if self.validator else None
 
+    def _shared_blend(self) -> Optional[dict]:
+        """The blend of the network with the baseline (:func:`components.metrics.fit_blend`), fitted on the
+        validation split, whose shares the workers hold: every worker takes part and gets the same blend (None: no
+        validation split with both classes)."""
+        labels, logits, weights = self.scorer.logits(Path(self.job.data_dir),
+                                                     split_share(self.stats, checkpoint.VALID, self.index, self.count))
+        return fit_blend(logits, labels, weights,
+                         all_reduce=lambda sums: self.all_reduce(sums, "sum").astype(np.float64).ravel())
+
     def _shared_calibration(self, verdict: Optional[Verdict]) -> Optional[dict]:
         """Worker 0's calibration (None: none), on every worker."""
         fitted = verdict.calibration if verdict else None
@@ -219,6 +236,7 @@ class Checkpointer:
         timings["upload_s"] = time.time() - started
         dense = {p.name: np.array(dense_scope.find_var(p.name).get_tensor()) for p in self.main.all_parameters()
                  if p.name != EMBEDDING_TABLE}
+        dense.update(self.baseline or {})  # what the blend scores with: the checkpoint serves it
         checkpoint.save_dense(local, dense)
         if verdict:
             meta.update(validation=verdict.metrics, calibration=calibration)
@@ -245,6 +263,8 @@ class Checkpointer:
             "paddle_version": self.paddle.__version__, "training": {"epochs": history},
             # What the scoring and serving programs of this checkpoint correct its predictions for.
             "negative_sample_rate": self.cfg.data.negative_sample_rate,
+            # The buckets of the baseline the model blends in (model.blend_baseline), else None.
+            "baseline_features": models.baseline_features(self.cfg),
         }
 
     def _dense_copy(self) -> Any:

@@ -133,7 +133,9 @@ class JobSpec:
     fsspec URL (pods fetch their shards); ``workdir``: the process's scratch directory; ``staging_dir``: where
     servers save table shards before their uploader moves them to the store (the same path string on every
     machine); ``restore``: what the job starts from; ``run_id``: the run, recorded in every checkpoint it commits
-    (a restarted job resumes only its own run's checkpoints).
+    (a restarted job resumes only its own run's checkpoints); ``baseline``: the fitted baseline's directory (a
+    local path or a remote fsspec URL) a model that blends it in (``model.blend_baseline``) scores with, when
+    the checkpoint it starts from holds none.
     """
 
     config: dict
@@ -142,10 +144,11 @@ class JobSpec:
     staging_dir: str
     restore: Optional[RestoreTarget] = None
     run_id: str = ""
+    baseline: str = ""
 
     def to_json(self) -> str:
         return json.dumps({"config": self.config, "data_dir": self.data_dir, "workdir": self.workdir,
-                           "staging_dir": self.staging_dir, "run_id": self.run_id,
+                           "staging_dir": self.staging_dir, "run_id": self.run_id, "baseline": self.baseline,
                            "restore": self.restore.to_dict() if self.restore else None}, sort_keys=True)
 
     @classmethod
@@ -154,7 +157,7 @@ class JobSpec:
         restore = raw.get("restore")
         return cls(config=raw["config"], data_dir=raw["data_dir"], workdir=raw["workdir"],
                    staging_dir=raw["staging_dir"], restore=RestoreTarget.from_dict(restore) if restore else None,
-                   run_id=raw.get("run_id", ""))
+                   run_id=raw.get("run_id", ""), baseline=raw.get("baseline", ""))
 
     @classmethod
     def load(cls, path: Optional[str]) -> "JobSpec":

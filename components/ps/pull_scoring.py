@@ -22,7 +22,7 @@ import numpy as np
 from components.config import CtrConfig, Mode
 from components.data_prep.multislot import Schema, read_shards
 from components.metrics import ScoreCounts
-from components.networks.models import EMBEDDING_TABLE
+from components.networks.models import EMBEDDING_TABLE, baseline_features
 from components.networks.scoring import network_program, predict_batches
 
 # Operators that send anything to the servers or change a table: a scoring program holds none.
@@ -49,7 +49,8 @@ def split_share(stats: dict, split: str, index: int, count: int) -> list[str]:
 class PullScorer:
     """One worker's scorer: :meth:`score` its share of a split with the parameters :meth:`take_parameters` copied."""
 
-    def __init__(self, cfg: CtrConfig, schema: Schema, train_main: Any, train_scope: Any, place: Any, paddle: Any):
+    def __init__(self, cfg: CtrConfig, schema: Schema, train_main: Any, train_scope: Any, place: Any, paddle: Any,
+                 baseline: Optional[dict] = None):
         self.cfg, self.schema, self.paddle, self.place = cfg, schema, paddle, place
         self.train_scope = train_scope
         self.exe = paddle.static.Executor(place)
@@ -58,8 +59,10 @@ class PullScorer:
         self.make_lookup = self._local_lookup if self.geo else self._pull_lookup(train_main, dim)
         # The uncalibrated program, and the one of the latest calibration (each checkpoint fits its own): kept, since
         # Paddle's executor caches programs by id(), and no more, since a long job would pile them up.
+        self.baseline_features = baseline_features(cfg)
         self.raw = network_program(cfg.model, schema, dim, self.make_lookup,
-                                   negative_sample_rate=cfg.data.negative_sample_rate)
+                                   negative_sample_rate=cfg.data.negative_sample_rate,
+                                   baseline_features=self.baseline_features)
         check_pull_only(self.raw.main)
         self.calibrated: Optional[tuple[tuple, Any]] = None
         self._pull = None  # the program that pulls rows by id, once built
@@ -70,6 +73,9 @@ class PullScorer:
         self.scope = paddle.static.Scope()
         if not self.geo:
             self.scope.var(EMBEDDING_TABLE).get_tensor().set(np.zeros((1, dim), np.float32), place)
+        # The baseline a model that blends it in scores with (model.blend_baseline): trained by nobody.
+        self.baseline: dict = {}
+        self.set_baseline(baseline or {})
 
     def program(self, calibration: Optional[dict] = None):
         """The scoring network: its probability corrected for ``data.negative_sample_rate``, then (with
@@ -79,7 +85,7 @@ class PullScorer:
         key = (calibration["a"], calibration["b"])
         if self.calibrated is None or self.calibrated[0] != key:
             built = network_program(self.cfg.model, self.schema, self.dim, self.make_lookup, calibration,
-                                    self.cfg.data.negative_sample_rate)
+                                    self.cfg.data.negative_sample_rate, self.baseline_features)
             check_pull_only(built.main)
             self.calibrated = (key, built)
         return self.calibrated[1]
@@ -88,9 +94,33 @@ class PullScorer:
         """Copy the parameters from the training scope (after ``fleet.save_dense_params`` the dense ones are the
         servers': the checkpoint's); once per checkpoint, before :meth:`score`."""
         for param in self.raw.main.all_parameters():
-            if self.geo or param.name != EMBEDDING_TABLE:
+            if (self.geo or param.name != EMBEDDING_TABLE) and param.name not in self.baseline:
                 value = np.array(self.train_scope.find_var(param.name).get_tensor())
                 self.scope.var(param.name).get_tensor().set(value, self.place)
+
+    def set_baseline(self, values: dict) -> None:
+        """Score with the baseline of ``values`` (its parameters by name) from now on."""
+        self.baseline = values
+        for name, value in values.items():
+            self.scope.var(name).get_tensor().set(value, self.place)
+
+    def logits(self, data_dir: Path, shards: list[str]) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
+        """``(labels, logits [rows, 2], weights or None)`` of the shards' rows: each row's network logit and baseline
+        logit, both corrected for negative downsampling (what :func:`components.metrics.fit_blend` fits on)."""
+        if not shards:
+            return np.zeros(0), np.zeros((0, 2), np.float32), None
+        labels, dense, sparse, weights = read_shards([Path(data_dir) / rel for rel in shards], self.schema,
+                                                     with_weights=True)
+        program, paddle = self.raw, self.paddle
+
+        def run(feed: dict) -> np.ndarray:
+            with paddle.static.scope_guard(self.scope):
+                return np.hstack(self.exe.run(program.main, feed=feed, fetch_list=[program.logit,
+                                                                                   program.baseline_logit]))
+
+        logits = predict_batches(run, None, program.feeds.dense.name if program.feeds.dense is not None else None,
+                                 [v.name for v in program.feeds.sparse], dense, sparse, baseline=program.baseline)
+        return labels, logits, weights if self.schema.weighted else None
 
     def _local_lookup(self, block):
         paddle, cfg = self.paddle, self.cfg
@@ -158,6 +188,6 @@ class PullScorer:
                 return np.hstack(self.exe.run(program.main, feed=feed, fetch_list=outputs))
 
         preds = predict_batches(run, None, feeds.dense.name if feeds.dense is not None else None,
-                                [v.name for v in feeds.sparse], dense, sparse)
+                                [v.name for v in feeds.sparse], dense, sparse, baseline=program.baseline)
         return (ScoreCounts.of(labels, preds[:, 0], weights),
                 ScoreCounts.of(labels, preds[:, 1], weights) if calibration else None, preds, weights)

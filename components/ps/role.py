@@ -214,6 +214,20 @@ class Worker:
         self._chunk_files[batches] = files
         return files
 
+    def _baseline(self, restored: dict) -> Optional[dict]:
+        """The baseline's parameters a model that blends it in (``model.blend_baseline``) scores with: the job's fit
+        (a day's job: the day's own regression, while the network continues from yesterday's), else those of the
+        checkpoint it starts from."""
+        if not models.baseline_features(self.cfg):
+            return None
+        if self.job.baseline:
+            return models.baseline_values(self.job.baseline)
+        kept = {name: restored[name] for name in models.BASELINE_PARAMETERS if name in restored}
+        if not kept:
+            raise ConfigError("model.blend_baseline", True, "false for a job given no fitted baseline",
+                              "the train step fits it (or takes the pipeline's fit-baseline step's)")
+        return kept
+
     def train(self) -> list[dict]:
         fleet = self.fleet
         restore = self.job.restore
@@ -222,10 +236,12 @@ class Worker:
         state = resume_state(source, restore, day)
         self.heartbeat.start()
         self.exe.run(self.paddle.static.default_startup_program())
+        restored = restore_dense(source, restore.id, self.workdir) if restore else {}
         if restore and self.index == 0:
             # init_worker pushes worker 0's dense parameters to the servers: restore them first.
-            for name, value in restore_dense(source, restore.id, self.workdir).items():
-                self.scope.find_var(name).get_tensor().set(value, self.place)
+            for name, value in restored.items():
+                if name not in models.BASELINE_PARAMETERS:  # the scoring program's, not the training program's
+                    self.scope.find_var(name).get_tensor().set(value, self.place)
         wait_until_listening(os.environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(","), self.cfg.ps.startup_timeout_s)
         with self.heartbeat.waiting():
             fleet.init_worker()
@@ -237,7 +253,9 @@ class Worker:
         validator = Validator.of(self.cfg, self.stats, state) if self.validating and self.index == 0 else None
         self.checkpointer = Checkpointer(self.cfg, self.job, self.stats, fleet, self.paddle, self.exe, self.scope,
                                          self.place, self.heartbeat, self._barrier, self._all_reduce, validator,
-                                         aged=bool(state.get("aged")))
+                                         aged=bool(state.get("aged")), baseline=self._baseline(restored),
+                                         restored_baseline={name: restored[name] for name in models.BASELINE_PARAMETERS
+                                                            if name in restored})
         if state.get("new_day") and restore is not None:
             # The next-day metric: the model as the day before delivered it, on every row of this day, before any
             # training on them (the scoring program only pulls: no row of the day is created or trained).
@@ -379,10 +397,23 @@ def load_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
     data_dir = job.data_dir
     if "://" in data_dir:
         data_dir = str(fetch_dataset(data_dir, Path(job.workdir) / "data"))
+    baseline = job.baseline
+    if "://" in baseline and os.environ.get("TRAINING_ROLE") == "TRAINER":
+        baseline = str(fetch_baseline(baseline, Path(job.workdir) / "baseline"))
     attempt = int(os.environ.get(RESTART_ENV) or 0)
     run_id = os.environ.get(RUN_ID_ENV) or job.run_id
     restore = restart_target(CheckpointStore(cfg.checkpoint.uri), job.restore, attempt, cfg.table.shard_num, run_id)
-    return dataclasses.replace(job, data_dir=data_dir, restore=restore, run_id=run_id), cfg
+    return dataclasses.replace(job, data_dir=data_dir, restore=restore, run_id=run_id, baseline=baseline), cfg
+
+
+def fetch_baseline(uri: str, local: Path) -> Path:
+    """A worker's copy of the fitted baseline (the servers hold none of it)."""
+    import fsspec
+
+    fs, root = fsspec.core.url_to_fs(uri)
+    local.mkdir(parents=True, exist_ok=True)
+    fs.get(f"{root.rstrip('/')}/{models.BASELINE_FILE}", str(local / models.BASELINE_FILE))
+    return local
 
 
 def fetch_dataset(uri: str, local: Path) -> Path:

@@ -5,8 +5,12 @@ The checkpoint is not copied into the artifact store: the job writes it to ``cfg
 ``logs`` artifact directory as ``<role>-<i>.log``.
 """
 
+import dataclasses
 import json
 import shutil
+import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Optional
 
@@ -17,6 +21,7 @@ from components.checkpoint.restore import warning
 from components.checkpoint.store import CheckpointStore
 from components.checkpoint.verify import checkpoint_problem, describe_skipped
 from components.config import ClusterBackend, CtrConfig, from_dict
+from components.config_rules import is_remote_uri
 from components.days import day_of
 from components.ps.liveness import driver_from_env, stop_when_gone
 from components.train.backends.base import JobBackend, StepInputs
@@ -51,8 +56,40 @@ BACKENDS: dict[ClusterBackend, Callable[[], type[JobBackend]]] = {
 }
 
 
+@dataclass(frozen=True)
+class Baseline:
+    """The fitted baseline (:mod:`components.evaluate.baseline_step`): its directory on this machine and, when
+    stored remotely (the fit-baseline step's ``Model`` artifact), its URL."""
+
+    path: str
+    uri: Optional[str] = None
+
+    def for_roles(self, backend: ClusterBackend) -> str:
+        """Where the roles of ``backend`` read it: local processes here, pods at its URL."""
+        if backend is ClusterBackend.local:
+            return self.path
+        from components.train.backends.manifests import pod_data_uri
+
+        if not is_remote_uri(self.uri):
+            raise ValueError(f"cluster.backend={backend.value} needs the fitted baseline at a remote fsspec URL the "
+                             f"pods can read (the fit-baseline step's artifact), got {self.uri!r}")
+        return pod_data_uri(self.uri)
+
+
+def fit_here(cfg: CtrConfig, data_dir: Path, out_dir: str, echo: Callable[[str], None]) -> Baseline:
+    """Fit the baseline the network starts from on this machine (a job launched without the pipeline's step)."""
+    from components.evaluate.baseline_step import fit_baseline
+
+    started = time.time()
+    fit = fit_baseline(data_dir, cfg.eval.baseline_rows, cfg.eval.baseline_features, out_dir)
+    echo(f"== baseline for the network to start from: fitted on {fit['baseline_rows']:,} rows in "
+         f"{time.time() - started:.1f}s")
+    return Baseline(out_dir)
+
+
 def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[[str], None] = echo_now,
-                  data_uri: Optional[str] = None, store: Optional[CheckpointStore] = None) -> JobResult:
+                  data_uri: Optional[str] = None, store: Optional[CheckpointStore] = None,
+                  baseline: Optional[Baseline] = None) -> JobResult:
     """Prepare the PS job of ``cfg`` once and run it on ``cluster.backend`` (:data:`BACKENDS`), the one dispatch
     to the backends.
 
@@ -63,15 +100,28 @@ def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[
     The job holds the checkpoint store's lease while it runs (:mod:`components.checkpoint.lease`): a store
     another job is using is refused with :class:`~components.checkpoint.lease.StoreInUse`, naming that job.
     Started by a local pipeline run (``$CTR_DRIVER_PID``), this process stops its job when the driver dies.
-    ``store``: the open checkpoint store of ``checkpoint.uri`` (opened here when not given).
+    ``store``: the open checkpoint store of ``checkpoint.uri`` (opened here when not given). ``baseline``: the
+    fit-baseline step's, which a model that blends it in (``model.blend_baseline``) scores with; without
+    one, it is fitted here (local processes only: pods read it from the step's artifact, which the Kubernetes
+    backends require).
     """
     stop_when_gone(driver_from_env())
+    with tempfile.TemporaryDirectory(prefix="ctr-baseline-") as fitted_here:
+        if cfg.model.blend_baseline and baseline is None and cfg.cluster.backend is ClusterBackend.local:
+            baseline = fit_here(cfg, data_dir, fitted_here, echo)
+        return _launch(cfg, data_dir, log_dir, echo, data_uri, store, baseline)
+
+
+def _launch(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[[str], None], data_uri: Optional[str],
+            store: Optional[CheckpointStore], baseline: Optional[Baseline]) -> JobResult:
     stats_path = Path(data_dir) / "stats.json"
     stats = json.loads(stats_path.read_text()) if stats_path.is_file() else None
     run_id = new_run_id()
     store = store or CheckpointStore(cfg.checkpoint.uri)
     with StoreLease(store, run_id) as lease:
         job = prepare_job(cfg, stats, run_id, store)
+        if cfg.model.blend_baseline and baseline is not None:
+            job = dataclasses.replace(job, baseline=baseline.for_roles(cfg.cluster.backend))
         inputs = StepInputs(data_dir=Path(data_dir), data_uri=data_uri, log_dir=Path(log_dir), echo=echo, lease=lease)
         return BACKENDS[cfg.cluster.backend]().for_step(job, inputs).run()
 
@@ -175,7 +225,8 @@ def server_report(result: JobResult) -> list[str]:
 
 
 def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
-                echo: Callable[[str], None] = echo_now, data_uri: Optional[str] = None) -> dict:
+                echo: Callable[[str], None] = echo_now, data_uri: Optional[str] = None,
+                baseline: Optional[Baseline] = None) -> dict:
     """Run the PS job of ``config`` on ``data_dir`` (stored at ``data_uri``: the Kubernetes backends need it);
     returns the summary for the Model artifact.
 
@@ -184,7 +235,8 @@ def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
     """
     cfg = from_dict(config)
     store = CheckpointStore(cfg.checkpoint.uri)  # opened once for the step: the job, its summary, the day's ledger
-    result = launch_ps_job(cfg, Path(data_dir), Path(log_dir), echo=echo, data_uri=data_uri, store=store)
+    result = launch_ps_job(cfg, Path(data_dir), Path(log_dir), echo=echo, data_uri=data_uri, store=store,
+                           baseline=baseline)
     shutil.rmtree(Path(log_dir) / "work", ignore_errors=True)  # kept on failure, for debugging
     summary = training_summary(result, store)
     day = day_of(cfg)

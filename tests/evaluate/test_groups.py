@@ -182,8 +182,10 @@ def test_feasign_slots_are_checked_once_the_schema_is_known(config):
 # -- one evaluation with eval.group_by and eval.slices ------------------------------------------------------------
 def test_the_evaluation_reports_gauc_ne_and_slices(tmp_path):
     from components.data_prep.prepare import prepare_synthetic
+    from components.config import from_dict
     from components.evaluate.evaluate import evaluate
     from components.networks.scoring import read_test_split
+    from components.ps.tls import plaintext_warning
     from tests.conftest import commit_staged_checkpoint
 
     data = tmp_path / "data"
@@ -211,7 +213,8 @@ def test_the_evaluation_reports_gauc_ne_and_slices(tmp_path):
 
     out = tmp_path / "eval"
     cfg = EvalConfig(baseline=False, group_by="C1", slices="C2", slice_top=4)
-    result = evaluate(checkpoint, data, out, cfg)
+    plaintext = plaintext_warning(from_dict({"ps": {"tls": "off"}}), compose=True)  # what a compose job's says
+    result = evaluate(checkpoint, data, out, cfg, warnings=(plaintext,))
     written = json.loads((out / "metrics.json").read_text())
     group_of_row = [first_ids(slot, name) for slot, name in zip(sparse[:2], ("C1", "C2"))]
     expected = grouped_auc(group_of_row[0], labels, calibrated)
@@ -227,3 +230,4 @@ def test_the_evaluation_reports_gauc_ne_and_slices(tmp_path):
     assert "| NE (logloss / entropy of the observed CTR) |" in report
     assert "## Slices by C2 (its 4 most frequent ids, then every other)" in report
     assert f"| {OTHER_SLICE} | {written['slices'][-1]['rows']:,} |" in report
+    assert "How the job ran (warnings)" in report and "ps.tls=off: the PS plane" in report and "plaintext" in report

@@ -27,7 +27,8 @@ ROWS = 60_000
 def _config(tmp_path, checkpoint=None, **ps):
     return from_dict({
         "ps": {"servers": 1, "workers": 1, "epochs": 2, "batch_size": 64, "progress_period_s": 1, **ps},
-        "model": {"hidden": [64, 32]},
+        # A job launched without the train step (LocalJob) gets no fitted baseline to blend in.
+        "model": {"hidden": [64, 32], "blend_baseline": False},
         "table": {"learning_rate": 0.1},
         "checkpoint": {"uri": str(tmp_path / "ckpt"), **(checkpoint or {})},
         "run_dir": str(tmp_path),

@@ -206,7 +206,7 @@ def test_endpoints_may_be_host_names(async_two_by_two):
 def test_killed_process_stops_the_whole_job(tmp_path, datasets, victim_name):
     """With no restart left (cluster.max_restarts=0; restarts: tests/ps/test_restarts.py) a killed role fails the
     job within seconds, naming it, with nothing left running."""
-    cfg = _config(tmp_path, servers=2, workers=2, epochs=200, progress_period_s=1)
+    cfg = _config(tmp_path, model={"blend_baseline": False}, servers=2, workers=2, epochs=200, progress_period_s=1)
     cfg.cluster.max_restarts = 0
     data_dir, _ = datasets[2]
     job = LocalJob(prepare_job(cfg, None), data_dir, tmp_path / "logs", echo=lambda line: None)
@@ -294,7 +294,7 @@ def test_kill_mid_training_keeps_the_last_checkpoint_and_resume_finishes(tmp_pat
     1's checkpoint stays committed and loadable, and resume=latest trains passes 2 and 3 only (at most one pass of
     work is lost)."""
     data_dir, _ = datasets[2]
-    cfg = _config(tmp_path, servers=2, workers=2, epochs=3, progress_period_s=1)
+    cfg = _config(tmp_path, model={"blend_baseline": False}, servers=2, workers=2, epochs=3, progress_period_s=1)
     cfg.cluster.max_restarts = 0
     job = LocalJob(prepare_job(cfg, None), data_dir, tmp_path / "l1", echo=lambda line: None)
     outcome = {}
@@ -317,7 +317,8 @@ def test_kill_mid_training_keeps_the_last_checkpoint_and_resume_finishes(tmp_pat
     assert _score(cfg.checkpoint.uri, kept, data_dir, tmp_path / "e1")["auc"] > 0.6  # intact and loadable
     if not resume:
         return
-    rerun = launch_ps_job(_config(tmp_path, servers=2, workers=2, epochs=3, checkpoint={"resume": "latest"}),
+    rerun = launch_ps_job(_config(tmp_path, model={"blend_baseline": False}, servers=2, workers=2, epochs=3,
+                                  checkpoint={"resume": "latest"}),
                           data_dir, tmp_path / "l2", echo=lambda line: None)
     assert rerun.restored_from.id == kept
     assert [e["epoch"] for e in rerun.epochs] == [2, 3]

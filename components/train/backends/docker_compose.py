@@ -74,6 +74,7 @@ SPEC_MOUNT = "/etc/ctr-ps/job-spec.json"
 # A sub-directory, not the mount itself: data prep stages a sibling directory and renames it into place.
 DATA_DIR = f"{DATA_MOUNT}/dataset"
 HEALTHCHECK_INTERVAL_S = 2
+BASELINE_DIR = f"{DATA_MOUNT}/baseline"  # the fitted baseline, beside the dataset: prep fits it
 PREPARE_COMMAND = "prepare-data"
 EVALUATE_COMMAND = "evaluate"
 EXPORT_COMMAND = "export"
@@ -146,11 +147,16 @@ def spec_path(compose_path: Path) -> Path:
     return compose_path.with_name(f"{compose_path.stem}.job-spec.json")
 
 
+def fits_baseline(cfg: CtrConfig) -> bool:
+    """Whether prep fits the baseline: the evaluation scores it (``eval.baseline``), or the model blends it in."""
+    return cfg.eval.baseline or cfg.model.blend_baseline
+
+
 def job_spec(cfg: CtrConfig) -> str:
     """The spec every service reads, as the file holds it (indented: it is the readable record of the job)."""
     # A compose job always starts fresh (_check), so nothing is restored and the shard count is the planner's.
     spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=DATA_DIR, workdir=f"{SCRATCH}/work",
-                   staging_dir=f"{SCRATCH}/staging")
+                   staging_dir=f"{SCRATCH}/staging", baseline=BASELINE_DIR if fits_baseline(cfg) else "")
     return json.dumps(json.loads(spec.to_json()), indent=2, sort_keys=True) + "\n"
 
 
@@ -339,7 +345,13 @@ def prepare_from_spec(spec_file: str) -> dict:
     from components.data_prep.step import prepare_dataset
 
     spec = JobSpec.load(spec_file)
-    return prepare_dataset(spec.config, spec.data_dir, ledger_at)
+    stats = prepare_dataset(spec.config, spec.data_dir, ledger_at)
+    if spec.baseline:  # what the evaluation scores beside the model, and a model that blends it in scores with
+        from components.evaluate.baseline_step import fit_baseline
+
+        fit_baseline(spec.data_dir, spec.config["eval"]["baseline_rows"], spec.config["eval"]["baseline_features"],
+                     spec.baseline)
+    return stats
 
 
 def evaluate_from_spec(spec_file: str, out_dir: str = EVALUATION_MOUNT) -> str:
@@ -353,7 +365,8 @@ def evaluate_from_spec(spec_file: str, out_dir: str = EVALUATION_MOUNT) -> str:
     ckpt_id = CheckpointStore(uri).latest()
     if ckpt_id is None:
         raise SystemExit(f"error: no committed checkpoint in {uri}: the training services committed none")
-    metrics, _ = evaluate_checkpoint(spec.config, spec.data_dir, "", {"uri": uri, "id": ckpt_id}, out_dir)
+    metrics, _ = evaluate_checkpoint(spec.config, spec.data_dir, "", {"uri": uri, "id": ckpt_id}, out_dir,
+                                     baseline_dir=spec.baseline or None, compose=True)
     line = f"test auc={metrics['auc']:.4f} logloss={metrics['logloss']:.4f}"
     if "auc_ratio_to_bayes" in metrics:
         line += f" ({metrics['auc_ratio_to_bayes']:.3f} x Bayes auc {metrics['bayes_auc']:.4f})"

@@ -451,13 +451,14 @@ def pod_data_uri(dataset_uri: str) -> str:
 REVIEW_NAME = "ctr-ps-review"
 
 
-def review_manifests(cfg: CtrConfig, data_uri: str, name: str = REVIEW_NAME) -> list[dict]:
+def review_manifests(cfg: CtrConfig, data_uri: str, name: str = REVIEW_NAME, baseline_uri: str = "") -> list[dict]:
     """The objects the train step creates for ``cfg`` in ``cluster.namespace``, written before any run for a
     platform team to review (``kubectl apply --dry-run=server -f``). What only the run decides differs: the name
-    (:func:`job_name`), ``data_uri`` (the run's Dataset artifact), the restore target of ``checkpoint.resume``
-    (read from the store when the step starts; none here) and the owner (the step's pod)."""
+    (:func:`job_name`), ``data_uri`` (the run's Dataset artifact) and ``baseline_uri`` (its fit-baseline step's
+    Model artifact), the restore target of ``checkpoint.resume`` (read from the store when the step starts; none
+    here) and the owner (the step's pod)."""
     spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=pod_data_uri(data_uri), workdir=WORKDIR,
-                   staging_dir=STAGING)
+                   staging_dir=STAGING, baseline=pod_data_uri(baseline_uri) if baseline_uri else "")
     return _job_objects(cfg, spec.to_json(), name=name, namespace=cfg.cluster.namespace, owner=None,
                         data_uri=spec.data_dir)
 

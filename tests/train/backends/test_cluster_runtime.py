@@ -23,7 +23,7 @@ def runtime() -> dict:
 
 def test_the_checked_in_runtime_is_what_its_command_generates(runtime):
     text = cluster_runtime.generate(list(cluster_runtime.DEFAULT_OVERRIDES), cluster_runtime.DEFAULT_DATA_URI,
-                                    cluster_runtime.CHECKED_IN)
+                                    cluster_runtime.CHECKED_IN, cluster_runtime.DEFAULT_BASELINE_URI)
     assert (ROOT / cluster_runtime.CHECKED_IN).read_text() == text, \
         f"{cluster_runtime.CHECKED_IN} is stale: regenerate it with `{cluster_runtime.REGENERATE}`"
     assert runtime["kind"] == "ClusterTrainingRuntime" and "namespace" not in runtime["metadata"]
@@ -66,6 +66,10 @@ def test_the_command_refuses_a_backend_without_trainjobs(tmp_path, capsys):
     assert cluster_runtime.main(["cluster.backend=jobset", *cluster_runtime.DEFAULT_OVERRIDES, "--data-uri",
                                  cluster_runtime.DEFAULT_DATA_URI, "--out", str(out)]) == 2
     assert "cluster.backend" in capsys.readouterr().err and not out.exists()
+    # The model blends in the baseline (model.blend_baseline): a runtime without one is refused in one line.
+    assert cluster_runtime.main([*cluster_runtime.DEFAULT_OVERRIDES, "--data-uri", "s3://b/d", "--out", str(out)]) == 2
+    assert "model.blend_baseline" in capsys.readouterr().err and not out.exists()
     assert cluster_runtime.main([*cluster_runtime.DEFAULT_OVERRIDES, "ps.workers=3", "--data-uri", "s3://b/d",
-                                 "--out", str(out)]) == 0
+                                 "--baseline-uri", "s3://b/baseline", "--out", str(out)]) == 0
     assert yaml.safe_load(out.read_text())["spec"]["mlPolicy"]["numNodes"] == 3
+    assert '"baseline": "s3://b/baseline"' in out.read_text()

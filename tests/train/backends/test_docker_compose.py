@@ -267,7 +267,9 @@ def test_the_job_spec_is_one_file_every_service_mounts_read_only():
     assert PurePosixPath(spec["workdir"]).is_relative_to(compose.SCRATCH)
     for role, index, service in role_services(doc):
         assert set(mounts(service)) == {compose.SPEC_MOUNT, compose.DATA_MOUNT, compose.CHECKPOINT_MOUNT, TLS_DIR}
-    assert SPEC_JSON.read_text().startswith('{\n  "config": {\n')  # indented: the readable record of the job
+    # Prep fits the baseline beside the dataset: what the evaluation scores and the model blends in.
+    assert PurePosixPath(spec["baseline"]).is_relative_to(compose.DATA_MOUNT) and cfg.model.blend_baseline
+    assert SPEC_JSON.read_text().startswith('{\n  "baseline": "/data/baseline",\n  "config": {\n')  # indented
 
 
 def test_compose_document_structure():

@@ -4,6 +4,7 @@ streams), failures named, cancellation by SIGTERM, restarts (a disruption not co
 restarted), PaddleJob relaunches, Kueue's suspension. The manifests are the real ones; what the controllers make
 of them comes from :mod:`tests.train.backends.kube_controllers`."""
 
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -36,6 +37,12 @@ from tests.train.backends.kube_controllers import (job_failure, job_pod, jobset_
 
 NAMESPACE = "team-a"
 DATA_URI = "s3://ctr/kfp/prepare/dataset"
+BASELINE_URI = "s3://ctr/kfp/fit-baseline/baseline"  # the pipeline's fit-baseline step's: the model blends it in
+
+
+def _prepared(cfg):
+    """The job as the train step prepares it: with the fitted baseline's URL (model.blend_baseline)."""
+    return dataclasses.replace(prepare_job(cfg, None), baseline=BASELINE_URI)
 POLL_S = 0.01
 JOBSET_FAILED = {"conditions": [{"type": "Failed", "status": "True", "reason": "FailedJobs",
                                  "message": "jobset failed: reached max restarts"}]}
@@ -310,7 +317,7 @@ def _succeeding_controller(bodies: list[dict]) -> Callable[[FakeCluster, dict], 
 
 
 def _launcher(cfg, tmp_path, cluster: FakeCluster, echoed: list[str]) -> KubernetesJob:
-    return KubernetesJob(prepare_job(cfg, None), DATA_URI, tmp_path / "logs", echo=echoed.append, apis=cluster.apis(),
+    return KubernetesJob(_prepared(cfg), DATA_URI, tmp_path / "logs", echo=echoed.append, apis=cluster.apis(),
                          poll_s=POLL_S)
 
 
@@ -803,8 +810,9 @@ def test_pods_read_a_minio_artifact_through_s3(config, tmp_path, launcher_pod, b
         workers.append(cluster.pod_templates(body)["worker"])
         succeed(cluster, body)
 
-    KubernetesJob(prepare_job(_cfg(config, f"cluster.backend={backend}"), None),
+    KubernetesJob(_prepared(_cfg(config, f"cluster.backend={backend}")),
                   "minio://mlpipeline/v2/artifacts/ctr/prepare-data/dataset", tmp_path / "logs",
                   echo=lambda line: None, apis=FakeCluster(controller).apis(), poll_s=POLL_S).run()
     env = {e["name"]: e.get("value") for e in workers[0]["spec"]["containers"][0]["env"]}
     assert json.loads(env["PS_JOB_SPEC"])["data_dir"] == "s3://mlpipeline/v2/artifacts/ctr/prepare-data/dataset"
+    assert json.loads(env["PS_JOB_SPEC"])["baseline"] == BASELINE_URI  # what the workers blend in

@@ -7,6 +7,7 @@ too: it watches the job kind, creates the pods the controller would and patches 
 The in-memory fakes of :mod:`tests.train.backends.test_kubernetes` cover what needs scripted timing (cut log
 streams, restarts mid-run, SIGTERM)."""
 
+import dataclasses
 import datetime as dt
 import json
 import threading
@@ -35,6 +36,12 @@ from tests.train.backends.kube_emulator import EmulatedCluster  # noqa: E402
 
 NAMESPACE = "team-a"
 DATA_URI = "s3://ctr/kfp/prepare/dataset"
+BASELINE_URI = "s3://ctr/kfp/fit-baseline/baseline"  # the pipeline's fit-baseline step's: the model blends it in
+
+
+def _prepared(cfg):
+    """The job as the train step prepares it: with the fitted baseline's URL (model.blend_baseline)."""
+    return dataclasses.replace(prepare_job(cfg, None), baseline=BASELINE_URI)
 POLL_S = 0.05
 LAUNCHER_POD = {"name": "ctr-run-train-x7k2p", "uid": "1b2c3d4e-0000-1111-2222-333344445555"}
 PIPELINE_RUN = "8f14e45f-ceea-467f-a0e6-1b2c3d4e5f60"
@@ -109,7 +116,7 @@ def _cfg(config, backend: str, *overrides):
 
 
 def _launcher(cfg, tmp_path, cluster: EmulatedCluster, echoed: list) -> KubernetesJob:
-    return KubernetesJob(prepare_job(cfg, None), DATA_URI, tmp_path / "logs", echo=echoed.append, apis=cluster.apis(),
+    return KubernetesJob(_prepared(cfg), DATA_URI, tmp_path / "logs", echo=echoed.append, apis=cluster.apis(),
                          poll_s=POLL_S)
 
 
@@ -303,7 +310,7 @@ def test_a_job_whose_store_lease_is_taken_over_is_deleted_and_fails_the_step_in_
     PlayedController(cluster, backend).control(lambda controller, body: None)  # the job runs until deleted
     cfg = _cfg(config, backend)
     store = CheckpointStore(cfg.checkpoint.uri)
-    job = prepare_job(cfg, None)
+    job = _prepared(cfg)
     with StoreLease(store, job.run_id, renew_s=0.05) as lease:
         launcher = KubernetesJob(job, DATA_URI, tmp_path / "logs", echo=[].append, apis=cluster.apis(), poll_s=POLL_S,
                                  lease=lease)

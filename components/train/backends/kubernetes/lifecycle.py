@@ -87,6 +87,10 @@ class KubernetesJob(JobBackend):
         if not is_remote_uri(data_uri):
             raise ValueError(f"cluster.backend={backend.value} needs the prepared dataset at a remote "
                              f"fsspec URL the pods can read (s3://...), got {data_uri!r}")
+        if job.cfg.model.blend_baseline and not job.baseline:
+            raise ValueError(f"cluster.backend={backend.value} with model.blend_baseline needs the fitted baseline at "
+                             "a remote fsspec URL the pods can read (the pipeline's fit-baseline step), or "
+                             "model.blend_baseline=false")
         super().__init__(job, log_dir, echo)
         self.data_uri, self.poll_s = manifests.pod_data_uri(str(data_uri)), poll_s
         # The checkpoint store's lease the step holds: lost, the job is deleted, or a later run that took the store
