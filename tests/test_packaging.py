@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import importlib.metadata as metadata
 import re
 import subprocess
@@ -83,3 +84,13 @@ def test_a_store_whose_package_is_missing_names_the_extra_to_install(uri, packag
         pytest.skip(f"{package} is installed")
     with pytest.raises(Storage.Error, match=re.escape(f"pip install 'paddle-ps-pipelines[{extra}]'")):
         Storage(uri)._open_fs()
+
+
+def test_ctr_script_takes_hydra_overrides(tmp_path):
+    # As the installed script calls it: argv[0] is the script's name, the overrides follow; plan=true starts nothing.
+    code = "import sys; sys.argv[0] = 'ctr'; from pipelines.ctr import cli; cli()"
+    out = subprocess.run([sys.executable, "-c", code, "plan=true", "model=deepfm", "model.learning_rate=0.01"],
+                         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert "model       deepfm" in out.stdout
+    assert not list(tmp_path.iterdir())
