@@ -38,6 +38,8 @@ SMALL_FILE = 32 << 20  # sent or fetched in one request, hashed in memory
 CHUNK = 8 << 20
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "oci", "tos", "memory"}
 _COMMON_PROTOCOLS = "a local path, file://, s3://, hdfs://, webhdfs://, gs://, memory://"
+# the object stores beyond S3 whose fsspec packages come as the package's extras (pyproject.toml)
+STORE_EXTRAS = {"gs": "gcs", "gcs": "gcs", "az": "azure", "abfs": "azure", "adl": "azure"}
 PROBE_PREFIX = "_probe-"  # the file Storage.probe writes and deletes
 
 _sleep = time.sleep  # tests patch it
@@ -90,8 +92,10 @@ class Storage:
                                         f"{_COMMON_PROTOCOLS}", options)) from None
             raise self.Error(redact(f"{self.what} {uri!r}: {e}", options)) from None
         except ImportError as e:
+            extra = STORE_EXTRAS.get(protocol)
+            how = f"pip install 'paddle-ps-pipelines[{extra}]'" if extra else "install it"
             raise self.Error(redact(f"{self.what} {uri!r}: protocol {protocol!r} needs a package that is not "
-                                    f"installed ({e})", options)) from None
+                                    f"installed ({e}): {how}", options)) from None
         return fs, root
 
     # -- names ----------------------------------------------------------------------------------------------

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import ast
+import importlib.util
+import os
 import importlib.metadata as metadata
 import re
 import subprocess
 import sys
 import tomllib
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 OWN_PACKAGES = ("components", "pipelines", "conf")
@@ -60,3 +64,33 @@ def test_ctr_serving_script_answers_help():
                          capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert all(command in out.stdout for command in ("export", "predict", "serve"))
+
+
+def test_each_store_extra_brings_the_package_fsspec_opens_its_protocol_with():
+    from fsspec.registry import known_implementations
+
+    from components.storage import STORE_EXTRAS
+    extras = _project()["optional-dependencies"]
+    for protocol, extra in STORE_EXTRAS.items():
+        package = known_implementations[protocol]["class"].split(".")[0]
+        assert package in {_requirement_name(r) for r in extras[extra]}, (protocol, extra, extras[extra])
+
+
+@pytest.mark.parametrize("uri, package, extra", [("gs://bucket/ctr", "gcsfs", "gcs"),
+                                                  ("az://container/ctr", "adlfs", "azure")])
+def test_a_store_whose_package_is_missing_names_the_extra_to_install(uri, package, extra):
+    from components.storage import Storage
+    if importlib.util.find_spec(package):
+        pytest.skip(f"{package} is installed")
+    with pytest.raises(Storage.Error, match=re.escape(f"pip install 'paddle-ps-pipelines[{extra}]'")):
+        Storage(uri)._open_fs()
+
+
+def test_ctr_script_takes_hydra_overrides(tmp_path):
+    # As the installed script calls it: argv[0] is the script's name, the overrides follow; plan=true starts nothing.
+    code = "import sys; sys.argv[0] = 'ctr'; from pipelines.ctr import cli; cli()"
+    out = subprocess.run([sys.executable, "-c", code, "plan=true", "model=deepfm", "model.learning_rate=0.01"],
+                         capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr
+    assert "model       deepfm" in out.stdout
+    assert not list(tmp_path.iterdir())

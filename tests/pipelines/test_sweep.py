@@ -116,3 +116,22 @@ def test_a_sweep_over_model_keys_prepares_the_data_once(tmp_path):
     second = (sweep_dir / "1" / "ctr.log").read_text()
     assert "Task convert-data cache hit" in second and "Task merge-data cache hit" in second
     assert re.search(r"^  merge-data +cached +14,000 train", done.stdout, re.M), done.stdout
+
+
+@pytest.mark.slow  # its fast twin: test_a_sweep_over_model_keys_prepares_the_data_once (the same cache, one command)
+def test_a_rerun_with_only_a_new_learning_rate_reuses_the_prepared_data(tmp_path):
+    # Two runs as a user types them: their run directories are siblings, so they share the cache root beside them.
+    runs = {}
+    for name, learning_rate in (("first", "0.001"), ("again", "0.002")):
+        done = subprocess.run([sys.executable, "-m", "pipelines.ctr", *TINY, f"model.learning_rate={learning_rate}",
+                               f"hydra.run.dir={tmp_path / 'outputs' / name}"],
+                              cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
+                              text=True, timeout=900)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = done.stdout
+    log = (tmp_path / "outputs" / "again" / "ctr.log").read_text()
+    assert "Task convert-data cache hit" in log and "Task merge-data cache hit" in log
+    assert "cache hit" not in (tmp_path / "outputs" / "first" / "ctr.log").read_text()
+    assert re.search(r"^  merge-data +cached ", runs["again"], re.M), runs["again"]
+    assert not re.search(r"^  train\S* +cached ", runs["again"], re.M)  # the new learning rate trains again
+    assert len(list((tmp_path / "outputs").glob("*/kfp/*/merge-data/dataset/stats.json"))) == 1
