@@ -82,7 +82,7 @@ class PullScorer:
         ``calibration``) calibrated in it, as the served program does; ``raw_prob`` is before the calibration."""
         if not calibration:
             return self.raw
-        key = (calibration["a"], calibration["b"])
+        key = tuple(sorted(calibration.items()))  # a blend's c and method too, not only Platt's a and b
         if self.calibrated is None or self.calibrated[0] != key:
             built = network_program(self.cfg.model, self.schema, self.dim, self.make_lookup, calibration,
                                     self.cfg.data.negative_sample_rate, self.baseline_features)

@@ -214,15 +214,14 @@ class Worker:
         self._chunk_files[batches] = files
         return files
 
-    def _baseline(self, restored: dict) -> Optional[dict]:
+    def _baseline(self, kept: dict) -> Optional[dict]:
         """The baseline's parameters a model that blends it in (``model.blend_baseline``) scores with: the job's fit
-        (a day's job: the day's own regression, while the network continues from yesterday's), else those of the
-        checkpoint it starts from."""
+        (a day's job: the day's own regression, while the network continues from yesterday's), else ``kept``, those
+        of the checkpoint it starts from."""
         if not models.baseline_features(self.cfg):
             return None
         if self.job.baseline:
             return models.baseline_values(self.job.baseline)
-        kept = {name: restored[name] for name in models.BASELINE_PARAMETERS if name in restored}
         if not kept:
             raise ConfigError("model.blend_baseline", True, "false for a job given no fitted baseline",
                               "the train step fits it (or takes the pipeline's fit-baseline step's)")
@@ -236,7 +235,11 @@ class Worker:
         state = resume_state(source, restore, day)
         self.heartbeat.start()
         self.exe.run(self.paddle.static.default_startup_program())
-        restored = restore_dense(source, restore.id, self.workdir) if restore else {}
+        # Worker 0 restores the dense parameters; a model that blends the baseline in needs the checkpoint's on
+        # every worker.
+        restored = (restore_dense(source, restore.id, self.workdir)
+                    if restore and (self.index == 0 or models.baseline_features(self.cfg)) else {})
+        kept_baseline = {name: restored[name] for name in models.BASELINE_PARAMETERS if name in restored}
         if restore and self.index == 0:
             # init_worker pushes worker 0's dense parameters to the servers: restore them first.
             for name, value in restored.items():
@@ -253,9 +256,8 @@ class Worker:
         validator = Validator.of(self.cfg, self.stats, state) if self.validating and self.index == 0 else None
         self.checkpointer = Checkpointer(self.cfg, self.job, self.stats, fleet, self.paddle, self.exe, self.scope,
                                          self.place, self.heartbeat, self._barrier, self._all_reduce, validator,
-                                         aged=bool(state.get("aged")), baseline=self._baseline(restored),
-                                         restored_baseline={name: restored[name] for name in models.BASELINE_PARAMETERS
-                                                            if name in restored})
+                                         aged=bool(state.get("aged")), baseline=self._baseline(kept_baseline),
+                                         restored_baseline=kept_baseline)
         if state.get("new_day") and restore is not None:
             # The next-day metric: the model as the day before delivered it, on every row of this day, before any
             # training on them (the scoring program only pulls: no row of the day is created or trained).
