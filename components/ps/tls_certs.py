@@ -32,9 +32,14 @@ class RoleCredentials:
     ca: bytes
 
 
+# X.509 caps a common name at 64 characters, and a pod's DNS name can be longer: the name a peer checks is the
+# subject alternative name; the common name is only what a person reads.
+MAX_COMMON_NAME = 64
+
+
 def _name(job_id: str, common_name: str) -> x509.Name:
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, job_id),
-                      x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, job_id[:MAX_COMMON_NAME]),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common_name[:MAX_COMMON_NAME])])
 
 
 def issue_job_credentials(job_id: str, hosts: dict[str, list[str]]) -> dict[str, RoleCredentials]:

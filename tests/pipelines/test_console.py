@@ -163,7 +163,8 @@ def test_a_restart_of_the_ps_job_is_shown_as_its_one_line(tmp_path):
 
 
 @pytest.mark.parametrize("overrides, plaintext", [
-    ({"cluster": {"backend": "jobset"}}, True),  # pods across nodes, no TLS sidecar yet, no mesh
+    ({"cluster": {"backend": "paddlejob"}}, True),  # pods across nodes, no terminator there, no mesh
+    ({"cluster": {"backend": "jobset"}}, False),  # each role behind its terminator
     ({"cluster": {"backend": "jobset", "mesh_encryption": True}}, False),
     ({}, False),  # local roles on loopback
 ])

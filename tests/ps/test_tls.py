@@ -50,16 +50,18 @@ def verifies(cert_pem: bytes, ca_pem: bytes) -> bool:
     ("local", "auto", False, True, True),        # a compose job, whatever cluster.backend says
     ("local", "on", False, True, True),
     ("local", "off", False, True, False),
-    ("jobset", "auto", False, False, False),     # no sidecar in the manifests yet: plaintext, said in the header
+    ("jobset", "auto", False, False, True),      # pods on other hosts: each role behind its terminator
+    ("trainjob", "auto", False, False, True),
     ("trainjob", "auto", True, False, False),    # the ambient mesh's mTLS
+    ("trainjob", "on", True, False, True),       # asked for under the mesh too
     ("jobset", "off", False, False, False),
+    ("paddlejob", "auto", False, False, False),  # paddle-operator's pods cannot carry a terminator
 ])
 def test_auto_resolves_per_backend(backend, mode, mesh, compose, on):
     assert tls.tls_on(config(backend, mode, mesh), compose=compose) is on
 
 
-@pytest.mark.parametrize("backend, why", [("local", "loopback"), ("jobset", "mesh_encryption"),
-                                          ("paddlejob", "no TLS sidecar")])
+@pytest.mark.parametrize("backend, why", [("local", "loopback"), ("paddlejob", "POD_IP itself")])
 def test_tls_on_where_it_cannot_run_is_refused_in_one_line(backend, why):
     with pytest.raises(ConfigError, match=rf"ps\.tls.*auto or off for this backend.*{why}") as err:
         tls.tls_on(config(backend, "on"))
@@ -67,10 +69,10 @@ def test_tls_on_where_it_cannot_run_is_refused_in_one_line(backend, why):
 
 
 @pytest.mark.parametrize("backend, mode, mesh, compose, warned", [
-    ("jobset", "off", False, False, True), ("jobset", "auto", False, False, True),  # pods talk in the clear
-    ("local", "off", False, True, True),                                            # a compose job without TLS
-    ("local", "off", False, False, False), ("jobset", "auto", True, False, False),  # loopback; the mesh's mTLS
-    ("local", "auto", False, True, False),
+    ("jobset", "off", False, False, True), ("paddlejob", "auto", False, False, True),  # pods talk in the clear
+    ("local", "off", False, True, True),                                               # a compose job without TLS
+    ("local", "off", False, False, False), ("jobset", "auto", True, False, False),     # loopback; the mesh's mTLS
+    ("local", "auto", False, True, False), ("jobset", "auto", False, False, False),    # TLS
 ])
 def test_plaintext_across_hosts_is_said(backend, mode, mesh, compose, warned):
     warning = tls.plaintext_warning(config(backend, mode, mesh), compose=compose)
@@ -157,6 +159,19 @@ def test_role_files_hold_each_roles_own_key_and_one_ca():
     assert len({f[tls.KEY_FILE] for f in files.values()}) == len(files)
     assert files[(Role.WORKER, 2)][tls.CONF_FILE] == tls.stunnel_config(tls.tunnels(HOSTS, Role.WORKER, 2))
     assert tls.transport_env(HOSTS, Role.WORKER, 2) == {"PS_TRANSPORT_HOST": "worker-2"}
+
+
+def test_a_pod_configures_its_terminator_from_its_env_and_hands_the_role_the_loopback_layout():
+    conf, env = tls.pod_plan(role_env(HOSTS, Role.WORKER, 2))  # what a pod template gives worker 2
+    assert f"cert = {tls.TLS_DIR}/worker-2.crt" in conf and f"key = {tls.TLS_DIR}/worker-2.key" in conf
+    assert tls.accept_endpoints(conf) == ["127.0.0.1:36100", "127.0.0.1:36101", "127.0.0.1:36118"]
+    assert "connect = ps-1:36000" in conf and "checkHost = ps-1" in conf
+    assert env["POD_IP"] == "127.0.0.1" and env["PADDLE_PORT"] == "36104"
+    assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == "127.0.0.1:36100,127.0.0.1:36101"
+    assert env["PADDLE_GLOO_HTTP_ENDPOINT"] == "127.0.0.1:36118" and env["PS_TRANSPORT_HOST"] == "worker-2"
+    conf, env = tls.pod_plan(role_env(HOSTS, Role.SERVER, 1))
+    assert tls.accept_endpoints(conf) == ["127.0.0.1:36000", "127.0.0.1:36118"]  # its PS port; the store's client
+    assert "connect = 127.0.0.1:36101" in conf and env["PADDLE_PORT"] == "36101"
 
 
 # -- a real stunnel pair ------------------------------------------------------------------------------------------

@@ -33,7 +33,8 @@ one is given and pulled with ``cluster.image_pull_secrets``; a NetworkPolicy adm
 pods only and lets them reach nothing but each other, the cluster DNS and the store
 (:mod:`~components.train.backends.network_policy`); the pods opt out of Istio sidecar injection (a sidecar keeps a
 Job's pod from completing) unless ``cluster.mesh_encryption`` puts them in Istio's ambient mode (ztunnel mTLS
-without sidecars); a ``cluster.queue_name`` puts the TrainJob or JobSet in a Kueue queue.
+without sidecars), else each role runs behind its TLS terminator (``ps.tls``: :mod:`~.pod_tls`); a
+``cluster.queue_name`` puts the TrainJob or JobSet in a Kueue queue.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from typing import Optional
 from components.config import ClusterBackend, CtrConfig, PodConfig, to_dict
 from components.ps.contract import (CONFIG_ERROR_EXIT, STORE_REFUSED_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, ClusterLayout, JobSpec, Role,
                                     host_layout, ready_probe_command, role_env)
+from components.ps.tls import loopback_layout, tls_on
+from components.train.backends import pod_tls
 from components.train.backends.network_policy import policy_spec
 from components.train.job import PreparedJob, planned_config
 
@@ -260,13 +263,16 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str) -> dict:
         # A role that fails leaves no termination message; the end of its log (its error) becomes it.
         "terminationMessagePolicy": "FallbackToLogsOnError",
     }
+    secure = tls_on(cfg)
     if role is Role.SERVER:
         # JobSet creates the workers once every server is Ready. Server 0 opens its PS port only after every
         # process joined the gloo rendezvous it hosts, so Ready means what the local launcher waits for: the
         # rendezvous store listens (workers then wait for each PS port themselves). The kubelet expands no $(VAR)
         # in a probe: the store's address comes from the env it expanded (PADDLE_GLOO_HTTP_ENDPOINT), by the shell.
+        # Behind a terminator, which accepts before the store listens, the probe asks the store's loopback port.
+        store = loopback_layout(layout).gloo_endpoint if secure else f'"${GLOO_ENDPOINT_ENV}"'
         probe = shlex.join(ready_probe_command([]))
-        container["readinessProbe"] = {"exec": {"command": ["sh", "-c", f'exec {probe} "${GLOO_ENDPOINT_ENV}"']},
+        container["readinessProbe"] = {"exec": {"command": ["sh", "-c", f"exec {probe} {store}"]},
                                        "periodSeconds": 3, "timeoutSeconds": 3}
     spec = {
         "restartPolicy": "Never",  # a PS job cannot take one process back mid-run: the whole job restarts
@@ -275,6 +281,8 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str) -> dict:
         "containers": [container],
         "volumes": [{"name": volume, "emptyDir": {}} for volume in WRITABLE_MOUNTS],
     }
+    if secure:
+        pod_tls.secure_pod(spec, container, name, role)
     if cfg.cluster.image_pull_secrets:
         spec["imagePullSecrets"] = [{"name": secret} for secret in cfg.cluster.image_pull_secrets]
     if pods.node_selector:

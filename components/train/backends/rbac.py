@@ -11,6 +11,7 @@ the account may do is limited (the Role, the admission policy), not who may beco
 from __future__ import annotations
 
 from components.config import ClusterBackend, CtrConfig
+from components.ps.tls import tls_on
 from components.train.backends.manifests import (INFERENCE_SERVICES, JOB_LABEL, JOBSET_API, KSERVE_API, PADDLEJOB_API,
                                                  TRAINER_API)
 
@@ -58,14 +59,16 @@ POLICY_NAME = "ctr-ps-launcher-deletes-its-own"
 def launcher_policy(cfg: CtrConfig) -> list[dict]:
     """The ValidatingAdmissionPolicy (Kubernetes >= 1.30; cluster-scoped: a cluster admin applies it) and its binding
     that scope what RBAC cannot: the launcher account may create, and delete, only objects labelled as a PS job's
-    (:data:`~components.train.backends.manifests.JOB_LABEL`). Its deletes are otherwise unscoped in the Role, since
-    each run names its objects anew."""
+    (:data:`~components.train.backends.manifests.JOB_LABEL`), and Secrets (with ``ps.tls`` on) of that label only.
+    Its deletes are otherwise unscoped in the Role, since each run names its objects anew."""
     namespace, account = cfg.cluster.namespace, cfg.cluster.service_account
     group, resources = JOB_RESOURCES[cfg.cluster.backend]
     operations = ["CREATE", "DELETE"]
     rules = [{"apiGroups": [group], "apiVersions": ["*"], "operations": operations, "resources": resources},
              {"apiGroups": ["networking.k8s.io"], "apiVersions": ["*"], "operations": operations,
               "resources": ["networkpolicies"]}]
+    if tls_on(cfg):
+        rules.append({"apiGroups": [""], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["secrets"]})
     name = f"{POLICY_NAME}.{namespace}"
 
     return [
@@ -108,6 +111,9 @@ def launcher_rbac(cfg: CtrConfig) -> list[dict]:
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     ]
+    if tls_on(cfg):
+        # The job's TLS Secrets (components.train.backends.pod_tls): created, never read; the job owns and deletes them.
+        rules.append({"apiGroups": [""], "resources": ["secrets"], "verbs": ["create"]})
     if cfg.cluster.serving.deploy:
         # Create cannot be limited to a name (the object has none until it exists); reading and replacing can.
         rules += [{"apiGroups": [_group(KSERVE_API)], "resources": [INFERENCE_SERVICES], "verbs": ["create"]},

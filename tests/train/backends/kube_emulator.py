@@ -39,7 +39,8 @@ from tests.train.backends.kube_controllers import selects
 
 # The resources of a cluster with Trainer, JobSet and paddle-operator installed: (group/version/plural, kind).
 RESOURCES = {
-    "v1/pods": "Pod", "v1/configmaps": "ConfigMap", "networking.k8s.io/v1/networkpolicies": "NetworkPolicy",
+    "v1/pods": "Pod", "v1/configmaps": "ConfigMap", "v1/secrets": "Secret",
+    "networking.k8s.io/v1/networkpolicies": "NetworkPolicy",
     f"{manifests.TRAINER_API}/trainjobs": "TrainJob", f"{manifests.TRAINER_API}/trainingruntimes": "TrainingRuntime",
     f"{manifests.TRAINER_API}/clustertrainingruntimes": "ClusterTrainingRuntime",
     f"{manifests.JOBSET_API}/jobsets": "JobSet", f"{manifests.PADDLEJOB_API}/paddlejobs": "PaddleJob",

@@ -14,6 +14,7 @@ import sys
 import threading
 import uuid
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Callable, Optional
 
 import pytest
@@ -252,9 +253,10 @@ class FakeCluster:
     # CustomObjectsApi
     def create_namespaced_custom_object(self, group, version, namespace, plural, body, **_):
         assert (f"{group}/{version}", namespace, plural) == (body["apiVersion"], NAMESPACE, body["kind"].lower() + "s")
-        self._store(body)
+        stored = self._store(body)
         if body["kind"] != "TrainingRuntime":  # a runtime is a template: its TrainJob starts the pods
             self.on_create(self, body)
+        return stored
 
     def get_namespaced_custom_object(self, group, version, namespace, plural, name, **_):
         if self.get_hook:
@@ -264,7 +266,10 @@ class FakeCluster:
         return {**self.objects[(plural, name)], "status": self.statuses.get(name, dict)()}
 
     def delete_namespaced_custom_object(self, group, version, namespace, plural, name, propagation_policy=None, **_):
-        self._delete(plural, name, propagation_policy)
+        uid = self._delete(plural, name, propagation_policy)["metadata"]["uid"]
+        for key, owned in list(self.objects.items()):  # the garbage collector removes what the job owns
+            if any(ref["uid"] == uid for ref in owned["metadata"].get("ownerReferences", [])):
+                self.objects.pop(key)
         for pod in self.pods:  # the garbage collector removes the job's pods
             if pod.labels.get(manifests.JOB_LABEL) == name:
                 with pod.cond:
@@ -274,12 +279,16 @@ class FakeCluster:
     # NetworkingV1Api
     def create_namespaced_network_policy(self, namespace, body, **_):
         assert namespace == NAMESPACE
-        self._store(body)
+        return _typed(self._store(body))
 
     def delete_namespaced_network_policy(self, name, namespace, propagation_policy=None, **_):
         self._delete("networkpolicies", name, propagation_policy)
 
     # CoreV1Api
+    def create_namespaced_secret(self, namespace, body, **_):
+        assert namespace == NAMESPACE
+        return _typed(self._store(body))
+
     def list_namespaced_pod(self, namespace, label_selector, **_):
         return V1PodList(items=[p.model() for p in self.pods if not p.gone and _matches(p.labels, label_selector)])
 
@@ -293,16 +302,30 @@ class FakeCluster:
             return FakeLogStream(pod, timestamps, pod.cut_first_stream_after if pod.follows == 1 else None)
         return "".join(f"{text}\n" for _, text in pod.lines[-tail_lines:])
 
-    def _store(self, body: dict) -> None:
+    def _store(self, body: dict) -> dict:
+        """Keep ``body`` as the API server would (with a ``uid``); returns what the server answers."""
         plural = "networkpolicies" if body["kind"] == "NetworkPolicy" else body["kind"].lower() + "s"
-        self.objects[(plural, body["metadata"]["name"])] = body
+        stored = {**body, "metadata": {**body["metadata"], "uid": str(uuid.uuid4())}}
+        self.objects[(plural, body["metadata"]["name"])] = stored
         self.created.append((body["kind"], body["metadata"]["name"]))
+        return stored
 
-    def _delete(self, plural: str, name: str, propagation: Optional[str]) -> None:
+    def _delete(self, plural: str, name: str, propagation: Optional[str]) -> dict:
         body = self.objects.pop((plural, name), None)
         if body is None:
             raise ApiException(status=404, reason="Not Found")
         self.deleted.append((body["kind"], name, propagation))
+        return body
+
+
+def launcher_owned(cluster: FakeCluster) -> list[tuple[str, str]]:
+    """What the launcher created and must delete: all but the job's Secrets, which the job owns."""
+    return [(kind, name) for kind, name in cluster.created if kind != "Secret"]
+
+
+def _typed(stored: dict) -> SimpleNamespace:
+    """A typed API's answer (a model object), as far as the launcher reads it."""
+    return SimpleNamespace(metadata=SimpleNamespace(uid=stored["metadata"]["uid"]))
 
 
 def _succeeding_controller(bodies: list[dict]) -> Callable[[FakeCluster, dict], None]:
@@ -361,7 +384,9 @@ def test_success_streams_worker0_returns_its_events_and_deletes_the_objects(conf
 
     name = job.job_name(0)
     kinds = ["TrainingRuntime", "TrainJob"] if backend == "trainjob" else ["JobSet"]
-    assert cluster.created == [("NetworkPolicy", f"{name}-ps")] + [(kind, name) for kind in kinds]
+    secrets = [("Secret", f"{name}-tls-server"), ("Secret", f"{name}-tls-worker")]  # ps.tls=auto: on
+    assert cluster.created == [("NetworkPolicy", f"{name}-ps")] + [(kind, name) for kind in kinds] + secrets
+    # The launcher deletes what it owns; the job's Secrets go with the job (the garbage collector).
     assert cluster.deleted == ([(kind, name, "Background") for kind in reversed(kinds)]
                                + [("NetworkPolicy", f"{name}-ps", "Background")])
     assert cluster.objects == {}
@@ -374,14 +399,23 @@ def test_objects_are_owned_by_the_launcher_pod(config, tmp_path, launcher_pod, b
     job = _launcher(_cfg(config, f"cluster.backend={backend}"), tmp_path, cluster, [])
     owned = []
     original_create = cluster._store
-    cluster._store = lambda body: (owned.append(body), original_create(body))
+    cluster._store = lambda body: owned.append(original_create(body)) or owned[-1]  # as stored: with its uid
     job.run()
-    assert [body["kind"] for body in owned][-1] == JOB_KINDS[backend]
-    for body in owned:
+    secrets = [body for body in owned if body["kind"] == "Secret"]
+    launched = [body for body in owned if body["kind"] != "Secret"]
+    assert launched[-1]["kind"] == JOB_KINDS[backend]
+    for body in launched:
         assert body["metadata"]["namespace"] == NAMESPACE
         (owner,) = body["metadata"]["ownerReferences"]
         assert (owner["kind"], owner["name"], owner["uid"]) == ("Pod", "ctr-run-train-x7k2p",
                                                                 "1b2c3d4e-0000-1111-2222-333344445555")
+    # The job's TLS Secrets (none for a PaddleJob, whose pods carry no terminator) are the job object's.
+    assert len(secrets) == (0 if backend == "paddlejob" else 2)
+    for body in secrets:
+        (owner,) = body["metadata"]["ownerReferences"]
+        job_object = launched[-1]["metadata"]
+        assert (owner["kind"], owner["name"], owner["uid"]) == (JOB_KINDS[backend], job_object["name"],
+                                                                job_object["uid"])
 
 
 @pytest.mark.parametrize("backend", JOBSET_BACKENDS)
@@ -403,7 +437,7 @@ def test_worker_failure_names_the_pod_that_failed_first_and_quotes_its_log(confi
     assert "worker-1 (pod " in message and "exited with code 1 (Error)" in message
     assert "reached max restarts" in message and "also failed: worker-0" in message
     assert "    MemoryError: out of memory" in message and "    Traceback (most recent call last):" in message
-    assert cluster.objects == {} and len(cluster.deleted) == len(cluster.created)
+    assert cluster.objects == {} and len(cluster.deleted) == len(launcher_owned(cluster))
 
 
 @pytest.mark.parametrize("backend", JOBSET_BACKENDS)
@@ -429,7 +463,8 @@ def test_sigterm_deletes_the_job_raises_cancelled_and_restores_the_handler(confi
         assert signal.getsignal(signal.SIGTERM) is previous_handler
     finally:
         signal.signal(signal.SIGTERM, original)
-    assert cluster.objects == {} and {kind for kind, _, _ in cluster.deleted} == {kind for kind, _ in cluster.created}
+    assert cluster.objects == {} and ({kind for kind, _, _ in cluster.deleted}
+                                      == {kind for kind, _ in launcher_owned(cluster)})
     assert JOB_KINDS[backend] in {kind for kind, _, _ in cluster.deleted}
     assert not any(t.name == "worker-0-log" and t.is_alive() for t in threading.enumerate())
     assert _log_lines(tmp_path)[1:] == [_epoch(1)]

@@ -3,6 +3,7 @@ and PaddleJob CRD schemas (../shared/schemas), Trainer's webhook rules and what 
 JobSet make of the objects (:mod:`tests.train.backends.kube_controllers`), and against the env the local backend
 gives the same roles."""
 
+import base64
 import copy
 import hashlib
 import json
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import jsonschema
 import pytest
+from cryptography import x509
 from kubernetes.client import ApiClient
 
 from components.checkpoint.restore import RestoreTarget
@@ -17,7 +19,8 @@ from components.checkpoint.store import CheckpointStore
 from components.config import ConfigError, from_dict, to_dict
 from components.config_rules import validate
 from components.ps.contract import CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, Role, role_env
-from components.train.backends import manifests, rbac
+from components.ps import tls
+from components.train.backends import manifests, pod_tls, rbac
 from components.train.backends.kubernetes.cleanup import RUN_OBJECT_KINDS
 from components.train.job import PreparedJob, planned_config
 from tests.conftest import ROOT, needs_schemas
@@ -252,12 +255,59 @@ def test_pods_are_unprivileged_and_sized_by_role(prod, backend):
     assert "cpu" not in server["containers"][0]["resources"]["limits"]  # unless cluster.servers.cpu_limit
     assert worker["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
     assert server["nodeSelector"] == {"pool": "cpu-highmem"} and "nodeSelector" not in worker
-    # Ready once the rendezvous store on server 0 listens: its PS port opens only after the workers joined.
-    # The probe reads the store's address from the env the kubelet expanded ($(VAR) is not expanded in a probe).
-    probe = server["containers"][0]["readinessProbe"]["exec"]["command"]
-    assert probe[:2] == ["sh", "-c"] and probe[2].endswith(f'"${manifests.GLOO_ENDPOINT_ENV}"')
     env = kubelet_env(server["containers"][0]["env"], _index_fields(backend, 1))
     assert env[manifests.GLOO_ENDPOINT_ENV] == manifests.kubernetes_layout(cfg, "ctr-1a2b3c").gloo_endpoint
+
+
+@pytest.mark.parametrize("tls", ["on", "off"])
+def test_the_readiness_probe_asks_the_store_itself(prod, tls):
+    """Ready once the rendezvous store on server 0 listens: its PS port opens only after the workers joined. The
+    probe reads the store's address from the env the kubelet expanded ($(VAR) is not expanded in a probe); behind
+    a terminator (which accepts before the store listens) it asks the store's loopback port."""
+    server = _pod_templates(_running(_objects(prod(f"ps.tls={tls}"))[1:]))["ps"]["spec"]
+    probe = server["containers"][0]["readinessProbe"]["exec"]["command"]
+    store = "127.0.0.1:36118" if tls == "on" else f'"${manifests.GLOO_ENDPOINT_ENV}"'
+    assert probe[:2] == ["sh", "-c"] and probe[2].endswith(f"ready {store}")
+
+
+@pytest.mark.parametrize("backend", JOBSET_BACKENDS)
+def test_with_tls_each_role_runs_behind_its_terminator_with_its_roles_secret(prod, backend):
+    cfg = prod(f"cluster.backend={backend}")  # ps.tls=auto: on, without cluster.mesh_encryption
+    templates = _pod_templates(_running(_objects(cfg)[1:]))
+    hosts = manifests.kubernetes_layout(cfg, "ctr-1a2b3c")
+    for key, role in (("ps", Role.SERVER), ("worker", Role.WORKER)):
+        spec = templates[key]["spec"]
+        (container,) = spec["containers"]
+        assert container["command"] == ["python", "-m", "components.ps.tls", "--pod", "--",
+                                        "python", "-m", "components.ps.role"]
+        assert {"name": "tls", "mountPath": tls.TLS_DIR, "readOnly": True} in container["volumeMounts"]
+        assert {"name": "tls", "secret": {"secretName": f"ctr-1a2b3c-tls-{role.value}", "defaultMode": 0o440}} \
+            in spec["volumes"]
+        # What the terminator of index 1 makes of the pod's env: its own certificate, the peers' pod names dialled.
+        env = kubelet_env(container["env"], _index_fields(backend, 1))
+        conf, role_env_ = tls.pod_plan(env)
+        assert f"cert = {tls.TLS_DIR}/{role.value}-1.crt" in conf
+        assert f"connect = {hosts.gloo_endpoint}" in conf or role is Role.SERVER
+        assert role_env_["POD_IP"] == "127.0.0.1"
+    # The Secrets the launcher makes: each index's certificate names the host its peers dial it by.
+    owner = {"apiVersion": "x/v1", "kind": "JobSet", "name": "ctr-1a2b3c", "uid": "u-1"}
+    secrets = pod_tls.job_secrets(hosts, "team-a", {manifests.JOB_LABEL: "ctr-1a2b3c"}, owner)
+    assert [s["metadata"]["name"] for s in secrets] == ["ctr-1a2b3c-tls-server", "ctr-1a2b3c-tls-worker"]
+    for secret, role in zip(secrets, (Role.SERVER, Role.WORKER)):
+        assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+        count = cfg.ps.servers if role is Role.SERVER else cfg.ps.workers
+        assert set(secret["data"]) == {tls.CA_FILE} | {f"{role.value}-{i}.{ext}" for i in range(count)
+                                                       for ext in ("crt", "key")}
+        for i in range(count):
+            cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"][f"{role.value}-{i}.crt"]))
+            names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+            assert hosts.endpoint(role, i).rsplit(":", 1)[0] in names.get_values_for_type(x509.DNSName)
+
+
+def test_paddlejob_pods_carry_no_terminator(prod):
+    templates = _pod_templates(_objects(prod("cluster.backend=paddlejob"))[-1])
+    assert all(t["spec"]["containers"][0]["command"] == ["python", "-m", "components.ps.role"]
+               for t in templates.values())
 
 
 @pytest.mark.parametrize("backend", JOBSET_BACKENDS)
@@ -422,7 +472,7 @@ def test_the_readiness_probe_passes_exactly_when_the_store_listens(prod):
     import subprocess
     import sys
 
-    cfg = prod()
+    cfg = prod("ps.tls=off")
     (_, job) = _objects(cfg)
     command = _pod_templates(job)["ps"]["spec"]["containers"][0]["readinessProbe"]["exec"]["command"]
     with socket.socket() as store:
@@ -461,6 +511,12 @@ def test_rbac_grants_the_launcher_the_kinds_of_its_backend_only(prod, backend):
     for api_version, kind in RUN_OBJECT_KINDS[cfg.cluster.backend]:
         resource = (api_version.split("/")[0], plurals.get(kind, f"{kind.lower()}s"))
         assert {"list", "delete"} <= may[resource], resource
+    # The job's TLS Secrets: created, never read (a Secret read is every Secret of the namespace) nor deleted (the
+    # job owns them); none without a terminator in the pods.
+    assert may.get(("", "secrets")) == (None if backend == "paddlejob" else {"create"})
+    policy = rbac.launcher_policy(cfg)[0]["spec"]["matchConstraints"]["resourceRules"]
+    assert ({"apiGroups": [""], "apiVersions": ["*"], "operations": ["CREATE"], "resources": ["secrets"]} in policy) \
+        is (backend != "paddlejob")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -105,7 +105,8 @@ def launcher_namespace(cluster: ClusterConfig) -> str:
 
 
 # Built-in kinds go through their typed API: (KubeApis field, method suffix). Every other kind is a custom resource.
-_BUILTIN_KINDS = {("networking.k8s.io/v1", "NetworkPolicy"): ("networking", "network_policy")}
+_BUILTIN_KINDS = {("networking.k8s.io/v1", "NetworkPolicy"): ("networking", "network_policy"),
+                  ("v1", "Secret"): ("core", "secret")}
 
 
 @dataclass(frozen=True)
@@ -152,13 +153,15 @@ class KubeObject:
         api, suffix = _BUILTIN_KINDS[(self.api_version, self.kind)]
         return getattr(getattr(apis, api), f"{verb}_namespaced_{suffix}")
 
-    def create(self, apis: KubeApis, body: dict) -> None:
+    def create(self, apis: KubeApis, body: dict) -> dict:
+        """Create it; returns the reference an object it owns names it by (with the ``uid`` the server gave)."""
         typed = self._typed(apis, "create")
         if typed:
-            typed(self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S)
+            uid = typed(self.namespace, body, _request_timeout=REQUEST_TIMEOUT_S).metadata.uid
         else:
-            apis.custom.create_namespaced_custom_object(*self._custom_resource(), body,
-                                                        _request_timeout=REQUEST_TIMEOUT_S)
+            uid = apis.custom.create_namespaced_custom_object(*self._custom_resource(), body,
+                                                              _request_timeout=REQUEST_TIMEOUT_S)["metadata"]["uid"]
+        return {"apiVersion": self.api_version, "kind": self.kind, "name": self.name, "uid": uid}
 
     def delete(self, apis: KubeApis) -> None:
         """Delete it and what it owns; an object already gone is fine."""

@@ -21,7 +21,8 @@ from components.checkpoint.lease import StoreLease
 from components.checkpoint.restore import restart_target
 from components.config_rules import is_remote_uri
 from components.ps.contract import Role
-from components.train.backends import manifests
+from components.ps.tls import tls_on
+from components.train.backends import manifests, pod_tls
 from components.train.backends.base import JobBackend, StepInputs
 from components.train.backends.kubernetes.api import KubeApis, KubeObject, api_reason, launcher_namespace, transient
 from components.train.backends.kubernetes.diagnosis import PodDiagnosis, disrupted
@@ -228,18 +229,30 @@ class KubernetesJob(JobBackend):
         ``job``: a relaunch's, whose roles resume from the checkpoint in its spec (what the launcher verified)."""
         bodies = manifests.job_manifests(job or self.job, name=self.job_name(attempt), namespace=self.namespace,
                                          data_uri=self.data_uri, owner=self.owner, pipeline_run=self.pipeline_run)
+        reference = {}
         for body in bodies:
             obj = KubeObject.of(body)
             self.created.append(obj)  # before the call: a cancel landing during it must still delete it
-            try:
-                obj.create(self.apis, body)
-            except ApiException as err:
-                self.created.remove(obj)  # refused, so not ours (a 409 would name someone else's object)
-                raise RuntimeError(f"cannot create {obj} in namespace {self.namespace}: {api_reason(err, obj)}") from err
-            self.echo(f"created {obj}")
+            reference = self._create(obj, body)
         self.running = self.created[-1]
+        if tls_on(self.cfg):  # owned by the job: deleted with it, so never among what this launcher deletes
+            hosts = manifests.kubernetes_layout(self.cfg, self.running.name)
+            labels = {key: value for key, value in bodies[-1]["metadata"]["labels"].items()
+                      if key != manifests.KUEUE_QUEUE_LABEL}  # the job's labels (Kueue admits the job alone)
+            for body in pod_tls.job_secrets(hosts, self.namespace, labels, reference):
+                self._create(KubeObject.of(body), body)
         for (role, index), follower in self.followers.items():
             follower.selector = manifests.role_pod_selector(self.cfg, self.running.name, role, index)
+
+    def _create(self, obj: KubeObject, body: dict) -> dict:
+        try:
+            reference = obj.create(self.apis, body)
+        except ApiException as err:
+            if obj in self.created:
+                self.created.remove(obj)  # refused, so not ours (a 409 would name someone else's object)
+            raise RuntimeError(f"cannot create {obj} in namespace {self.namespace}: {api_reason(err, obj)}") from err
+        self.echo(f"created {obj}")
+        return reference
 
     def _wait(self, job: KubeObject) -> Outcome:
         """The job's outcome; raises :class:`RoleFailed` when one of its roles stops heartbeating."""
