@@ -46,10 +46,12 @@ from components.config import CtrConfig, ExportFormat
 from components.config_rules import is_remote_uri
 from components.ps.liveness import DRIVER_PID_ENV, process_exists
 from pipelines.console import ANSI, RunConsole, header_lines, log_path, quiet_console_logging, read_stats
+from pipelines.result import RunResult
 
 # What the run directory gets from the evaluation directory (the Metrics artifact's path); also the training curve,
 # when the job reported progress (components.evaluate.evaluate.CURVE_FILE).
-EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png", "calibration.png")
+REPORT_FILE = "report.html"  # the run's report (RunResult.report)
+EVALUATION_FILES = ("metrics.json", "report.md", REPORT_FILE, "roc.png", "calibration.png")
 TAP_LINES = 400
 # How long a stopped run's processes get to end (a train step: TERM_GRACE_S for its PS job, then SIGKILL).
 STOP_WAIT_S = 20.0
@@ -221,8 +223,9 @@ def local_config(cfg: CtrConfig) -> CtrConfig:
     return dataclasses.replace(cfg, run_dir=str(run_dir), checkpoint=dataclasses.replace(cfg.checkpoint, uri=uri))
 
 
-def run_pipeline_locally(cfg: CtrConfig) -> dict:
-    """Execute :func:`pipelines.pipeline.ctr_pipeline` with kfp.local; returns the test metrics.
+def run_pipeline_locally(cfg: CtrConfig) -> RunResult:
+    """Execute :func:`pipelines.pipeline.ctr_pipeline` with kfp.local; returns the test metrics, the report and the
+    checkpoint the train step delivered.
 
     Raises :class:`PipelineRunError` naming the failed step and quoting its error.
     """
@@ -293,7 +296,7 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     training = json.loads((outputs / "train" / "checkpoint").read_text())
     print_summary(metrics, training, wall_s, run_dir, cfg.checkpoint.uri, serving,
                   serving_rows(cfg, run_dir) if exported.is_dir() else [])
-    return metrics
+    return RunResult(metrics=metrics, run_dir=run_dir, report=run_dir / REPORT_FILE, checkpoint=training["id"])
 
 
 class CacheHits(logging.Handler):
