@@ -224,7 +224,8 @@ def local_config(cfg: CtrConfig) -> CtrConfig:
 
 
 def run_pipeline_locally(cfg: CtrConfig) -> RunResult:
-    """Execute :func:`pipelines.pipeline.ctr_pipeline` with kfp.local; returns the test metrics, the report and the
+    """Execute :func:`pipelines.pipeline.ctr_pipeline` with kfp.local on ``cfg``, a local run's config
+    (:func:`local_config`, made once by :func:`pipelines.ctr.run`); returns the test metrics, the report and the
     checkpoint the train step delivered.
 
     Raises :class:`PipelineRunError` naming the failed step and quoting its error.
@@ -234,7 +235,6 @@ def run_pipeline_locally(cfg: CtrConfig) -> RunResult:
     from components.resolve.step import run_parameters
     from pipelines.pipeline import PIPELINE_NAME, ctr_pipeline
 
-    cfg = local_config(cfg)
     run_dir = Path(cfg.run_dir)
     pipeline_root = run_dir / "kfp"
     workspace = pipeline_root / "workspace"  # must exist; kfp.local deletes it after the run
