@@ -59,6 +59,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _KFP_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - [A-Z]+ - ")
 MERGE_STEP = "merge-data"  # the task whose output is the dataset (pipelines.pipeline.TASKS)
 _TASK_OUTPUTS = re.compile(r" - INFO - Task '[\w-]+' outputs:$")
+# conf/config.yaml's run directories: outputs/<date>/<time>-<token> (a run), multirun/<date>/<time>-<token>/<job> (a
+# job of a sweep). The step cache sits above the date (outputs/.kfp-cache), so a run on another day finds it.
+RUN_DATE = re.compile(r"\d{4}-\d\d-\d\d")
+CACHE_DIR = ".kfp-cache"
 
 
 class PipelineRunError(RuntimeError):
@@ -211,7 +215,8 @@ class DriverSignals:
 
 
 def local_config(cfg: CtrConfig) -> CtrConfig:
-    """Absolute paths for a local run: ``run_dir``, and a local ``checkpoint.uri`` (relative = under run_dir).
+    """Absolute paths for a local run: ``run_dir``, a local ``checkpoint.uri`` (relative = under run_dir) and the
+    step cache's ``cluster.local_cache_root`` (:func:`local_cache_root`; the days of a daily run share it).
 
     Remote stores (``s3://...``, ``hdfs://...``) pass through unchanged.
     """
@@ -220,7 +225,22 @@ def local_config(cfg: CtrConfig) -> CtrConfig:
     if not is_remote_uri(uri):
         checkpoint = Path(uri.removeprefix("file://")).expanduser()
         uri = str((checkpoint if checkpoint.is_absolute() else run_dir / checkpoint).resolve())
-    return dataclasses.replace(cfg, run_dir=str(run_dir), checkpoint=dataclasses.replace(cfg.checkpoint, uri=uri))
+    cluster = dataclasses.replace(cfg.cluster, local_cache_root=str(local_cache_root(cfg.cluster.local_cache_root,
+                                                                                     run_dir)))
+    return dataclasses.replace(cfg, run_dir=str(run_dir), checkpoint=dataclasses.replace(cfg.checkpoint, uri=uri),
+                               cluster=cluster)
+
+
+def local_cache_root(configured: Optional[str], run_dir: Path) -> Path:
+    """Where kfp.local keeps its step cache: ``configured`` (``cluster.local_cache_root``), else ``.kfp-cache`` in
+    the directory above the run's date (``outputs/.kfp-cache``; a sweep's jobs: ``multirun/.kfp-cache``), which the
+    runs of every day share; for a run directory outside that layout, beside it."""
+    if configured:
+        return Path(configured).expanduser().resolve()
+    for dated in (run_dir.parent, run_dir.parent.parent):
+        if RUN_DATE.fullmatch(dated.name):
+            return dated.parent / CACHE_DIR
+    return run_dir.parent / CACHE_DIR
 
 
 def run_pipeline_locally(cfg: CtrConfig) -> RunResult:
@@ -239,7 +259,7 @@ def run_pipeline_locally(cfg: CtrConfig) -> RunResult:
     pipeline_root = run_dir / "kfp"
     workspace = pipeline_root / "workspace"  # must exist; kfp.local deletes it after the run
     workspace.mkdir(parents=True, exist_ok=True)
-    cache_root = local_cache_root(cfg)
+    cache_root = Path(cfg.cluster.local_cache_root)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
                workspace_root=str(workspace), enable_caching=cfg.cluster.local_cache, cache_root=str(cache_root))
     started = time.time()
@@ -323,11 +343,6 @@ class CacheHits(logging.Handler):
     def dataset_stats(self) -> Optional[Path]:
         uri = self.outputs.get(MERGE_STEP, {}).get("dataset", {}).get("uri")
         return Path(uri) / "stats.json" if uri else None
-
-
-def local_cache_root(cfg: CtrConfig) -> Path:
-    """Where kfp.local keeps its step cache: ``cluster.local_cache_root``, else ``.kfp-cache`` beside the run."""
-    return Path(cfg.cluster.local_cache_root or Path(cfg.run_dir).resolve().parent / ".kfp-cache")
 
 
 def _merged_stats(pipeline_root: Path) -> Optional[Path]:

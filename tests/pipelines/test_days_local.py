@@ -33,6 +33,8 @@ def test_two_days_continue_one_store_and_a_rerun_skips_them(tmp_path, capsys):
     assert metrics == json.loads((run_dir / "metrics.json").read_text())
     assert json.loads((run_dir / "days" / "1" / "metrics.json").read_text()) == metrics
     assert (run_dir / "days.png").is_file() and "Days trained" in (run_dir / "report.md").read_text()
+    # The days share the run's step cache (beside run_dir, as for any run outside outputs/<date>/).
+    assert (tmp_path / ".kfp-cache").is_dir() and not (run_dir / "days" / ".kfp-cache").exists()
     stats = json.loads(next((run_dir / "days" / "1" / "kfp").rglob("stats.json")).read_text())
     assert stats["day"] == "1" and stats["drift"]["previous_day"] == "0"
 
