@@ -71,5 +71,5 @@ def run_days_locally(cfg: CtrConfig) -> RunResult:
             if produced.is_file():
                 shutil.copyfile(produced, Path(cfg.run_dir) / name)
     for name in ("metrics.json", "report.md", REPORT_FILE):  # the last day's are the run's
-        shutil.copyfile(Path(day_run.run_dir) / name, Path(cfg.run_dir) / name)
+        shutil.copyfile(day_run.run_dir / name, Path(cfg.run_dir) / name)
     return dataclasses.replace(day_run, run_dir=Path(cfg.run_dir), report=Path(cfg.run_dir) / REPORT_FILE)

@@ -187,7 +187,7 @@ def _day_runs(api) -> list[str]:
 def test_data_day_submits_the_run_of_that_day(tmp_path, fake_credentials):
     with FakeKfpApi() as api:
         assert run(compose_config(tmp_path / "run", *PROD, f"cluster.host={api.url}", *DAILY,
-                                  "data.day=2026-11-02")) == {}
+                                  "data.day=2026-11-02")).metrics == {}
     assert _day_runs(api) == ["2026-11-02"]
     [body] = api.posts("/apis/v2beta1/runs")
     assert "2026-11-02" in body["display_name"]
