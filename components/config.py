@@ -392,8 +392,9 @@ class ClusterConfig:
     runner: PipelineRunner = PipelineRunner.local
     backend: ClusterBackend = ClusterBackend.local
     # A local run's step cache (kfp.local): a step whose inputs did not change reuses its outputs (data prep of the
-    # same input and data settings, whatever the training keys). Kept in local_cache_root; null: `.kfp-cache` beside
-    # the run directory, which the runs of one day (outputs/<date>/) and the jobs of a sweep share.
+    # same input and data settings, whatever the training keys). Kept in local_cache_root; null: `outputs/.kfp-cache`
+    # above the dated run directories, which the runs of every day share (a sweep's jobs: `multirun/.kfp-cache`; a
+    # run_dir outside outputs/<date>/: `.kfp-cache` beside it).
     local_cache: bool = True
     local_cache_root: Optional[str] = None
     # Kubeflow Pipelines (runner=kubeflow)

@@ -9,7 +9,8 @@
                                                              # compile for Kubeflow Pipelines and submit a run
                                                              # (cluster.wait=true: wait for it, return its objective)
 
-From Python, :func:`run` takes the composed config and returns the run's test metrics (README: the Python API).
+From Python, :func:`run` takes the composed config and returns a :class:`pipelines.result.RunResult`: the run's
+test metrics, its run directory, report and delivered checkpoint (README: the Python API).
 
 Hydra's run directory is the run directory (``run_dir``). An error the user can fix (config, data, checkpoint
 store, cluster) is reported in one line, exit status 2; a failed Kubeflow submission likewise, exit status 3
@@ -18,7 +19,7 @@ store, cluster) is reported in one line, exit status 2; a failed Kubeflow submis
 
 import math
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
 import hydra
 from omegaconf import DictConfig, OmegaConf
@@ -32,17 +33,17 @@ from components.ps.tls import tls_on
 from components.resolve.step import check_checkpoint_store, check_local_host
 from pipelines.errors import reported_in_one_line, run_main
 from pipelines.help import register_help
+from pipelines.result import RunResult
 
 
-def run(cfg: DictConfig) -> dict[str, Any]:
+def run(cfg: DictConfig) -> RunResult:
     """The pipeline's Python entry: validate ``cfg`` (the composed config, as ``python -m pipelines.ctr`` composes
-    it), run it on ``cluster.runner`` and return the test metrics (``metrics.json`` of the run directory).
+    it), run it on ``cluster.runner`` and return what it measured and made (:class:`pipelines.result.RunResult`:
+    the test metrics, ``{}`` when nothing was measured here; the run directory, the report, the delivered
+    checkpoint's id).
 
-    The metrics are the evaluation's: ``auc``, ``logloss``, ``ne``, ``calibration``, ``ece``, with the baseline
-    ``baseline_auc`` and ``lift_auc``, the Bayes-optimal ``bayes_auc`` on synthetic data, ... (README: the Python API).
-    ``{}`` when nothing was measured here: ``plan=true``, a Kubeflow run submitted without ``cluster.wait=true``, a
-    daily run whose days were all trained already. A user error raises :class:`components.config.ConfigError` (or
-    another error :func:`pipelines.errors.user_error` knows) before anything expensive starts.
+    A user error raises :class:`components.config.ConfigError` (or another error :func:`pipelines.errors.user_error`
+    knows) before anything expensive starts.
     """
     typed = from_dict(cfg)
     on_kubeflow = typed.cluster.runner is PipelineRunner.kubeflow
@@ -100,21 +101,23 @@ def check_local_workers_device(cfg: CtrConfig) -> None:
     check_worker_device(cfg)
 
 
-def print_plan(cfg: CtrConfig) -> dict:
-    """``plan=true``: print what the run would do, start nothing, write nothing; measures nothing (``{}``)."""
+def print_plan(cfg: CtrConfig) -> RunResult:
+    """``plan=true``: print what the run would do, start nothing, write nothing; measures nothing."""
     from pipelines.local import local_config
     from pipelines.plan import plan_lines_of
 
     if cfg.cluster.runner is PipelineRunner.local:
         cfg = check_checkpoint_store(local_config(cfg), probe=False)
+    run_dir = Path(cfg.run_dir)  # the run's, not a planned day's (days/<day>/, which a plan never makes)
+    planned: Optional[CtrConfig] = cfg
     days_lines: list[str] = []
     if cfg.data.days is not None:
-        cfg, days_lines = _first_day_to_train(cfg)
-    if cfg is not None:
-        days_lines += plan_lines_of(cfg)
+        planned, days_lines = _first_day_to_train(cfg)
+    if planned is not None:
+        days_lines += plan_lines_of(planned)
     print("\n".join(days_lines), flush=True)
-    _remove_empty_run_dir(Path(cfg.run_dir))
-    return {}
+    _remove_empty_run_dir(run_dir)
+    return RunResult(metrics={}, run_dir=run_dir)
 
 
 def _first_day_to_train(cfg: CtrConfig) -> tuple[Optional[CtrConfig], list[str]]:
@@ -163,7 +166,7 @@ def main(cfg: DictConfig) -> float:
 
 def objective_of_run(cfg: DictConfig) -> float:
     """:func:`run`'s ``cfg.objective`` metric; NaN when it measured none."""
-    metrics = run(cfg)
+    metrics = run(cfg).metrics
     return float(metrics[cfg.objective]) if metrics else math.nan
 
 

@@ -22,6 +22,7 @@ from components.checkpoint.days import DayLedger, DayOrderError
 from components.checkpoint.store import CheckpointStore
 from components.config import ConfigError, CtrConfig
 from components.days import expand_days
+from pipelines.result import RunResult
 
 # A day's name as a directory name: a day may be a glob (``[0-2]``, several files as one day) or hold a slash.
 _UNSAFE = re.compile(r"[^A-Za-z0-9._=-]")
@@ -44,11 +45,12 @@ def day_config(cfg: CtrConfig, day: str) -> CtrConfig:
                                data=dataclasses.replace(cfg.data, day=day))
 
 
-def run_days_locally(cfg: CtrConfig) -> dict:
+def run_days_locally(cfg: CtrConfig) -> RunResult:
     """Train ``cfg.data.days`` in order, one local pipeline run each; returns the last trained day's test metrics
-    (``{}`` when every day was trained already)."""
+    and checkpoint, with the run's report (the last day's, copied up); nothing measured when every day was trained
+    already."""
     from components.evaluate.days import DAYS_CSV, DAYS_PNG  # the report's plotting: not for plan=true
-    from pipelines.local import run_pipeline_locally
+    from pipelines.local import REPORT_FILE, run_pipeline_locally
 
     done, todo = plan_days(cfg)
     ledger = DayLedger(CheckpointStore(cfg.checkpoint.uri))
@@ -57,18 +59,17 @@ def run_days_locally(cfg: CtrConfig) -> dict:
         print(f"day {day!r}: trained already (checkpoint {entry.get('checkpoint')}), skipped", flush=True)
     if not todo:
         print("every day of data.days is trained already: nothing to do", flush=True)
-        return {}
-    metrics: dict = {}
+        return RunResult(metrics={}, run_dir=Path(cfg.run_dir))
     for n, day in enumerate(todo, 1):
         print(f"\n==== day {day!r} ({n} of {len(todo)} to train; {len(done) + n} of {len(done) + len(todo)})",
               flush=True)
         day_cfg = day_config(cfg, day)
         Path(day_cfg.run_dir).mkdir(parents=True, exist_ok=True)
-        metrics = run_pipeline_locally(day_cfg)
+        day_run = run_pipeline_locally(day_cfg)
         for name in (DAYS_CSV, DAYS_PNG):  # the table and plot of every day so far
             produced = Path(day_cfg.run_dir) / name
             if produced.is_file():
                 shutil.copyfile(produced, Path(cfg.run_dir) / name)
-    for name in ("metrics.json", "report.md", "report.html"):  # the last day's are the run's
-        shutil.copyfile(Path(day_config(cfg, todo[-1]).run_dir) / name, Path(cfg.run_dir) / name)
-    return metrics
+    for name in ("metrics.json", "report.md", REPORT_FILE):  # the last day's are the run's
+        shutil.copyfile(day_run.run_dir / name, Path(cfg.run_dir) / name)
+    return dataclasses.replace(day_run, run_dir=Path(cfg.run_dir), report=Path(cfg.run_dir) / REPORT_FILE)

@@ -46,6 +46,7 @@ from components.config import ConfigError, CtrConfig, to_dict
 from components.days import expand_days, is_daily
 from components.resolve.step import RUN_PARAMETERS, run_parameters
 from pipelines.pipeline import PIPELINE_NAME, compile_pipeline, compiled_config
+from pipelines.result import RunResult
 
 PIPELINE_FILE = "pipeline.yaml"
 CONFIG_FILE = "config.yaml"
@@ -337,7 +338,7 @@ def wait_for_run(cfg: CtrConfig, submitted: SubmittedRun) -> None:
 
 
 def run_metrics(submitted: SubmittedRun) -> tuple[str, dict]:
-    """``(URI of the evaluated checkpoint, test metrics)`` that the run's evaluate step left at the root of its
+    """``(id of the evaluated checkpoint, test metrics)`` that the run's evaluate step left at the root of its
     checkpoint store (``EVALUATION.json``), read with this machine's storage credentials.
 
     Raises :class:`RunError` when they cannot be read or are not of a checkpoint the run made (a checkpoint
@@ -367,7 +368,7 @@ def run_metrics(submitted: SubmittedRun) -> tuple[str, dict]:
         raise RunError(f"{where} is stale: it evaluates checkpoint {checkpoint}, made before {name} was "
                        f"submitted ({submitted.submitted_at}), so the run evaluated no checkpoint of its own "
                        f"({submitted.url})")
-    return f"{uri.rstrip('/')}/{checkpoint}", evaluation["metrics"]
+    return checkpoint, evaluation["metrics"]
 
 
 def _print_rows(title: str, rows: list[tuple[str, str]]) -> None:
@@ -386,16 +387,17 @@ def check_days_submission(cfg: CtrConfig) -> None:
                               "before it with data.days=[...] first, then create the recurring run without them")
 
 
-def run_kubeflow(cfg: CtrConfig) -> dict:
+def run_kubeflow(cfg: CtrConfig) -> RunResult:
     """Compile into ``run_dir`` and, with ``cluster.submit``, start a run on Kubeflow Pipelines: with day partitions,
     the run of ``data.day``, the runs of ``data.days`` one after the other, or the recurring run of
     ``cluster.schedule``.
 
-    With ``cluster.wait``, wait for the run (the last day's), write its test metrics into ``run_dir`` and return them;
-    otherwise return ``{}`` (nothing was measured here).
+    With ``cluster.wait``, wait for the run (the last day's), write its test metrics into ``run_dir`` and return them
+    with the checkpoint it evaluated; otherwise nothing was measured here.
     """
     check_days_submission(cfg)
     run_dir = Path(cfg.run_dir)
+    unmeasured = RunResult(metrics={}, run_dir=run_dir)
     pipeline_path = write_run_files(cfg, run_dir)
     files = [("pipeline", str(pipeline_path)), ("config", str(run_dir / CONFIG_FILE)),
              ("rbac", f"{run_dir / RBAC_FILE} (kubectl apply -f it once per namespace)"),
@@ -408,7 +410,7 @@ def run_kubeflow(cfg: CtrConfig) -> dict:
         _print_rows("== Kubeflow pipeline compiled (cluster.submit=false: not submitted)", [
             *files, ("upload", "Kubeflow UI > Pipelines > Upload pipeline, then Create run"),
             ("parameters", ", ".join(RUN_PARAMETERS))])
-        return {}
+        return unmeasured
     if cfg.cluster.schedule is not None:
         recurring = create_recurring_run(cfg, pipeline_path)
         (run_dir / RECURRING_RUN_FILE).write_text(json.dumps(asdict(recurring), indent=2) + "\n")
@@ -417,7 +419,7 @@ def run_kubeflow(cfg: CtrConfig) -> dict:
             ("schedule", f"{recurring.cron} (cron, seconds first; one run at a time, missed runs caught up)"),
             ("experiment", f"{recurring.experiment} ({recurring.namespace})"), *files,
             ("record", str(run_dir / RECURRING_RUN_FILE))])
-        return {}
+        return unmeasured
     if is_daily(cfg.data.uri) and cfg.data.day is None:
         runs = submit_days(cfg, pipeline_path, run_dir)
         submitted = runs[-1]
@@ -426,7 +428,7 @@ def run_kubeflow(cfg: CtrConfig) -> dict:
             ("experiment", f"{submitted.experiment} ({submitted.namespace})"), *files,
             ("record", str(run_dir / DAY_RUNS_FILE))])
         if not cfg.cluster.wait:
-            return {}
+            return unmeasured
     else:
         submitted = submit(cfg, pipeline_path)
         (run_dir / RUN_FILE).write_text(json.dumps(asdict(submitted), indent=2) + "\n")
@@ -435,7 +437,7 @@ def run_kubeflow(cfg: CtrConfig) -> dict:
             ("experiment", f"{submitted.experiment} ({submitted.namespace})"), *files,
             ("record", str(run_dir / RUN_FILE))])
         if not cfg.cluster.wait:
-            return {}
+            return unmeasured
         wait_for_run(cfg, submitted)
     from components.checkpoint.format import write_json_atomic
 
@@ -443,6 +445,6 @@ def run_kubeflow(cfg: CtrConfig) -> dict:
     write_json_atomic(run_dir / METRICS_FILE, metrics)
     objective = float(metrics[cfg.objective])
     _print_rows("== Kubeflow run succeeded", [
-        ("run", submitted.url), ("checkpoint", checkpoint),
+        ("run", submitted.url), ("checkpoint", f"{submitted.parameters['checkpoint_uri'].rstrip('/')}/{checkpoint}"),
         (f"test {cfg.objective}", f"{objective:.4f}"), ("metrics", str(run_dir / METRICS_FILE))])
-    return metrics
+    return RunResult(metrics=metrics, run_dir=run_dir, checkpoint=checkpoint)

@@ -46,10 +46,12 @@ from components.config import CtrConfig, ExportFormat
 from components.config_rules import is_remote_uri
 from components.ps.liveness import DRIVER_PID_ENV, process_exists
 from pipelines.console import ANSI, RunConsole, header_lines, log_path, quiet_console_logging, read_stats
+from pipelines.result import RunResult
 
 # What the run directory gets from the evaluation directory (the Metrics artifact's path); also the training curve,
 # when the job reported progress (components.evaluate.evaluate.CURVE_FILE).
-EVALUATION_FILES = ("metrics.json", "report.md", "report.html", "roc.png", "calibration.png")
+REPORT_FILE = "report.html"  # the run's report (RunResult.report)
+EVALUATION_FILES = ("metrics.json", "report.md", REPORT_FILE, "roc.png", "calibration.png")
 TAP_LINES = 400
 # How long a stopped run's processes get to end (a train step: TERM_GRACE_S for its PS job, then SIGKILL).
 STOP_WAIT_S = 20.0
@@ -57,6 +59,10 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 _KFP_LOG_LINE = re.compile(r"^\d\d:\d\d:\d\d\.\d+ - [A-Z]+ - ")
 MERGE_STEP = "merge-data"  # the task whose output is the dataset (pipelines.pipeline.TASKS)
 _TASK_OUTPUTS = re.compile(r" - INFO - Task '[\w-]+' outputs:$")
+# conf/config.yaml's run directories: outputs/<date>/<time>-<token> (a run), multirun/<date>/<time>-<token>/<job> (a
+# job of a sweep). The step cache sits above the date (outputs/.kfp-cache), so a run on another day finds it.
+RUN_DATE = re.compile(r"\d{4}-\d\d-\d\d")
+CACHE_DIR = ".kfp-cache"
 
 
 class PipelineRunError(RuntimeError):
@@ -209,7 +215,8 @@ class DriverSignals:
 
 
 def local_config(cfg: CtrConfig) -> CtrConfig:
-    """Absolute paths for a local run: ``run_dir``, and a local ``checkpoint.uri`` (relative = under run_dir).
+    """Absolute paths for a local run: ``run_dir``, a local ``checkpoint.uri`` (relative = under run_dir) and the
+    step cache's ``cluster.local_cache_root`` (:func:`local_cache_root`; the days of a daily run share it).
 
     Remote stores (``s3://...``, ``hdfs://...``) pass through unchanged.
     """
@@ -218,11 +225,28 @@ def local_config(cfg: CtrConfig) -> CtrConfig:
     if not is_remote_uri(uri):
         checkpoint = Path(uri.removeprefix("file://")).expanduser()
         uri = str((checkpoint if checkpoint.is_absolute() else run_dir / checkpoint).resolve())
-    return dataclasses.replace(cfg, run_dir=str(run_dir), checkpoint=dataclasses.replace(cfg.checkpoint, uri=uri))
+    cluster = dataclasses.replace(cfg.cluster, local_cache_root=str(local_cache_root(cfg.cluster.local_cache_root,
+                                                                                     run_dir)))
+    return dataclasses.replace(cfg, run_dir=str(run_dir), checkpoint=dataclasses.replace(cfg.checkpoint, uri=uri),
+                               cluster=cluster)
 
 
-def run_pipeline_locally(cfg: CtrConfig) -> dict:
-    """Execute :func:`pipelines.pipeline.ctr_pipeline` with kfp.local; returns the test metrics.
+def local_cache_root(configured: Optional[str], run_dir: Path) -> Path:
+    """Where kfp.local keeps its step cache: ``configured`` (``cluster.local_cache_root``), else ``.kfp-cache`` in
+    the directory above the run's date (``outputs/.kfp-cache``; a sweep's jobs: ``multirun/.kfp-cache``), which the
+    runs of every day share; for a run directory outside that layout, beside it."""
+    if configured:
+        return Path(configured).expanduser().resolve()
+    for dated in (run_dir.parent, run_dir.parent.parent):
+        if RUN_DATE.fullmatch(dated.name):
+            return dated.parent / CACHE_DIR
+    return run_dir.parent / CACHE_DIR
+
+
+def run_pipeline_locally(cfg: CtrConfig) -> RunResult:
+    """Execute :func:`pipelines.pipeline.ctr_pipeline` with kfp.local on ``cfg``, a local run's config
+    (:func:`local_config`, made once by :func:`pipelines.ctr.run`); returns the test metrics, the report and the
+    checkpoint the train step delivered.
 
     Raises :class:`PipelineRunError` naming the failed step and quoting its error.
     """
@@ -231,12 +255,11 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     from components.resolve.step import run_parameters
     from pipelines.pipeline import PIPELINE_NAME, ctr_pipeline
 
-    cfg = local_config(cfg)
     run_dir = Path(cfg.run_dir)
     pipeline_root = run_dir / "kfp"
     workspace = pipeline_root / "workspace"  # must exist; kfp.local deletes it after the run
     workspace.mkdir(parents=True, exist_ok=True)
-    cache_root = local_cache_root(cfg)
+    cache_root = Path(cfg.cluster.local_cache_root)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(pipeline_root),
                workspace_root=str(workspace), enable_caching=cfg.cluster.local_cache, cache_root=str(cache_root))
     started = time.time()
@@ -293,7 +316,7 @@ def run_pipeline_locally(cfg: CtrConfig) -> dict:
     training = json.loads((outputs / "train" / "checkpoint").read_text())
     print_summary(metrics, training, wall_s, run_dir, cfg.checkpoint.uri, serving,
                   serving_rows(cfg, run_dir) if exported.is_dir() else [])
-    return metrics
+    return RunResult(metrics=metrics, run_dir=run_dir, report=run_dir / REPORT_FILE, checkpoint=training["id"])
 
 
 class CacheHits(logging.Handler):
@@ -320,11 +343,6 @@ class CacheHits(logging.Handler):
     def dataset_stats(self) -> Optional[Path]:
         uri = self.outputs.get(MERGE_STEP, {}).get("dataset", {}).get("uri")
         return Path(uri) / "stats.json" if uri else None
-
-
-def local_cache_root(cfg: CtrConfig) -> Path:
-    """Where kfp.local keeps its step cache: ``cluster.local_cache_root``, else ``.kfp-cache`` beside the run."""
-    return Path(cfg.cluster.local_cache_root or Path(cfg.run_dir).resolve().parent / ".kfp-cache")
 
 
 def _merged_stats(pipeline_root: Path) -> Optional[Path]:

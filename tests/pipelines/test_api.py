@@ -2,6 +2,7 @@
 
 import re
 
+from components.checkpoint.store import CheckpointStore
 from tests.conftest import ROOT
 
 
@@ -11,7 +12,11 @@ def test_the_readmes_python_example_runs_and_gets_the_runs_metrics(tmp_path, cap
     assert "/tmp/ctr-run" in example
     namespace: dict = {}
     exec(compile(example.replace("/tmp/ctr-run", str(tmp_path / "run")), "README.md", "exec"), namespace)
-    metrics = namespace["metrics"]
-    assert 0.5 < metrics["auc"] < 1 and metrics["lift_auc"] == metrics["auc"] - metrics["baseline_auc"]
+    result = namespace["result"]
+    metrics, run_dir = result.metrics, tmp_path / "run"
+    assert 0.5 < result.test_auc == metrics["auc"] < 1
+    assert metrics["lift_auc"] == metrics["auc"] - metrics["baseline_auc"]
+    assert result.report == run_dir / "report.html" and result.report.is_file()
+    assert result.checkpoint in CheckpointStore(str(run_dir / "checkpoint")).committed()
     printed = capsys.readouterr().out.splitlines()[-1].split()
-    assert [float(value) for value in printed] == [metrics["auc"], metrics["baseline_auc"], metrics["lift_auc"]]
+    assert printed == [str(metrics["auc"]), str(metrics["lift_auc"]), str(result.report), result.checkpoint]

@@ -187,7 +187,7 @@ def _day_runs(api) -> list[str]:
 def test_data_day_submits_the_run_of_that_day(tmp_path, fake_credentials):
     with FakeKfpApi() as api:
         assert run(compose_config(tmp_path / "run", *PROD, f"cluster.host={api.url}", *DAILY,
-                                  "data.day=2026-11-02")) == {}
+                                  "data.day=2026-11-02")).metrics == {}
     assert _day_runs(api) == ["2026-11-02"]
     [body] = api.posts("/apis/v2beta1/runs")
     assert "2026-11-02" in body["display_name"]
@@ -197,7 +197,7 @@ def test_data_days_are_submitted_in_order_each_after_the_day_before_ended(tmp_pa
     run_dir = tmp_path / "run"
     with FakeKfpApi() as api:
         metrics = run(compose_config(run_dir, *PROD, *POLLED, f"cluster.host={api.url}", *DAILY,
-                                       "data.days=[2026-11-01..2026-11-03]"))
+                                       "data.days=[2026-11-01..2026-11-03]")).metrics
     assert metrics == {}  # no cluster.wait: nothing measured here, though each day was waited for
     assert _day_runs(api) == list(DAYS)
     # Each run is submitted after the run before it was last polled: it had ended.
@@ -234,7 +234,7 @@ def test_a_schedule_creates_one_recurring_run(tmp_path, capsys, fake_credentials
     run_dir = tmp_path / "run"
     with FakeKfpApi() as api:
         cfg = compose_config(run_dir, *PROD, f"cluster.host={api.url}", *SCHEDULED)
-        assert run(cfg) == {}
+        assert run(cfg).metrics == {}
     assert api.posts("/apis/v2beta1/runs") == []
     [body] = api.posts("/apis/v2beta1/recurringruns")
     [recurring_id] = api.recurring_runs

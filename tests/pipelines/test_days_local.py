@@ -18,7 +18,8 @@ def test_two_days_continue_one_store_and_a_rerun_skips_them(tmp_path, capsys):
     overrides = ("data=criteo", "experiment=tiny", "ps.epochs=1", "eval.baseline=false",
                  f"data.uri='{tmp_path / 'logs'}/day_{{day}}.tsv'", "data.days=[0,1]")
     run_dir = tmp_path / "run"
-    metrics = run(compose_config(run_dir, *overrides))
+    result = run(compose_config(run_dir, *overrides))
+    metrics = result.metrics
     out = capsys.readouterr().out
     with open(run_dir / "days.csv") as table:
         rows = list(csv.DictReader(table))
@@ -32,10 +33,14 @@ def test_two_days_continue_one_store_and_a_rerun_skips_them(tmp_path, capsys):
     assert metrics == json.loads((run_dir / "metrics.json").read_text())
     assert json.loads((run_dir / "days" / "1" / "metrics.json").read_text()) == metrics
     assert (run_dir / "days.png").is_file() and "Days trained" in (run_dir / "report.md").read_text()
+    # The days share the run's step cache (beside run_dir, as for any run outside outputs/<date>/).
+    assert (tmp_path / ".kfp-cache").is_dir() and not (run_dir / "days" / ".kfp-cache").exists()
     stats = json.loads(next((run_dir / "days" / "1" / "kfp").rglob("stats.json")).read_text())
     assert stats["day"] == "1" and stats["drift"]["previous_day"] == "0"
 
-    assert run(compose_config(run_dir, *overrides)) == {}  # the same days again: nothing to train
+    assert result.report == run_dir / "report.html" and result.checkpoint == ledger.entry("1")["checkpoint"]
+    rerun = run(compose_config(run_dir, *overrides))  # the same days again: nothing to train
+    assert rerun.metrics == {} and rerun.checkpoint is None
     out = capsys.readouterr().out
     assert "day '0': trained already" in out and "day '1': trained already" in out and "nothing to do" in out
     assert DayLedger(CheckpointStore(str(run_dir / "checkpoint"))).trained() == ["0", "1"]

@@ -31,7 +31,7 @@ from kfp.pipeline_spec import pipeline_spec_pb2
 
 from components.checkpoint.store import make_id
 from components.config import from_dict
-from components.checkpoint.evaluation import record_evaluation
+from components.checkpoint.evaluation import read_evaluation, record_evaluation
 from components.export.signing import SECRET_MOUNT
 from components.resolve.step import RUN_PARAMETERS, config_struct, run_parameters
 import pipelines.kubeflow
@@ -309,8 +309,8 @@ def test_submit_creates_one_run_in_the_experiment(tmp_path, capsys, fake_credent
     run_dir = tmp_path / "run"
     with FakeKfpApi(experiments=known) as api:
         cfg = compose_config(run_dir, *PROD, f"cluster.host={api.url}", "ps.epochs=3")
-        metrics = run(cfg)
-    assert metrics == {}  # submitted, not waited for: nothing measured
+        result = run(cfg)
+    assert result.metrics == {} and result.checkpoint is None  # submitted, not waited for: nothing measured
 
     created = api.posts("/apis/v2beta1/experiments")
     assert created == ([] if existing else [{"display_name": "ctr-ps", "namespace": "kubeflow"}])
@@ -450,9 +450,12 @@ def _state_lines(out: str, run_id: str) -> list[str]:
 def test_waiting_returns_the_metrics_of_the_run(tmp_path, capsys, s3_endpoint):
     run_dir = tmp_path / "run"
     with FakeKfpApi(execute=_evaluate) as api:
-        metrics = run(compose_config(run_dir, *WAIT, f"cluster.host={api.url}", f"checkpoint.uri={s3_endpoint}",
-                                     "ps.epochs=3"))
-    assert metrics == {"auc": pytest.approx(_auc(3)), "logloss": 0.45}
+        result = run(compose_config(run_dir, *WAIT, f"cluster.host={api.url}", f"checkpoint.uri={s3_endpoint}",
+                                    "ps.epochs=3"))
+    metrics = result.metrics
+    assert metrics == {"auc": pytest.approx(_auc(3)), "logloss": 0.45} and result.test_auc == metrics["auc"]
+    assert result.checkpoint == read_evaluation(s3_endpoint)["checkpoint"]  # what its evaluate step recorded
+    assert result.checkpoint.endswith("-e0003-s0000000300") and result.report is None
     assert json.loads((run_dir / "metrics.json").read_text()) == metrics
     [run_id] = api.runs
     assert json.loads((run_dir / "kubeflow_run.json").read_text())["run_id"] == run_id
@@ -498,7 +501,8 @@ def test_failed_polls_are_retried_then_given_up(tmp_path, capsys, monkeypatch, s
     monkeypatch.setattr(pipelines.kubeflow, "POLL_FAILURES_TOLERATED", 3)
     overrides = (*WAIT, f"checkpoint.uri={s3_endpoint}")
     with FakeKfpApi(fail={"GET /apis/v2beta1/runs/{run_id}": [503, 503]}, execute=_evaluate) as api:
-        assert run(compose_config(tmp_path / "flaky", *overrides, f"cluster.host={api.url}"))["auc"] == pytest.approx(_auc(1))
+        waited = run(compose_config(tmp_path / "flaky", *overrides, f"cluster.host={api.url}"))
+    assert waited.test_auc == pytest.approx(_auc(1))
     [run_id] = api.runs
     assert f"Kubeflow run {run_id}: poll failed (2 in a row): HTTP 503" in capsys.readouterr().out
 

@@ -219,7 +219,7 @@ def test_cli_reports_a_config_error_in_one_line(tmp_path):
 
 def test_local_pipeline_end_to_end(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    returned = run(compose_config(run_dir, "experiment=tiny"))  # the Python API: the run's test metrics
+    returned = run(compose_config(run_dir, "experiment=tiny"))  # the Python API: a RunResult
     out = capsys.readouterr().out
     for name in ("metrics.json", "report.md", "report.html", "roc.png", "config.yaml",
                  "logs/worker-0.log", "logs/server-0.log", "checkpoint/LATEST", "serving_model/serving.json",
@@ -227,7 +227,9 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
                  "serving_model/shards/00000.ids.npy", "serving_model/shards/00000.rows.npy"):
         assert (run_dir / name).is_file(), name
     metrics = json.loads((run_dir / "metrics.json").read_text())
-    assert returned == metrics and {"auc", "logloss", "baseline_auc", "lift_auc"} <= set(returned)
+    assert returned.metrics == metrics and {"auc", "logloss", "baseline_auc", "lift_auc"} <= set(metrics)
+    assert returned.test_auc == metrics["auc"] and returned.run_dir == run_dir
+    assert returned.report == run_dir / "report.html"
     assert metrics["auc"] > 0.6, metrics
     # The PS job's progress came through kfp.local to this process's stdout as it trained, then the summary table;
     # its own lines went to the run's log file (no Hydra logging here: run.log).
@@ -260,7 +262,7 @@ def test_local_pipeline_end_to_end(tmp_path, capsys):
         data_dir / "transform" / "transform.json").read_bytes()
     # The export serves the checkpoint the train step delivered: the best on the validation split, not the latest.
     delivered = json.loads(next(run_dir.glob("kfp/*/train/checkpoint")).read_text())["id"]
-    assert source["id"] == delivered and delivered in CheckpointStore(source["uri"]).committed()
+    assert source["id"] == delivered == returned.checkpoint and delivered in CheckpointStore(source["uri"]).committed()
     checkpoint = CheckpointStore(source["uri"]).download(source["id"], tmp_path / "fetched")
     table = CheckpointTable(checkpoint)
     ids, rows = table.whole()
@@ -281,7 +283,7 @@ def test_local_pipeline_on_real_criteo_format(tmp_path):
     run_dir = tmp_path / "run"
     overrides = ("experiment=tiny", "data=criteo", f"data.uri={inputs}/day_*.tsv", "data.test_fraction=0.3",
                  "data.prep_parallelism=2")
-    objective = run(compose_config(run_dir, *overrides))["auc"]
+    objective = run(compose_config(run_dir, *overrides)).test_auc
     metrics = json.loads((run_dir / "metrics.json").read_text())
     dataset = next((run_dir / "kfp").rglob("stats.json")).parent
     stats = json.loads((dataset / "stats.json").read_text())
@@ -345,7 +347,7 @@ def _executor_output(run_dir: Path, task: str) -> dict:
 
 def test_a_local_run_below_min_auc_shows_the_confusion_matrix_and_skips_the_export(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    objective = run(compose_config(run_dir, "experiment=tiny", "eval.min_auc=0.99", "eval.threshold=0.3"))["auc"]
+    objective = run(compose_config(run_dir, "experiment=tiny", "eval.min_auc=0.99", "eval.threshold=0.3")).test_auc
     out = capsys.readouterr().out
     assert objective < 0.99
     assert evaluate_model.component_spec.outputs["roc"].type.startswith("system.ClassificationMetrics")

@@ -25,7 +25,8 @@ def no_process(monkeypatch):
 
 def test_plan_starts_nothing_and_writes_nothing(tmp_path, capsys, no_process):
     run_dir = tmp_path / "run"
-    assert run(compose_config(run_dir, "plan=true", "experiment=tiny")) == {}  # nothing measured
+    result = run(compose_config(run_dir, "plan=true", "experiment=tiny"))
+    assert result.metrics == {} and result.report is None and result.checkpoint is None  # nothing measured or made
     out = capsys.readouterr().out
     assert out.startswith("plan: ")
     assert not run_dir.exists()  # no checkpoint, no config.yaml, no kfp root (Hydra's own files aside)
@@ -142,6 +143,7 @@ def test_plan_of_a_daily_run_is_its_first_untrained_day(tmp_path, capsys, no_pro
     write_days(tmp_path / "logs", DriftingSpec(days=2, rows_per_day=500,
                                                cardinalities=tuple(min(c, 50) for c in DEFAULT_CARDINALITIES)))
     run_dir = tmp_path / "run"
+    run_dir.mkdir()  # as Hydra makes it: the plan removes it again (not the planned day's directory, never made)
     run(compose_config(run_dir, "plan=true", "data=criteo", "experiment=tiny",
                        f"data.uri='{tmp_path / 'logs'}/day_{{day}}.tsv'", "data.days=[0,1]"))
     out = capsys.readouterr().out

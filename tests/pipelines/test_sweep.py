@@ -120,18 +120,21 @@ def test_a_sweep_over_model_keys_prepares_the_data_once(tmp_path):
 
 @pytest.mark.slow  # its fast twin: test_a_sweep_over_model_keys_prepares_the_data_once (the same cache, one command)
 def test_a_rerun_with_only_a_new_learning_rate_reuses_the_prepared_data(tmp_path):
-    # Two runs as a user types them: their run directories are siblings, so they share the cache root beside them.
+    # Two runs as a user types them, on different days: in their dated run directories (outputs/<date>/<time>, as
+    # conf/config.yaml makes them) they share the cache root above the dates, outputs/.kfp-cache.
     runs = {}
-    for name, learning_rate in (("first", "0.001"), ("again", "0.002")):
+    for name, learning_rate in (("2026-12-05/first", "0.001"), ("2026-12-06/again", "0.002")):
         done = subprocess.run([sys.executable, "-m", "pipelines.ctr", *TINY, f"model.learning_rate={learning_rate}",
                                f"hydra.run.dir={tmp_path / 'outputs' / name}"],
                               cwd=tmp_path, env={**os.environ, "PYTHONUNBUFFERED": "1"}, capture_output=True,
                               text=True, timeout=900)
         assert done.returncode == 0, done.stderr[-3000:]
         runs[name] = done.stdout
-    log = (tmp_path / "outputs" / "again" / "ctr.log").read_text()
+    log = (tmp_path / "outputs" / "2026-12-06" / "again" / "ctr.log").read_text()
     assert "Task convert-data cache hit" in log and "Task merge-data cache hit" in log
-    assert "cache hit" not in (tmp_path / "outputs" / "first" / "ctr.log").read_text()
-    assert re.search(r"^  merge-data +cached ", runs["again"], re.M), runs["again"]
-    assert not re.search(r"^  train\S* +cached ", runs["again"], re.M)  # the new learning rate trains again
-    assert len(list((tmp_path / "outputs").glob("*/kfp/*/merge-data/dataset/stats.json"))) == 1
+    assert "cache hit" not in (tmp_path / "outputs" / "2026-12-05" / "first" / "ctr.log").read_text()
+    again = runs["2026-12-06/again"]
+    assert re.search(r"^  merge-data +cached ", again, re.M), again
+    assert not re.search(r"^  train\S* +cached ", again, re.M)  # the new learning rate trains again
+    assert len(list((tmp_path / "outputs").glob("*/*/kfp/*/merge-data/dataset/stats.json"))) == 1
+    assert (tmp_path / "outputs" / ".kfp-cache").is_dir()

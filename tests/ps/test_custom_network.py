@@ -88,7 +88,7 @@ def test_a_custom_network_trains_evaluates_exports_and_serves_like_the_built_in_
     monkeypatch.setenv("PYTHONPATH", str(ROOT))  # every process of the run imports examples.custom_network
     run_dir = tmp_path / "run"
     metrics = run(compose_config(run_dir, "experiment=tiny", "ps.epochs=1", "eval.baseline=false", "model=custom",
-                                 "model.network=examples.custom_network:network"))
+                                 "model.network=examples.custom_network:network")).metrics
     assert metrics["auc"] > 0.7
     served = InferenceModel.load(run_dir / "serving_model")
     assert served.meta["model_name"] == "custom"
