@@ -1,4 +1,4 @@
-"""CPU a TLS terminator pair spends per GB of PS-like traffic: the job's stunnel against HAProxy, side by side.
+"""CPU a TLS terminator pair spends per GB of PS-like traffic: HAProxy (the job's) against stunnel, side by side.
 
     python bench/tls_terminators.py [--rounds 6000] [--repeats 3]
 
@@ -6,8 +6,9 @@ A client sends a 30 KB request and reads a 120 KB reply (about a pull's sizes at
 connections, through a client-side terminator and a server-side one on loopback to an echo server: what a worker's
 dial to a server crosses with ``ps.tls`` on. Both pairs use the job's own credentials (a per-job CA, P-256) and
 mutual TLS. Printed: the terminators' CPU seconds (user + system, from /proc) per GB carried, per run, and the
-median. stunnel's configuration is the job's (:func:`components.ps.tls.stunnel_config`); HAProxy's is written here
-(one thread, 64 KB buffers). Needs ``stunnel`` and ``haproxy`` (Debian: stunnel4, haproxy).
+median. HAProxy's configuration is the job's (:func:`components.ps.tls.terminator_config`: one thread, 64 KB
+buffers); stunnel's is the one the job used before it (:func:`stunnel_config`). Needs ``stunnel`` and ``haproxy``
+(Debian: stunnel4, haproxy).
 """
 
 from __future__ import annotations
@@ -85,29 +86,26 @@ def cpu_seconds(pids: list[int]) -> float:
     return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def haproxy_config(bind: str, server: str, directory: Path, tls_in: bool) -> str:
-    pem, ca = directory / "role.pem", directory / tls.CA_FILE
-    side = (f"    bind {bind} ssl crt {pem} ca-file {ca} verify required ssl-min-ver TLSv1.2\n"
-            f"    server s {server}\n") if tls_in else (
-            f"    bind {bind}\n"
-            f"    server s {server} ssl crt {pem} ca-file {ca} verify required verifyhost localhost "
-            "ssl-min-ver TLSv1.2\n")
-    return ("global\n    nbthread 1\n    tune.bufsize 65536\n"
-            "defaults\n    mode tcp\n    timeout connect 10s\n    timeout client 1h\n    timeout server 1h\n"
-            "listen tunnel\n" + side)
+def stunnel_config(name: str, accept: str, connect: str, directory: Path, client: bool) -> str:
+    """The job's stunnel service until HAProxy replaced it: mutual TLS 1.2+, the job's CA only, Nagle off."""
+    lines = ["foreground = yes", "pid =", "syslog = no", "debug = warning", f"cert = {directory}/role.crt",
+             f"key = {directory}/role.key", f"CAfile = {directory}/{tls.CA_FILE}", "verifyChain = yes",
+             "requireCert = yes", "sslVersionMin = TLSv1.2", "socket = l:TCP_NODELAY=1", "socket = r:TCP_NODELAY=1",
+             f"[{name}]", f"accept = {accept}", f"connect = {connect}"]
+    return "\n".join(lines + (["client = yes", "checkHost = localhost"] if client else [])) + "\n"
 
 
 def pair(kind: str, directory: Path, backend: int, network: int, local: int) -> list[list[str]]:
     """The commands of a server-side and a client-side terminator of ``kind``."""
     if kind == "stunnel":
-        server = tls.stunnel_config([tls.Tunnel("in", f"127.0.0.1:{network}", f"127.0.0.1:{backend}", client=False)],
-                                    str(directory))
-        client = tls.stunnel_config([tls.Tunnel("out", f"127.0.0.1:{local}", f"127.0.0.1:{network}", client=True,
-                                                peer="localhost")], str(directory))
+        server = stunnel_config("in", f"127.0.0.1:{network}", f"127.0.0.1:{backend}", directory, client=False)
+        client = stunnel_config("out", f"127.0.0.1:{local}", f"127.0.0.1:{network}", directory, client=True)
         suffix, command = ".conf", ["stunnel"]
     else:
-        server = haproxy_config(f"127.0.0.1:{network}", f"127.0.0.1:{backend}", directory, tls_in=True)
-        client = haproxy_config(f"127.0.0.1:{local}", f"127.0.0.1:{network}", directory, tls_in=False)
+        server = tls.terminator_config([tls.Tunnel("in", f"127.0.0.1:{network}", f"127.0.0.1:{backend}", client=False)],
+                                       "role.pem", tls_dir=str(directory))
+        client = tls.terminator_config([tls.Tunnel("out", f"127.0.0.1:{local}", f"127.0.0.1:{network}", client=True,
+                                                   peer="localhost")], "role.pem", tls_dir=str(directory))
         suffix, command = ".cfg", ["haproxy", "-db", "-f"]
     commands = []
     for name, text in (("server", server), ("client", client)):
@@ -152,8 +150,8 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)
         issued = issue_job_credentials("bench", {"localhost": []})["localhost"]
-        (directory / tls.CERT_FILE).write_bytes(issued.cert)
-        (directory / tls.KEY_FILE).write_bytes(issued.key)
+        (directory / "role.crt").write_bytes(issued.cert)
+        (directory / "role.key").write_bytes(issued.key)
         (directory / tls.CA_FILE).write_bytes(issued.ca)
         (directory / "role.pem").write_bytes(issued.cert + issued.key)
         runs: dict[str, list[float]] = {"stunnel": [], "haproxy": []}
@@ -163,7 +161,7 @@ def main(argv: list[str]) -> int:
                 print(f"run {repeat + 1}: {kind} {runs[kind][-1]:.2f} CPU-s/GB", flush=True)
     stunnel, haproxy = (statistics.median(runs[k]) for k in ("stunnel", "haproxy"))
     print(f"| terminator pair | CPU-s per GB (median of {args.repeats}) |\n|---|---|\n"
-          f"| stunnel (the job's) | {stunnel:.2f} |\n| HAProxy 1 thread, 64 KB buffers | {haproxy:.2f} "
+          f"| stunnel (the job's until 2026-12-05) | {stunnel:.2f} |\n| HAProxy (the job's) | {haproxy:.2f} "
           f"({haproxy / stunnel:.2f}x) |")
     return 0
 

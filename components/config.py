@@ -64,7 +64,7 @@ Compression = _vocabulary("Compression", ["none", "snappy", "gzip", "zlib", "lz4
                           "How a PS client compresses its requests (brpc's lossless codecs; README: choosing a mode "
                           "for your network).")
 PsTls = _vocabulary("PsTls", ["auto", "on", "off"],
-                    "Mutual TLS on the PS plane between hosts (stunnel beside each role, a CA per job): on whenever "
+                    "Mutual TLS on the PS plane between hosts (HAProxy beside each role, a CA per job): on whenever "
                     "roles talk across hosts (auto: compose, Kubernetes without cluster.mesh_encryption), always, or "
                     "never (docs/security.md).")
 ClusterBackend = _vocabulary("ClusterBackend", ["local", "trainjob", "jobset", "paddlejob"],

@@ -1,33 +1,36 @@
-"""Mutual TLS on every PS connection that leaves a host, by a TLS terminator (stunnel) beside each role.
+"""Mutual TLS on every PS connection that leaves a host, by a TLS terminator (HAProxy) beside each role.
 
 Paddle 2.6.2's brpc cannot be told to use TLS, and gloo's rendezvous store is plain HTTP, so with TLS on every role
-listens on its host's loopback only and stunnel carries what crosses hosts:
+listens on its host's loopback only and the terminator carries what crosses hosts:
 
-* a role's peers are dialled at *local* stunnel client ports, one per peer endpoint, on the same loopback port number
-  the peer itself listens on (:func:`loopback_layout`): so the endpoint lists every role gets (:func:`role_env`) are
-  one list of ``127.0.0.1:port`` entries, the same in every process, and a server still finds its own entry in it;
+* a role's peers are dialled at *local* client ports of its terminator, one per peer endpoint, on the same loopback
+  port number the peer itself listens on (:func:`loopback_layout`): so the endpoint lists every role gets are one
+  list of ``127.0.0.1:port`` entries, the same in every process, and a server still finds its own entry in it;
 * each client port forwards over TLS to the peer host's network-facing port (``cluster.paddle_port`` for a server's
   PS port, the gloo port for server 0's store: the ports the NetworkPolicy opens, as without TLS), where the peer's
-  stunnel server checks the client's certificate and forwards to the peer's loopback port.
-
-A compose job's files (certificate, key, CA, stunnel configuration) are made when its compose file is generated
-(:func:`role_files`); a Kubernetes pod's template serves every index of its role, so its terminator is configured in
-the pod (:func:`pod_plan`) from the env the template gives (the host layout, the role, the index), with the
-certificates of every index of the role in one Secret (:func:`role_credentials`), named ``<role>-<index>.crt``/``.key``.
+  terminator checks the client's certificate and forwards to the peer's loopback port.
 
 Both ends present a certificate of the job's own CA (:mod:`components.ps.tls_certs`) and verify the other's chain;
 a client also checks the name it dialled. A connection without the job's certificate never reaches a PS or store
-port. A worker's own brpc client service (``StartClientService``: the first free port from 8500 on the address the
+port. HAProxy, not stunnel: the same tunnels cost its one event-driven thread 0.69x the CPU per GB
+(``bench/tls_terminators.py``), and on a CPU-bound host that CPU is the workers'.
+
+A role's terminator is configured where it runs (``python -m components.ps.tls -- COMMAND...``, :func:`plan`), from
+the env its launcher gives every role (the host layout, the role, its index): it resolves the peers' names to
+addresses first (a name that does not resolve yet is waited for; HAProxy would refuse to start, and brpc segfaults
+on a failed lookup: :func:`components.ps.network.pin_addresses`), writes the configuration, starts HAProxy, waits
+until its ports listen, and becomes the role on the loopback layout (exec: the container's init stops HAProxy with
+the container). Its credentials are files in :data:`TLS_DIR`: the job's CA certificate and the role's certificate
+and key in one PEM file named by role and index (:func:`pem_name`): a compose service gets its own file
+(:func:`role_files`), a Kubernetes pod its role's Secret, which holds every index's (a pod template serves them all).
+
+A worker's own brpc client service (``StartClientService``: the first free port from 8500 on the address the
 host name resolves to) must stay off the network too: the compose backend names each container's host ``localhost``
 so it binds loopback; a Kubernetes pod's host name is its DNS name (JobSet sets it), so there that port stays on the
-pod's address, plaintext, reachable by the job's own pods only (the NetworkPolicy). Not carried: gloo's TCP transport between workers (barriers and the all-reduce of AUC
-statistics, on ephemeral ports whose addresses gloo exchanges through the store): it binds the host's network
-interface (:data:`TRANSPORT_HOST_ENV`, :mod:`components.ps.network`) and stays plaintext (docs/security.md).
-
-:func:`stunnel_config` writes a role's stunnel configuration; ``python -m components.ps.tls CONF -- COMMAND...``
-starts stunnel on it, waits until its ports listen, then becomes the role (exec: the container's init stops stunnel
-with the container); ``python -m components.ps.tls --pod -- COMMAND...`` first writes the pod's configuration
-(:func:`pod_plan`) and hands the role the loopback layout.
+pod's address, plaintext, reachable by the job's own pods only (the NetworkPolicy). Not carried: gloo's TCP
+transport between workers (barriers and the all-reduce of AUC statistics, on ephemeral ports whose addresses gloo
+exchanges through the store): it binds the host's network interface (:data:`TRANSPORT_HOST_ENV`,
+:mod:`components.ps.network`) and stays plaintext (docs/security.md).
 """
 
 from __future__ import annotations
@@ -37,23 +40,28 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping
+from typing import Callable, Mapping
 
 from components.config import ClusterBackend, ConfigError, CtrConfig, PsTls
 from components.ps.contract import INDEX_ENV, ROLE_ENV, ClusterLayout, Role, role_env, wait_until_listening
-from components.ps.network import TRANSPORT_HOST_ENV
+from components.ps.network import TRANSPORT_HOST_ENV, resolved_own_host
 from components.ps.tls_certs import RoleCredentials, issue_job_credentials
 
 LOOPBACK = "127.0.0.1"
-# A role's loopback port is its network-facing port plus this (both are bound on the same host: a server's stunnel
+# A role's loopback port is its network-facing port plus this (both are bound on the same host: a server's terminator
 # accepts on paddle_port while the server listens on loopback) and its index among the servers (each server's entry
 # in the endpoint list is distinct).
 LOOPBACK_PORT_OFFSET = 100
-TLS_DIR = "/etc/ctr-ps/tls"  # a role's certificate, key, the job's CA and its stunnel configuration
-CERT_FILE, KEY_FILE, CA_FILE, CONF_FILE = "role.crt", "role.key", "ca.crt", "stunnel.conf"
-STUNNEL_START_TIMEOUT_S = 30.0
-# Where a pod's terminator writes its configuration (the Secret at TLS_DIR is read-only; /tmp is the pod's emptyDir).
-POD_CONF = "/tmp/ctr-ps-tls/stunnel.conf"
+TLS_DIR = "/etc/ctr-ps/tls"  # the job's CA certificate and a role's certificate and key (read-only)
+CA_FILE = "ca.crt"
+TERMINATOR_START_TIMEOUT_S = 30.0
+# How long a role waits for a peer's name to resolve before its terminator starts (a pod's DNS name is published a
+# moment after the pod starts; compose's servers start together).
+PEER_RESOLVE_TIMEOUT_S = 120.0
+# Where the terminator's configuration is written (TLS_DIR is read-only; /tmp is a pod's emptyDir).
+RUN_CONF = "/tmp/ctr-ps-tls/haproxy.cfg"
+# A PS connection idles through a long save or evaluation; closed, brpc reconnects, but nothing should close it.
+IDLE_TIMEOUT = "24h"
 # The Kubernetes backends whose pods carry a terminator: their host names and indices are the launcher's to know.
 # paddle-operator sets POD_IP and the pods' names itself.
 TERMINATED_BACKENDS = (ClusterBackend.jobset, ClusterBackend.trainjob)
@@ -89,8 +97,9 @@ def plaintext_warning(cfg: CtrConfig, compose: bool = False) -> str | None:
 
 @dataclass(frozen=True)
 class Tunnel:
-    """One stunnel service: ``accept`` (host:port) forwarded to ``connect``; a client tunnel dials ``connect`` over
-    TLS and checks the peer's certificate names ``peer``; a server tunnel terminates TLS and forwards on loopback."""
+    """One tunnel of a terminator: ``accept`` (host:port) forwarded to ``connect``; a client tunnel dials
+    ``connect`` over TLS and checks the peer's certificate names ``peer``; a server tunnel terminates TLS and
+    forwards on loopback."""
 
     name: str
     accept: str
@@ -111,7 +120,7 @@ def loopback_layout(hosts: ClusterLayout) -> ClusterLayout:
 
 
 def tunnels(hosts: ClusterLayout, role: Role, index: int) -> list[Tunnel]:
-    """The stunnel services of one role: a server terminates TLS on its PS port (server 0 on the store's too); a
+    """The tunnels of one role: a server terminates TLS on its PS port (server 0 on the store's too); a
     worker dials every server and the store, a server other than 0 the store (servers do not dial each other)."""
     local = loopback_layout(hosts)
     store = Tunnel("store", f"{LOOPBACK}:{_port(local.gloo_endpoint)}", hosts.gloo_endpoint, client=True,
@@ -134,30 +143,40 @@ def _port(endpoint: str) -> int:
     return int(endpoint.rsplit(":", 1)[1])
 
 
-def stunnel_config(role_tunnels: list[Tunnel], tls_dir: str = TLS_DIR, cert: str = CERT_FILE,
-                   key: str = KEY_FILE) -> str:
-    """stunnel's configuration for a role's tunnels: in the foreground (its log on stderr), TLS 1.2 at least, the
-    role's certificate (``cert``, ``key`` in ``tls_dir``) on both sides, the peer's chain verified against the job's
-    CA alone, the dialled name checked."""
-    lines = ["; Generated by components/ps/tls.py: a role's TLS terminator (mutual TLS, the job's CA only).",
-             "foreground = yes", "pid =", "syslog = no", "debug = warning",
-             f"cert = {tls_dir}/{cert}", f"key = {tls_dir}/{key}", f"CAfile = {tls_dir}/{CA_FILE}",
-             # verifyChain: the peer must present a certificate that chains to CAfile (no system CAs are loaded).
-             "verifyChain = yes", "requireCert = yes", "sslVersionMin = TLSv1.2",
-             # Nagle off: brpc's small requests must not wait for a full segment in the tunnel.
-             "socket = l:TCP_NODELAY=1", "socket = r:TCP_NODELAY=1"]
+def terminator_config(role_tunnels: list[Tunnel], pem: str, addresses: Mapping[str, str] = {},
+                      tls_dir: str = TLS_DIR) -> str:
+    """HAProxy's configuration for a role's tunnels: in TCP mode, one thread, TLS 1.2 at least, the role's
+    certificate and key (``pem`` in ``tls_dir``) on both sides, the peer's chain verified against the job's CA alone,
+    the dialled name checked; a peer dialled at its address in ``addresses`` (by name where none is given)."""
+    cert, ca = f"{tls_dir}/{pem}", f"{tls_dir}/{CA_FILE}"
+    lines = ["# Generated by components/ps/tls.py: a role's TLS terminator (mutual TLS, the job's CA only).",
+             # One thread: the role's own threads want the cores. 64 KB buffers: fewer reads and writes per message
+             # (bench/tls_terminators.py).
+             "global", "    nbthread 1", "    tune.bufsize 65536",
+             "defaults", "    mode tcp", "    timeout connect 10s",
+             f"    timeout client {IDLE_TIMEOUT}", f"    timeout server {IDLE_TIMEOUT}"]
     for tunnel in role_tunnels:
-        lines += ["", f"[{tunnel.name}]", f"accept = {tunnel.accept}", f"connect = {tunnel.connect}"]
+        lines += ["", f"listen {tunnel.name}"]
         if tunnel.client:
-            # delay: resolve the peer when a connection comes (its DNS name may not exist yet when this starts).
-            lines += ["client = yes", f"checkHost = {tunnel.peer}", "delay = yes"]
+            host, port = tunnel.connect.rsplit(":", 1)
+            lines += [f"    bind {tunnel.accept}",
+                      f"    server {tunnel.peer} {addresses.get(host, host)}:{port} ssl crt {cert} ca-file {ca} "
+                      f"verify required verifyhost {tunnel.peer} ssl-min-ver TLSv1.2"]
+        else:
+            lines += [f"    bind {tunnel.accept} ssl crt {cert} ca-file {ca} verify required ssl-min-ver TLSv1.2",
+                      f"    server local {tunnel.connect}"]
     return "\n".join(lines) + "\n"
 
 
 def accept_endpoints(conf_text: str) -> list[str]:
-    """Where the stunnel of ``conf_text`` listens, as endpoints this host can dial."""
-    accepts = [line.split("=", 1)[1].strip() for line in conf_text.splitlines() if line.startswith("accept =")]
-    return [a.replace("0.0.0.0:", f"{LOOPBACK}:", 1) for a in accepts]
+    """Where the terminator of ``conf_text`` listens, as endpoints this host can dial."""
+    binds = [line.split()[1] for line in conf_text.splitlines() if line.strip().startswith("bind ")]
+    return [b.replace("0.0.0.0:", f"{LOOPBACK}:", 1) for b in binds]
+
+
+def pem_name(role: Role, index: int) -> str:
+    """A role's certificate and key, in one PEM file (what HAProxy reads)."""
+    return f"{role.value}-{index}.pem"
 
 
 def role_credentials(hosts: ClusterLayout) -> dict[tuple[Role, int], RoleCredentials]:
@@ -168,28 +187,23 @@ def role_credentials(hosts: ClusterLayout) -> dict[tuple[Role, int], RoleCredent
 
 
 def role_files(hosts: ClusterLayout) -> dict[tuple[Role, int], dict[str, str]]:
-    """Everything each role's terminator reads from :data:`TLS_DIR`, by role: its certificate and key (named by its
-    host in ``hosts``), the CA's certificate of a new CA for the job, and its stunnel configuration."""
-    return {(role, index): {CERT_FILE: issued.cert.decode(), KEY_FILE: issued.key.decode(), CA_FILE: issued.ca.decode(),
-                            CONF_FILE: stunnel_config(tunnels(hosts, role, index))}
+    """What each role's terminator reads from :data:`TLS_DIR` (a compose service's own files), by role: its
+    certificate and key, and the CA's certificate of a new CA for the job."""
+    return {(role, index): {pem_name(role, index): (issued.cert + issued.key).decode(), CA_FILE: issued.ca.decode()}
             for (role, index), issued in role_credentials(hosts).items()}
 
 
-def pod_key_names(role: Role, index: int) -> tuple[str, str]:
-    """The names of a role's certificate and key in its role's Secret (one Secret serves every index of a role)."""
-    return f"{role.value}-{index}.crt", f"{role.value}-{index}.key"
-
-
-def pod_plan(environ: Mapping[str, str]) -> tuple[str, dict[str, str]]:
-    """A pod's terminator, from the env its template gives (the host layout, :data:`ROLE_ENV`, :data:`INDEX_ENV`):
-    its stunnel configuration (certificates from the role's Secret at :data:`TLS_DIR`) and the variables that
-    move the role onto the loopback layout (:func:`role_env` of :func:`loopback_layout`, :func:`transport_env`)."""
+def plan(environ: Mapping[str, str], resolve: Callable[[str], str]) -> tuple[str, dict[str, str]]:
+    """A role's terminator, from the env its launcher gives (the host layout, :data:`ROLE_ENV`, :data:`INDEX_ENV`):
+    its configuration, each peer dialled at the address ``resolve`` gives its name, and the variables that move the
+    role onto the loopback layout (:func:`role_env` of :func:`loopback_layout`, :func:`transport_env`)."""
     hosts = ClusterLayout(tuple(environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(",")),
                           tuple(environ["PADDLE_TRAINER_ENDPOINTS"].split(",")),
                           environ["PADDLE_GLOO_HTTP_ENDPOINT"], environ["SYS_JOB_ID"])
     role, index = Role(environ[ROLE_ENV]), int(environ[INDEX_ENV])
-    cert, key = pod_key_names(role, index)
-    conf = stunnel_config(tunnels(hosts, role, index), cert=cert, key=key)
+    role_tunnels = tunnels(hosts, role, index)
+    addresses = {peer: resolve(peer) for peer in dict.fromkeys(t.peer for t in role_tunnels if t.client)}
+    conf = terminator_config(role_tunnels, pem_name(role, index), addresses)
     return conf, {**role_env(loopback_layout(hosts), role, index), **transport_env(hosts, role, index)}
 
 
@@ -198,29 +212,34 @@ def transport_env(hosts: ClusterLayout, role: Role, index: int) -> dict[str, str
     return {TRANSPORT_HOST_ENV: _host(hosts.endpoint(role, index))}
 
 
+def _peer_address(host: str) -> str:
+    return resolved_own_host(host, PEER_RESOLVE_TIMEOUT_S, what="a peer's host", key="the PS layout")
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 3 or argv[1] != "--":
-        print("usage: python -m components.ps.tls {STUNNEL_CONF | --pod} -- COMMAND [ARG...]", file=sys.stderr)
+    if len(argv) < 2 or argv[0] != "--":
+        print("usage: python -m components.ps.tls -- COMMAND [ARG...]", file=sys.stderr)
         return 2
-    conf, command = argv[0], argv[2:]
-    if conf == "--pod":
-        text, env = pod_plan(os.environ)
-        conf = POD_CONF
-        Path(conf).parent.mkdir(parents=True, exist_ok=True)
-        Path(conf).write_text(text)
-        os.environ.update(env)
-    with open(conf) as f:
-        endpoints = accept_endpoints(f.read())
-    stunnel = subprocess.Popen(["stunnel", conf])
+    command = argv[1:]
+    try:
+        text, env = plan(os.environ, _peer_address)
+    except OSError as err:
+        print(f"error: {err}", file=sys.stderr, flush=True)
+        return 1
+    Path(RUN_CONF).parent.mkdir(parents=True, exist_ok=True)
+    Path(RUN_CONF).write_text(text)
+    terminator = subprocess.Popen(["haproxy", "-db", "-f", RUN_CONF])
+    endpoints = accept_endpoints(text)
     try:
         # hold_s=0: a client tunnel closes what it accepted while its peer is not up yet, which is no matter here.
-        wait_until_listening(endpoints, STUNNEL_START_TIMEOUT_S, hold_s=0)
+        wait_until_listening(endpoints, TERMINATOR_START_TIMEOUT_S, hold_s=0)
     except TimeoutError:
-        stunnel.kill()
-        print(f"error: stunnel ({conf}) did not listen on {endpoints} within {STUNNEL_START_TIMEOUT_S:.0f}s "
-              f"(exit status {stunnel.poll()}); see its lines above", file=sys.stderr, flush=True)
+        terminator.kill()
+        print(f"error: HAProxy ({RUN_CONF}) did not listen on {endpoints} within {TERMINATOR_START_TIMEOUT_S:.0f}s "
+              f"(exit status {terminator.poll()}); see its lines above", file=sys.stderr, flush=True)
         return 1
-    # stunnel stays this process's child; it ends with the container (its init stops what is left).
+    os.environ.update(env)
+    # HAProxy stays this process's child; it ends with the container (its init stops what is left).
     os.execvp(command[0], command)
 
 

@@ -20,7 +20,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 VALIDITY = datetime.timedelta(days=30)
-_CURVE = ec.SECP256R1()  # P-256: what every TLS 1.2/1.3 stack (stunnel's OpenSSL here) negotiates fastest
+_CURVE = ec.SECP256R1()  # P-256: what every TLS 1.2/1.3 stack (HAProxy's OpenSSL here) negotiates fastest
 
 
 @dataclass(frozen=True)

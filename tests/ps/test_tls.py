@@ -1,6 +1,6 @@
 """Mutual TLS on the PS plane (components/ps/tls.py, tls_certs.py): the per-job CA and its certificates, the
-address rewrite, the stunnel configurations, ``ps.tls`` and its ``auto`` resolution per backend. A real stunnel
-pair carries a connection when it holds the job's certificates and refuses one that does not
+address rewrite, the terminators' configurations, ``ps.tls`` and its ``auto`` resolution per backend. A real
+terminator (HAProxy) pair carries a connection when it holds the job's certificates and refuses one that does not
 (containers/tls_check.sh does the same on the compose job's network, with Paddle behind it)."""
 
 from __future__ import annotations
@@ -141,40 +141,53 @@ def test_servers_terminate_tls_on_their_network_ports_and_forward_to_loopback():
                        "store": ("127.0.0.1:36118", "ps-0:36018", True)}
 
 
-def test_stunnel_config_verifies_the_peer_against_the_jobs_ca_and_checks_the_dialled_name():
-    text = tls.stunnel_config(tls.tunnels(HOSTS, Role.WORKER, 0), "/tls")
-    for line in ("verifyChain = yes", "requireCert = yes", "CAfile = /tls/ca.crt", "cert = /tls/role.crt",
-                 "key = /tls/role.key", "sslVersionMin = TLSv1.2", "foreground = yes"):
-        assert line in text.splitlines()
-    assert "[ps-1]\naccept = 127.0.0.1:36101\nconnect = ps-1:36000\nclient = yes\ncheckHost = ps-1" in text
+def test_the_terminator_verifies_the_peer_against_the_jobs_ca_and_checks_the_dialled_name():
+    text = tls.terminator_config(tls.tunnels(HOSTS, Role.WORKER, 0), "worker-0.pem", {"ps-1": "10.0.0.7"}, "/tls")
+    lines = [line.strip() for line in text.splitlines()]
+    assert ("server ps-1 10.0.0.7:36000 ssl crt /tls/worker-0.pem ca-file /tls/ca.crt verify required "
+            "verifyhost ps-1 ssl-min-ver TLSv1.2") in lines  # dialled at its address, its name checked
+    assert ("server ps-0 ps-0:36000 ssl crt /tls/worker-0.pem ca-file /tls/ca.crt verify required "
+            "verifyhost ps-0 ssl-min-ver TLSv1.2") in lines  # no address given: by name
+    assert "mode tcp" in lines and "nbthread 1" in lines
     assert tls.accept_endpoints(text) == ["127.0.0.1:36100", "127.0.0.1:36101", "127.0.0.1:36118"]
-    assert tls.accept_endpoints(tls.stunnel_config(tls.tunnels(HOSTS, Role.SERVER, 0))) == [
-        "127.0.0.1:36000", "127.0.0.1:36018"]
+    server = tls.terminator_config(tls.tunnels(HOSTS, Role.SERVER, 0), "server-0.pem", tls_dir="/tls")
+    assert ("bind 0.0.0.0:36000 ssl crt /tls/server-0.pem ca-file /tls/ca.crt verify required ssl-min-ver TLSv1.2"
+            in [line.strip() for line in server.splitlines()])  # a client without the job's certificate: refused
+    assert tls.accept_endpoints(server) == ["127.0.0.1:36000", "127.0.0.1:36018"]
 
 
 def test_role_files_hold_each_roles_own_key_and_one_ca():
     files = tls.role_files(HOSTS)
     assert set(files) == {(Role.SERVER, 0), (Role.SERVER, 1), (Role.WORKER, 0), (Role.WORKER, 1), (Role.WORKER, 2)}
     assert len({f[tls.CA_FILE] for f in files.values()}) == 1
-    assert len({f[tls.KEY_FILE] for f in files.values()}) == len(files)
-    assert files[(Role.WORKER, 2)][tls.CONF_FILE] == tls.stunnel_config(tls.tunnels(HOSTS, Role.WORKER, 2))
+    pems = [f[tls.pem_name(*role)] for role, f in files.items()]
+    assert len(set(pems)) == len(files) and all("PRIVATE KEY" in pem and "CERTIFICATE" in pem for pem in pems)
     assert tls.transport_env(HOSTS, Role.WORKER, 2) == {"PS_TRANSPORT_HOST": "worker-2"}
 
 
-def test_a_pod_configures_its_terminator_from_its_env_and_hands_the_role_the_loopback_layout():
-    conf, env = tls.pod_plan(role_env(HOSTS, Role.WORKER, 2))  # what a pod template gives worker 2
-    assert f"cert = {tls.TLS_DIR}/worker-2.crt" in conf and f"key = {tls.TLS_DIR}/worker-2.key" in conf
+def test_a_role_configures_its_terminator_from_its_env_and_gets_the_loopback_layout():
+    resolved = []
+
+    def resolve(host):
+        resolved.append(host)
+        return f"10.0.0.{len(resolved)}"
+
+    conf, env = tls.plan(role_env(HOSTS, Role.WORKER, 2), resolve)  # what a launcher gives worker 2
+    assert resolved == ["ps-0", "ps-1"]  # each peer once (ps-0 serves the store too)
+    assert f"ssl crt {tls.TLS_DIR}/worker-2.pem" in conf
     assert tls.accept_endpoints(conf) == ["127.0.0.1:36100", "127.0.0.1:36101", "127.0.0.1:36118"]
-    assert "connect = ps-1:36000" in conf and "checkHost = ps-1" in conf
+    assert "server ps-1 10.0.0.2:36000 ssl" in conf and "server ps-0 10.0.0.1:36018 ssl" in conf
     assert env["POD_IP"] == "127.0.0.1" and env["PADDLE_PORT"] == "36104"
     assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == "127.0.0.1:36100,127.0.0.1:36101"
     assert env["PADDLE_GLOO_HTTP_ENDPOINT"] == "127.0.0.1:36118" and env["PS_TRANSPORT_HOST"] == "worker-2"
-    conf, env = tls.pod_plan(role_env(HOSTS, Role.SERVER, 1))
+    resolved.clear()
+    conf, env = tls.plan(role_env(HOSTS, Role.SERVER, 1), resolve)
+    assert resolved == ["ps-0"]  # the store only: a server never waits for a worker
     assert tls.accept_endpoints(conf) == ["127.0.0.1:36000", "127.0.0.1:36118"]  # its PS port; the store's client
-    assert "connect = 127.0.0.1:36101" in conf and env["PADDLE_PORT"] == "36101"
+    assert "server local 127.0.0.1:36101" in conf and env["PADDLE_PORT"] == "36101"
 
 
-# -- a real stunnel pair ------------------------------------------------------------------------------------------
+# -- a real terminator pair ------------------------------------------------------------------------------------------
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -184,16 +197,15 @@ def free_port() -> int:
 
 def write_role(directory: Path, credentials, tunnels: list[tls.Tunnel]) -> Path:
     directory.mkdir()
-    (directory / tls.CERT_FILE).write_bytes(credentials.cert)
-    (directory / tls.KEY_FILE).write_bytes(credentials.key)
+    (directory / "role.pem").write_bytes(credentials.cert + credentials.key)
     (directory / tls.CA_FILE).write_bytes(credentials.ca)
-    conf = directory / tls.CONF_FILE
-    conf.write_text(tls.stunnel_config(tunnels, str(directory)))
+    conf = directory / "haproxy.cfg"
+    conf.write_text(tls.terminator_config(tunnels, "role.pem", tls_dir=str(directory)))
     return conf
 
 
-@pytest.mark.skipif(shutil.which("stunnel") is None, reason="stunnel is not installed (apt-get install stunnel4)")
-def test_a_stunnel_pair_carries_the_jobs_connections_and_refuses_a_client_without_its_certificate(tmp_path):
+@pytest.mark.skipif(shutil.which("haproxy") is None, reason="HAProxy is not installed (apt-get install haproxy)")
+def test_a_terminator_pair_carries_the_jobs_connections_and_refuses_a_client_without_its_certificate(tmp_path):
     backend, network, local = free_port(), free_port(), free_port()
     echo = socket.create_server(("127.0.0.1", backend))
     served = []
@@ -215,7 +227,8 @@ def test_a_stunnel_pair_carries_the_jobs_connections_and_refuses_a_client_withou
         tls.Tunnel("in", f"127.0.0.1:{network}", f"127.0.0.1:{backend}", client=False)])
     client_conf = write_role(tmp_path / "client", issued, [
         tls.Tunnel("out", f"127.0.0.1:{local}", f"127.0.0.1:{network}", client=True, peer="localhost")])
-    procs = [subprocess.Popen(["stunnel", str(c)], stderr=subprocess.DEVNULL) for c in (server_conf, client_conf)]
+    procs = [subprocess.Popen(["haproxy", "-db", "-f", str(c)], stderr=subprocess.DEVNULL)
+             for c in (server_conf, client_conf)]
     try:
         wait_until_listening([f"127.0.0.1:{network}", f"127.0.0.1:{local}"], 10, hold_s=0)
         with socket.create_connection(("127.0.0.1", local), timeout=5) as conn:
@@ -247,7 +260,7 @@ def test_a_stunnel_pair_carries_the_jobs_connections_and_refuses_a_client_withou
                 assert raw.recv(64) != b"PS_STOP_SERVER"  # a TLS alert, the close, or a reset
             except ConnectionResetError:
                 pass
-        time.sleep(0.5)  # what stunnel forwarded, the backend has read
+        time.sleep(0.5)  # what the terminator forwarded, the backend has read
         assert [data for data in served if data] == [b"ps_pull"]  # the job's request only; empty: probes' closes
     finally:
         for proc in procs:

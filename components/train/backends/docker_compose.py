@@ -93,7 +93,7 @@ def role_service_name(role: Role, index: int) -> str:
 
 def compose_layout(cfg: CtrConfig) -> ClusterLayout:
     """Every process listens on ``cluster.paddle_port`` of its own container, named by its service (with TLS on,
-    its stunnel does, and the process on loopback: :func:`components.ps.tls.loopback_layout`)."""
+    its terminator does, and the process on loopback: :func:`components.ps.tls.loopback_layout`)."""
     return host_layout(role_service_name, cfg.ps.servers, cfg.ps.workers, cfg.cluster.paddle_port, gloo_port(cfg),
                        job_id=PROJECT)
 
@@ -167,7 +167,7 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str, tls
     run ``gpu_image`` and reserve ``cluster.workers.gpus`` GPUs each (distinct devices) when that is > 0, else
     ``image``. Storage credentials are passed through from the shell running ``docker compose`` by name only
     (``cluster.storage_secrets`` keys), never written into the file. With TLS on (:func:`components.ps.tls.tls_on`)
-    each role runs behind its stunnel (``python -m components.ps.tls``, in the role's container: it lives and dies
+    each role runs behind its terminator (``python -m components.ps.tls``, in the role's container: it lives and dies
     with the role, and compose's readiness and exit rules stay the role's) on the loopback layout, its TLS files
     mounted from ``tls_dir/<service>`` (relative to the compose file), its host named ``localhost`` so that a
     worker's brpc client service binds loopback (:mod:`components.ps.tls`).
@@ -175,7 +175,7 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str, tls
     _check(cfg)
     hosts = compose_layout(cfg)
     secure = tls.tls_on(cfg, compose=True)
-    layout = tls.loopback_layout(hosts) if secure else hosts
+    layout = tls.loopback_layout(hosts) if secure else hosts  # where the roles listen (the health checks ask)
     credentials = {name: None for secret in cfg.cluster.storage_secrets for name in secret.keys}
     store = [f"checkpoints:{CHECKPOINT_MOUNT}"] if _local_path(cfg.checkpoint.uri) is not None else []
     spec_volume = f"./{spec_file}:{SPEC_MOUNT}:ro"
@@ -193,10 +193,9 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str, tls
                 "volumes": [spec_volume, *volumes]}
 
     def role_service(role: Role, index: int, service_image: str) -> dict:
-        command, env, volumes = ["python", "-m", "components.ps.role"], role_env(layout, role, index), []
-        if secure:
-            command = ["python", "-m", "components.ps.tls", f"{tls.TLS_DIR}/{tls.CONF_FILE}", "--", *command]
-            env.update(tls.transport_env(hosts, role, index))
+        command, env, volumes = ["python", "-m", "components.ps.role"], role_env(hosts, role, index), []
+        if secure:  # the terminator moves the role onto the loopback layout
+            command = ["python", "-m", "components.ps.tls", "--", *command]
             volumes = [f"./{tls_dir}/{role_service_name(role, index)}:{tls.TLS_DIR}:ro"]
         role_doc = service(service_image, command, env, [f"dataset:{DATA_MOUNT}:ro", *store, *volumes])
         role_doc["environment"].update({RESTART_ENV: f"${{{ATTEMPT_VARIABLE}:-0}}",
@@ -328,12 +327,12 @@ def write_files(files: dict[Path, str], run_as_user: int) -> None:
     """Write what :func:`generate` made, after removing an earlier job's TLS files; a TLS key is readable by its
     owner only, who is the containers' user (``cluster.run_as_user``) when this runs as root (the key is
     bind-mounted into the role's container)."""
-    for tls_dir in {path.parent.parent for path in files if path.name == tls.KEY_FILE}:
+    for tls_dir in {path.parent.parent for path in files if path.suffix == ".pem"}:
         shutil.rmtree(tls_dir, ignore_errors=True)
     for path, text in files.items():
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        if path.name == tls.KEY_FILE:
+        if path.suffix == ".pem":  # a role's key
             path.chmod(0o600)
             if os.geteuid() == 0:
                 os.chown(path, run_as_user, -1)

@@ -1,11 +1,11 @@
 """Mutual TLS on a Kubernetes job's PS plane (``ps.tls``, :mod:`components.ps.tls`): what a pod template carries and
 the Secrets the launcher creates.
 
-Each role runs behind stunnel started in its own container by ``python -m components.ps.tls --pod``, which configures
-the terminator from the env the template gives (the host layout, the role, its index) and hands the role the loopback
-layout: the terminator lives and dies with the role, so the Job's completion and failure rules stay the role's.
-The certificates come from one Secret per role of the job, holding every index's certificate and key (a pod template
-serves every index; :func:`components.ps.tls.pod_key_names`) and the job's CA certificate, issued when the launcher
+Each role runs behind its terminator (HAProxy), started in its own container by ``python -m components.ps.tls``,
+which configures it from the env the template gives (the host layout, the role, its index) and hands the role the
+loopback layout: the terminator lives and dies with the role, so the Job's completion and failure rules stay the
+role's. The certificates come from one Secret per role of the job, holding every index's certificate and key (a pod
+template serves every index; :func:`components.ps.tls.pem_name`) and the job's CA certificate, issued when the launcher
 creates the job by a CA whose key is never written (:mod:`components.ps.tls_certs`). The launcher creates them right
 after the job object, which it makes their owner: Kubernetes deletes them with the job whoever deletes it, so the
 launcher account creates Secrets and never reads, lists or deletes one. A pod created before its Secret waits for it
@@ -17,9 +17,9 @@ from __future__ import annotations
 import base64
 
 from components.ps.contract import ClusterLayout, Role
-from components.ps.tls import CA_FILE, TLS_DIR, pod_key_names, role_credentials
+from components.ps.tls import CA_FILE, TLS_DIR, pem_name, role_credentials
 
-COMMAND = ["python", "-m", "components.ps.tls", "--pod", "--"]
+COMMAND = ["python", "-m", "components.ps.tls", "--"]
 VOLUME = "tls"
 # Read by the pod's user through its group (the pod's fsGroup owns a Secret volume's files); nobody else.
 SECRET_MODE = 0o440
@@ -43,8 +43,7 @@ def job_secrets(hosts: ClusterLayout, namespace: str, labels: dict[str, str], ow
     index's certificate and key and the CA's certificate of a CA made now; ``owner``: the job object's reference."""
     data: dict[Role, dict[str, str]] = {Role.SERVER: {}, Role.WORKER: {}}
     for (role, index), issued in role_credentials(hosts).items():
-        cert, key = pod_key_names(role, index)
-        data[role].update({cert: _b64(issued.cert), key: _b64(issued.key), CA_FILE: _b64(issued.ca)})
+        data[role].update({pem_name(role, index): _b64(issued.cert + issued.key), CA_FILE: _b64(issued.ca)})
     return [{"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
              "metadata": {"name": secret_name(hosts.job_id, role), "namespace": namespace, "labels": dict(labels),
                           "ownerReferences": [{**owner, "blockOwnerDeletion": False, "controller": False}]},

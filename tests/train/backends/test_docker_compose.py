@@ -34,7 +34,7 @@ from components.ps.contract import (RESTART_ENV, RUN_ID_ENV, SPEC_ENV, STORE_REF
                                     role_env)
 from components.ps.liveness import LIVENESS, HeartbeatRecord
 from components.ps.strategy import rpc_gflags
-from components.ps.tls import CONF_FILE, KEY_FILE, TLS_DIR, loopback_layout
+from components.ps.tls import TLS_DIR
 from components.train.backends import docker_compose as compose
 from components.train.job import planned_config
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET
@@ -207,16 +207,17 @@ def test_every_ps_service_gets_exactly_the_role_env_of_its_role(servers, workers
         assert service["command"] == ["python", "-m", "components.ps.role", compose.SPEC_MOUNT]
 
 
-def test_with_tls_every_role_runs_behind_its_stunnel_on_loopback_with_its_own_files_only():
+def test_with_tls_every_role_runs_behind_its_terminator_with_its_own_files_only():
     _, doc = generated()  # ps.tls=auto: on in a compose file
     hosts = ClusterLayout(server_endpoints=("ps-0:36000", "ps-1:36000"), worker_endpoints=("worker-0:36000",
                           "worker-1:36000"), gloo_endpoint="ps-0:36018", job_id=compose.PROJECT)
     for role, index, service in role_services(doc):
         name = f"{'ps' if role is Role.SERVER else 'worker'}-{index}"
-        assert service["command"] == ["python", "-m", "components.ps.tls", f"{TLS_DIR}/{CONF_FILE}", "--",
+        assert service["command"] == ["python", "-m", "components.ps.tls", "--",
                                       "python", "-m", "components.ps.role", compose.SPEC_MOUNT]
-        assert container_env(service) == {**role_env(loopback_layout(hosts), role, index), "PS_TRANSPORT_HOST": name,
-                                          RESTART_ENV: "${CTR_PS_ATTEMPT:-0}", RUN_ID_ENV: "${CTR_PS_RUN:-ctr-ps}"}
+        # The host layout, as without TLS: the terminator moves the role onto loopback (ps/test_tls.py).
+        assert container_env(service) == {**role_env(hosts, role, index), RESTART_ENV: "${CTR_PS_ATTEMPT:-0}",
+                                          RUN_ID_ENV: "${CTR_PS_RUN:-ctr-ps}"}
         assert mounts(service)[TLS_DIR] == (f"./job.tls/{name}", ["ro"])
         assert service["hostname"] == "localhost"  # a worker's brpc client service binds loopback
     for name, service in doc["services"].items():
@@ -232,7 +233,9 @@ def test_the_cli_writes_a_new_ca_per_job_and_each_key_readable_by_its_owner_only
     doc = yaml.safe_load(out.read_text())
     for name in ("ps-0", "worker-1"):
         assert mounts(doc["services"][name])[TLS_DIR] == (f"./{tls_dir.name}/{name}", ["ro"])
-        assert (tls_dir / name / KEY_FILE).stat().st_mode & 0o777 == 0o600
+        (pem,) = (tls_dir / name).glob("*.pem")  # its own certificate and key, no other role's
+        assert pem.name == f"{'server' if name.startswith('ps') else 'worker'}-{name[-1]}.pem"
+        assert pem.stat().st_mode & 0o777 == 0o600
     first_ca = (tls_dir / "ps-0" / "ca.crt").read_text()
     (tls_dir / "ps-9").mkdir()  # an earlier job's role: its files go with the new job's
     assert compose.main(["--out", str(out)]) == 0

@@ -278,16 +278,16 @@ def test_with_tls_each_role_runs_behind_its_terminator_with_its_roles_secret(pro
     for key, role in (("ps", Role.SERVER), ("worker", Role.WORKER)):
         spec = templates[key]["spec"]
         (container,) = spec["containers"]
-        assert container["command"] == ["python", "-m", "components.ps.tls", "--pod", "--",
+        assert container["command"] == ["python", "-m", "components.ps.tls", "--",
                                         "python", "-m", "components.ps.role"]
         assert {"name": "tls", "mountPath": tls.TLS_DIR, "readOnly": True} in container["volumeMounts"]
         assert {"name": "tls", "secret": {"secretName": f"ctr-1a2b3c-tls-{role.value}", "defaultMode": 0o440}} \
             in spec["volumes"]
         # What the terminator of index 1 makes of the pod's env: its own certificate, the peers' pod names dialled.
         env = kubelet_env(container["env"], _index_fields(backend, 1))
-        conf, role_env_ = tls.pod_plan(env)
-        assert f"cert = {tls.TLS_DIR}/{role.value}-1.crt" in conf
-        assert f"connect = {hosts.gloo_endpoint}" in conf or role is Role.SERVER
+        conf, role_env_ = tls.plan(env, resolve=lambda host: host)
+        assert f"ssl crt {tls.TLS_DIR}/{role.value}-1.pem" in conf
+        assert f" {hosts.gloo_endpoint} ssl" in conf or role is Role.SERVER
         assert role_env_["POD_IP"] == "127.0.0.1"
     # The Secrets the launcher makes: each index's certificate names the host its peers dial it by.
     owner = {"apiVersion": "x/v1", "kind": "JobSet", "name": "ctr-1a2b3c", "uid": "u-1"}
@@ -296,10 +296,9 @@ def test_with_tls_each_role_runs_behind_its_terminator_with_its_roles_secret(pro
     for secret, role in zip(secrets, (Role.SERVER, Role.WORKER)):
         assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
         count = cfg.ps.servers if role is Role.SERVER else cfg.ps.workers
-        assert set(secret["data"]) == {tls.CA_FILE} | {f"{role.value}-{i}.{ext}" for i in range(count)
-                                                       for ext in ("crt", "key")}
+        assert set(secret["data"]) == {tls.CA_FILE} | {f"{role.value}-{i}.pem" for i in range(count)}
         for i in range(count):
-            cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"][f"{role.value}-{i}.crt"]))
+            cert = x509.load_pem_x509_certificate(base64.b64decode(secret["data"][f"{role.value}-{i}.pem"]))
             names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
             assert hosts.endpoint(role, i).rsplit(":", 1)[0] in names.get_values_for_type(x509.DNSName)
 
