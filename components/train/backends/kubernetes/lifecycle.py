@@ -229,17 +229,16 @@ class KubernetesJob(JobBackend):
         ``job``: a relaunch's, whose roles resume from the checkpoint in its spec (what the launcher verified)."""
         bodies = manifests.job_manifests(job or self.job, name=self.job_name(attempt), namespace=self.namespace,
                                          data_uri=self.data_uri, owner=self.owner, pipeline_run=self.pipeline_run)
-        reference = {}
         for body in bodies:
             obj = KubeObject.of(body)
             self.created.append(obj)  # before the call: a cancel landing during it must still delete it
-            reference = self._create(obj, body)
+            job_reference = self._create(obj, body)  # the last one's: the job object's
         self.running = self.created[-1]
         if tls_on(self.cfg):  # owned by the job: deleted with it, so never among what this launcher deletes
             hosts = manifests.kubernetes_layout(self.cfg, self.running.name)
             labels = {key: value for key, value in bodies[-1]["metadata"]["labels"].items()
                       if key != manifests.KUEUE_QUEUE_LABEL}  # the job's labels (Kueue admits the job alone)
-            for body in pod_tls.job_secrets(hosts, self.namespace, labels, reference):
+            for body in pod_tls.job_secrets(hosts, self.namespace, labels, job_reference):
                 self._create(KubeObject.of(body), body)
         for (role, index), follower in self.followers.items():
             follower.selector = manifests.role_pod_selector(self.cfg, self.running.name, role, index)
