@@ -43,5 +43,5 @@ def test_a_port_that_closes_what_it_accepts_is_not_listening_for_the_roles():
         threading.Thread(target=close_each, daemon=True).start()
         closing_ep = f"127.0.0.1:{closing.getsockname()[1]}"
         assert not endpoint_accepts(closing_ep)
-        assert endpoint_accepts(closing_ep, hold_s=0)  # accepting is enough when asked so (stunnel's own ports)
+        assert endpoint_accepts(closing_ep, hold_s=0)  # accepting is enough when asked so (a TLS terminator's own ports)
         assert endpoint_accepts(f"127.0.0.1:{holding.getsockname()[1]}")  # a listener that waits for a request

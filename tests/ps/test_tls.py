@@ -111,7 +111,7 @@ def test_the_ca_signs_nothing_but_role_certificates():
     assert constraints.ca and constraints.path_length == 0
 
 
-# -- the address rewrite and stunnel's configuration -------------------------------------------------------------
+# -- the address rewrite and the terminator's configuration -------------------------------------------------------
 
 def test_every_role_gets_the_same_loopback_endpoint_lists_and_finds_its_own_entry():
     local = tls.loopback_layout(HOSTS)
