@@ -4,6 +4,7 @@ import json
 
 import numpy as np
 import pytest
+import scipy.optimize
 import scipy.sparse
 import threadpoolctl
 from sklearn.linear_model import LogisticRegression
@@ -51,7 +52,7 @@ def one_hot(split: Split, features: int) -> scipy.sparse.csr_matrix:
 def scikit_learn(train: Split, l2: float, features: int) -> LogisticRegression:
     """scikit-learn's L2 logistic regression, run to convergence: it minimises C times the weighted logloss summed
     over the rows plus half the squared weights, the baseline's objective divided by l2."""
-    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):  # as the baseline runs: see _minimise
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):  # as the baseline runs: see fit
         return LogisticRegression(C=1 / l2, tol=1e-10, max_iter=10_000).fit(
             one_hot(train, features), train.labels, sample_weight=train.weights)
 
@@ -124,6 +125,21 @@ def test_without_a_validation_split_it_takes_the_default_penalty(splits):
     for given in (None, empty):
         model = HashedLogisticRegression(PARITY_FEATURES).fit(*train[:3], valid=given)
         assert model.l2 == baseline.DEFAULT_L2 and model.validation_logloss == {}
+
+
+def test_its_solver_reaches_the_minimum_plain_l_bfgs_reaches_run_to_a_far_tighter_tolerance(splits):
+    # The rescaled two-level Newton solver against L-BFGS on the raw weights (the solver it replaced), both from 0:
+    # the same minimum of the same objective.
+    _, train, _, _ = splits
+    objective = baseline._Objective.of(*train, features=PARITY_FEATURES)
+    start = np.zeros(objective.design.shape[1] + 1)
+    solved = objective.minimise(baseline.DEFAULT_L2 / objective.total_weight, start)
+    ours, _ = objective.loss_and_gradient(solved)  # at the penalty minimise took
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):  # as the baseline runs: see fit
+        plain = scipy.optimize.minimize(objective.loss_and_gradient, start, jac=True, method="L-BFGS-B",
+                                        options={"maxiter": 100_000, "ftol": 1e-15, "gtol": 1e-12})
+    assert ours == pytest.approx(plain.fun, rel=1e-9)
+    np.testing.assert_allclose(solved, plain.x, atol=1e-5)
 
 
 def _dataset_with_stats(dataset_dir, root, stats) -> str:
