@@ -45,7 +45,7 @@ def _config(tmp_path, checkpoint=None, model=None, table=None, **ps):
 
 def _score(uri, ckpt_id, data_dir, out_dir):
     """Test metrics of a committed checkpoint, fetched from its store as the evaluate step does. Without the
-    evaluation's logistic-regression baseline (an L-BFGS fit of ~4 s per call here, on metrics no test of this file
+    evaluation's logistic-regression baseline (a fit of seconds per call here, on metrics no test of this file
     reads; tests/evaluate covers it): the model's own metrics are the checkpoint's scores either way."""
     local = fetch_for_scoring(uri, ckpt_id, out_dir / "fetched", ckpt_io.EVALUATION_PARTS)
     return evaluate(local, data_dir, out_dir, EvalConfig(baseline=False))
