@@ -183,9 +183,9 @@ def render(runs: list[dict], rows: int) -> str:
                      f"{run['restore_download_s']:.1f} + {run['restore_load_s']:.1f} | "
                      f"{run['table_rows'] / 2 / run['restore_load_s']:,.0f} | {run['auc_ratio']:.3f} |")
     tasks = list(runs[0]["steps"])
-    lines += ["", "Each step's wall time (s; kfp.local runs the steps one after another, fit-baseline too, which "
-              "Kubeflow runs beside the train step), and what the run spent outside the steps (driver start, "
-              "kfp.local between steps):", "",
+    lines += ["", "Each step's wall time (s; kfp.local runs the steps one after another; fit-baseline comes before "
+              "train on Kubeflow too, since the model blends the baseline in), and what the run spent outside the "
+              "steps (driver start, kfp.local between steps):", "",
               "| variant | " + " | ".join(tasks) + " | outside the steps |", "|---|" + "---:|" * (len(tasks) + 1)]
     for run in runs:
         lines.append(f"| {run['name']} | " + " | ".join(f"{run['steps'].get(t, 0):.1f}" for t in tasks)
