@@ -1,10 +1,10 @@
-"""The baseline as a step of its own: fitted on the prepared dataset alone, beside training, and cached per dataset.
+"""The baseline as a step of its own: fitted on the prepared dataset alone, before training, and cached per dataset.
 
 The hashed logistic regression (:mod:`components.evaluate.baseline`) needs the data, not the model: ``fit-baseline``
 fits it from the dataset's first ``eval.baseline_rows`` train rows (its L2 chosen on as many validation rows) and
-writes it into a directory; the evaluate step only scores the test split with it. On Kubeflow the step runs in
-parallel with the train step; the step cache (KFP's, and kfp.local's) serves it again to every run of the same
-dataset (a sweep over training keys, a rerun).
+writes it into a directory (:class:`components.networks.models.FittedBaseline`); the train step blends it into the
+delivered model and the evaluate step scores the test split with it. It runs before the train step; the step cache
+(KFP's, and kfp.local's) serves it again to every run of the same dataset (a sweep over training keys, a rerun).
 """
 
 from __future__ import annotations
@@ -14,11 +14,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components.evaluate.baseline import HashedLogisticRegression, Split
-from components.networks.models import BASELINE_FILE
+from components.networks.models import FittedBaseline
 
 FIT_FILE = "baseline.json"
 
@@ -38,18 +36,17 @@ def fit_baseline(data_dir: str | os.PathLike, rows: int, features: int, out_dir:
            "baseline_features": features}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    np.savez(out / BASELINE_FILE, weights=model.weights, dense_weights=model.dense_weights,
-             bias=model.bias, logit_shift=model.logit_shift)
+    FittedBaseline(model.weights, model.dense_weights, model.bias, model.logit_shift).save(out)
     (out / FIT_FILE).write_text(json.dumps(fit, indent=2))
     return fit
 
 
 def load_baseline(baseline_dir: str | os.PathLike) -> tuple[HashedLogisticRegression, dict[str, Any]]:
     """``(the fitted model, what it was fitted with)`` from a directory :func:`fit_baseline` wrote."""
-    with np.load(Path(baseline_dir) / BASELINE_FILE) as saved:
-        model = HashedLogisticRegression(len(saved["weights"]))
-        model.weights, model.dense_weights = saved["weights"], saved["dense_weights"]
-        model.bias, model.logit_shift = float(saved["bias"]), float(saved["logit_shift"])
+    saved = FittedBaseline.load(baseline_dir)
+    model = HashedLogisticRegression(len(saved.weights))
+    model.weights, model.dense_weights, model.bias, model.logit_shift = (saved.weights, saved.dense_weights,
+                                                                         saved.bias, saved.logit_shift)
     return model, json.loads((Path(baseline_dir) / FIT_FILE).read_text())
 
 

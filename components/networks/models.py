@@ -21,10 +21,13 @@ import math
 import importlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 from components.config import CtrConfig, ModelConfig, ModelName, Pooling
 from components.data_prep.multislot import WEIGHT_SLOT, Schema
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # The one sparse table every model looks its ids up in (its parameter name in every program).
 EMBEDDING_TABLE = "embedding"
@@ -207,15 +210,41 @@ def baseline_features(cfg: CtrConfig) -> Optional[int]:
     return cfg.eval.baseline_features if cfg.model.blend_baseline else None
 
 
+@dataclass(frozen=True)
+class FittedBaseline:
+    """The fitted regression as the fit-baseline step writes it into its directory (:data:`BASELINE_FILE`): a weight
+    per bucket, per dense value, the bias, and the logit shift of negative downsampling. One format for the step
+    that writes it (:mod:`components.evaluate.baseline_step`), the evaluation and the PS roles that read it (which
+    import no evaluation code)."""
+
+    weights: np.ndarray
+    dense_weights: np.ndarray
+    bias: float
+    logit_shift: float
+
+    def save(self, directory: str | Path) -> None:
+        import numpy as np
+
+        np.savez(Path(directory) / BASELINE_FILE, weights=self.weights, dense_weights=self.dense_weights,
+                 bias=self.bias, logit_shift=self.logit_shift)
+
+    @classmethod
+    def load(cls, directory: str | Path) -> "FittedBaseline":
+        import numpy as np
+
+        with np.load(Path(directory) / BASELINE_FILE) as saved:
+            return cls(saved["weights"], saved["dense_weights"], float(saved["bias"]), float(saved["logit_shift"]))
+
+
 def baseline_values(baseline_dir: str) -> dict:
     """The values of :data:`BASELINE_PARAMETERS` from the baseline fit-baseline wrote into ``baseline_dir``."""
     import numpy as np
 
-    with np.load(Path(baseline_dir) / BASELINE_FILE) as fitted:
-        values = {BASELINE_WEIGHTS: fitted["weights"].astype(np.float32).reshape(-1, 1),
-                  BASELINE_BIAS: np.array([fitted["bias"]], np.float32)}
-        if len(fitted["dense_weights"]):  # a schema without dense values has no such parameter
-            values[BASELINE_DENSE_WEIGHTS] = fitted["dense_weights"].astype(np.float32).reshape(-1, 1)
+    fitted = FittedBaseline.load(baseline_dir)
+    values = {BASELINE_WEIGHTS: fitted.weights.astype(np.float32).reshape(-1, 1),
+              BASELINE_BIAS: np.array([fitted.bias], np.float32)}
+    if len(fitted.dense_weights):  # a schema without dense values has no such parameter
+        values[BASELINE_DENSE_WEIGHTS] = fitted.dense_weights.astype(np.float32).reshape(-1, 1)
     return values
 
 
