@@ -408,31 +408,31 @@ def load_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
     return dataclasses.replace(job, data_dir=data_dir, restore=restore, run_id=run_id, baseline=baseline), cfg
 
 
-def fetch_baseline(uri: str, local: Path) -> Path:
-    """A worker's copy of the fitted baseline (the servers hold none of it)."""
+def fetch_files(uri: str, local: Path, names: list[str]) -> Path:
+    """Copies under ``local`` of the files ``names`` (paths relative to the store directory ``uri``)."""
     import fsspec
 
     fs, root = fsspec.core.url_to_fs(uri)
-    local.mkdir(parents=True, exist_ok=True)
-    fs.get(f"{root.rstrip('/')}/{models.BASELINE_FILE}", str(local / models.BASELINE_FILE))
+    for name in names:
+        (local / name).parent.mkdir(parents=True, exist_ok=True)
+        fs.get(f"{root.rstrip('/')}/{name}", str(local / name))
     return local
+
+
+def fetch_baseline(uri: str, local: Path) -> Path:
+    """A worker's copy of the fitted baseline (the servers hold none of it)."""
+    return fetch_files(uri, local, [models.BASELINE_FILE])
 
 
 def fetch_dataset(uri: str, local: Path) -> Path:
     """A pod's copy of the prepared dataset: stats.json and, for a worker, the train shards it reads and its share of
     the validation and test splits (every worker scores its share of each checkpoint)."""
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(uri)
-    local.mkdir(parents=True, exist_ok=True)
-    fs.get(f"{root.rstrip('/')}/stats.json", str(local / "stats.json"))
+    fetch_files(uri, local, ["stats.json"])
     if os.environ.get("TRAINING_ROLE") == "TRAINER":
         stats = json.loads((local / "stats.json").read_text())
         index, count = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
         scored = [rel for split in SCORED_SPLITS for rel in split_share(stats, split, index, count)]
-        for rel in stats["shards"]["train"][index::count] + scored:
-            (local / rel).parent.mkdir(parents=True, exist_ok=True)
-            fs.get(f"{root.rstrip('/')}/{rel}", str(local / rel))
+        fetch_files(uri, local, stats["shards"]["train"][index::count] + scored)
     return local
 
 

@@ -1,4 +1,5 @@
-"""What a role process does before Paddle starts: the pod's copy of the dataset, the configuration error status."""
+"""What a role process does before Paddle starts: the pod's copy of the dataset and of the fitted baseline, the
+configuration error status."""
 
 import dataclasses
 
@@ -7,7 +8,8 @@ import pytest
 from components.config import to_dict
 from components.data_prep.prepare import prepare_synthetic
 from components.ps.contract import CONFIG_ERROR_EXIT, SPEC_ENV, JobSpec
-from components.ps.role import fetch_dataset
+from components.networks.models import FittedBaseline
+from components.ps.role import fetch_baseline, fetch_dataset
 
 
 def test_a_pod_fetches_the_dataset_files_its_role_reads(tmp_path, monkeypatch):
@@ -27,6 +29,17 @@ def test_a_pod_fetches_the_dataset_files_its_role_reads(tmp_path, monkeypatch):
     assert stats["shards"]["valid"][1::2] and stats["shards"]["test"][1::2]
     for rel in fetched:
         assert (worker / rel).read_bytes() == (tmp_path / "remote" / rel).read_bytes()
+
+
+def test_a_worker_fetches_the_fitted_baseline(tmp_path):
+    import numpy as np
+
+    (tmp_path / "remote").mkdir()
+    FittedBaseline(np.arange(4.0), np.array([0.5]), -1.25, -0.7).save(tmp_path / "remote")
+    local = fetch_baseline((tmp_path / "remote").as_uri(), tmp_path / "worker-0" / "baseline")
+    fetched = FittedBaseline.load(local)
+    assert fetched.weights.tolist() == [0.0, 1.0, 2.0, 3.0] and fetched.dense_weights.tolist() == [0.5]
+    assert (fetched.bias, fetched.logit_shift) == (-1.25, -0.7)
 
 
 def _role(tmp_path, spec: str):
