@@ -35,7 +35,7 @@ import time
 from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Mapping, Optional
 
 from components.checkpoint.restore import RestoreTarget
 
@@ -110,6 +110,13 @@ def role_env(layout: ClusterLayout, role: Role, index: int) -> dict[str, str]:
         # Paddle's own wait for servers retries every 3 s; the worker polls them itself (role.py).
         env["FLAGS_LAUNCH_BARRIER"] = "0"
     return env
+
+
+def layout_from_env(environ: Mapping[str, str]) -> ClusterLayout:
+    """The layout :func:`role_env` wrote into a process's environment."""
+    return ClusterLayout(tuple(environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(",")),
+                         tuple(environ["PADDLE_TRAINER_ENDPOINTS"].split(",")),
+                         environ["PADDLE_GLOO_HTTP_ENDPOINT"], environ["SYS_JOB_ID"])
 
 
 def host_layout(host: Callable[[Role, int], str], servers: int, workers: int, port: int, gloo_port: int,

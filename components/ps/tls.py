@@ -43,7 +43,8 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from components.config import ClusterBackend, ConfigError, CtrConfig, PsTls
-from components.ps.contract import INDEX_ENV, ROLE_ENV, ClusterLayout, Role, role_env, wait_until_listening
+from components.ps.contract import (INDEX_ENV, ROLE_ENV, ClusterLayout, Role, layout_from_env, role_env,
+                                    wait_until_listening)
 from components.ps.network import TRANSPORT_HOST_ENV, resolved_own_host
 from components.ps.tls_certs import RoleCredentials, issue_job_credentials
 
@@ -168,10 +169,9 @@ def terminator_config(role_tunnels: list[Tunnel], pem: str, addresses: Mapping[s
     return "\n".join(lines) + "\n"
 
 
-def accept_endpoints(conf_text: str) -> list[str]:
-    """Where the terminator of ``conf_text`` listens, as endpoints this host can dial."""
-    binds = [line.split()[1] for line in conf_text.splitlines() if line.strip().startswith("bind ")]
-    return [b.replace("0.0.0.0:", f"{LOOPBACK}:", 1) for b in binds]
+def listen_endpoints(role_tunnels: list[Tunnel]) -> list[str]:
+    """Where a terminator of ``role_tunnels`` listens, as endpoints this host can dial."""
+    return [t.accept.replace("0.0.0.0:", f"{LOOPBACK}:", 1) for t in role_tunnels]
 
 
 def pem_name(role: Role, index: int) -> str:
@@ -193,18 +193,27 @@ def role_files(hosts: ClusterLayout) -> dict[tuple[Role, int], dict[str, str]]:
             for (role, index), issued in role_credentials(hosts).items()}
 
 
-def plan(environ: Mapping[str, str], resolve: Callable[[str], str]) -> tuple[str, dict[str, str]]:
+@dataclass(frozen=True)
+class TerminatorPlan:
+    """A role's terminator: its configuration, where it listens, and the variables that move the role onto the
+    loopback layout."""
+
+    conf: str
+    listens: list[str]
+    env: dict[str, str]
+
+
+def plan(environ: Mapping[str, str], resolve: Callable[[str], str]) -> TerminatorPlan:
     """A role's terminator, from the env its launcher gives (the host layout, :data:`ROLE_ENV`, :data:`INDEX_ENV`):
     its configuration, each peer dialled at the address ``resolve`` gives its name, and the variables that move the
     role onto the loopback layout (:func:`role_env` of :func:`loopback_layout`, :func:`transport_env`)."""
-    hosts = ClusterLayout(tuple(environ["PADDLE_PSERVERS_IP_PORT_LIST"].split(",")),
-                          tuple(environ["PADDLE_TRAINER_ENDPOINTS"].split(",")),
-                          environ["PADDLE_GLOO_HTTP_ENDPOINT"], environ["SYS_JOB_ID"])
+    hosts = layout_from_env(environ)
     role, index = Role(environ[ROLE_ENV]), int(environ[INDEX_ENV])
     role_tunnels = tunnels(hosts, role, index)
     addresses = {peer: resolve(peer) for peer in dict.fromkeys(t.peer for t in role_tunnels if t.client)}
-    conf = terminator_config(role_tunnels, pem_name(role, index), addresses)
-    return conf, {**role_env(loopback_layout(hosts), role, index), **transport_env(hosts, role, index)}
+    return TerminatorPlan(terminator_config(role_tunnels, pem_name(role, index), addresses),
+                          listen_endpoints(role_tunnels),
+                          {**role_env(loopback_layout(hosts), role, index), **transport_env(hosts, role, index)})
 
 
 def transport_env(hosts: ClusterLayout, role: Role, index: int) -> dict[str, str]:
@@ -222,23 +231,23 @@ def main(argv: list[str]) -> int:
         return 2
     command = argv[1:]
     try:
-        text, env = plan(os.environ, _peer_address)
+        role_plan = plan(os.environ, _peer_address)
     except OSError as err:
         print(f"error: {err}", file=sys.stderr, flush=True)
         return 1
     Path(RUN_CONF).parent.mkdir(parents=True, exist_ok=True)
-    Path(RUN_CONF).write_text(text)
+    Path(RUN_CONF).write_text(role_plan.conf)
     terminator = subprocess.Popen(["haproxy", "-db", "-f", RUN_CONF])
-    endpoints = accept_endpoints(text)
     try:
         # hold_s=0: a client tunnel closes what it accepted while its peer is not up yet, which is no matter here.
-        wait_until_listening(endpoints, TERMINATOR_START_TIMEOUT_S, hold_s=0)
+        wait_until_listening(role_plan.listens, TERMINATOR_START_TIMEOUT_S, hold_s=0)
     except TimeoutError:
         terminator.kill()
-        print(f"error: HAProxy ({RUN_CONF}) did not listen on {endpoints} within {TERMINATOR_START_TIMEOUT_S:.0f}s "
-              f"(exit status {terminator.poll()}); see its lines above", file=sys.stderr, flush=True)
+        print(f"error: HAProxy ({RUN_CONF}) did not listen on {role_plan.listens} within "
+              f"{TERMINATOR_START_TIMEOUT_S:.0f}s (exit status {terminator.poll()}); see its lines above",
+              file=sys.stderr, flush=True)
         return 1
-    os.environ.update(env)
+    os.environ.update(role_plan.env)
     # HAProxy stays this process's child; it ends with the container (its init stops what is left).
     os.execvp(command[0], command)
 

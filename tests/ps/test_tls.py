@@ -141,6 +141,11 @@ def test_servers_terminate_tls_on_their_network_ports_and_forward_to_loopback():
                        "store": ("127.0.0.1:36118", "ps-0:36018", True)}
 
 
+def binds(conf: str) -> list[str]:
+    """Where the HAProxy configuration ``conf`` listens."""
+    return [line.split()[1] for line in conf.splitlines() if line.strip().startswith("bind ")]
+
+
 def test_the_terminator_verifies_the_peer_against_the_jobs_ca_and_checks_the_dialled_name():
     text = tls.terminator_config(tls.tunnels(HOSTS, Role.WORKER, 0), "worker-0.pem", {"ps-1": "10.0.0.7"}, "/tls")
     lines = [line.strip() for line in text.splitlines()]
@@ -149,11 +154,13 @@ def test_the_terminator_verifies_the_peer_against_the_jobs_ca_and_checks_the_dia
     assert ("server ps-0 ps-0:36000 ssl crt /tls/worker-0.pem ca-file /tls/ca.crt verify required "
             "verifyhost ps-0 ssl-min-ver TLSv1.2") in lines  # no address given: by name
     assert "mode tcp" in lines and "nbthread 1" in lines
-    assert tls.accept_endpoints(text) == ["127.0.0.1:36100", "127.0.0.1:36101", "127.0.0.1:36118"]
-    server = tls.terminator_config(tls.tunnels(HOSTS, Role.SERVER, 0), "server-0.pem", tls_dir="/tls")
+    assert binds(text) == ["127.0.0.1:36100", "127.0.0.1:36101", "127.0.0.1:36118"]
+    server_tunnels = tls.tunnels(HOSTS, Role.SERVER, 0)
+    server = tls.terminator_config(server_tunnels, "server-0.pem", tls_dir="/tls")
     assert ("bind 0.0.0.0:36000 ssl crt /tls/server-0.pem ca-file /tls/ca.crt verify required ssl-min-ver TLSv1.2"
             in [line.strip() for line in server.splitlines()])  # a client without the job's certificate: refused
-    assert tls.accept_endpoints(server) == ["127.0.0.1:36000", "127.0.0.1:36018"]
+    assert binds(server) == ["0.0.0.0:36000", "0.0.0.0:36018"]
+    assert tls.listen_endpoints(server_tunnels) == ["127.0.0.1:36000", "127.0.0.1:36018"]  # dialled on this host
 
 
 def test_role_files_hold_each_roles_own_key_and_one_ca():
@@ -172,18 +179,21 @@ def test_a_role_configures_its_terminator_from_its_env_and_gets_the_loopback_lay
         resolved.append(host)
         return f"10.0.0.{len(resolved)}"
 
-    conf, env = tls.plan(role_env(HOSTS, Role.WORKER, 2), resolve)  # what a launcher gives worker 2
+    role_plan = tls.plan(role_env(HOSTS, Role.WORKER, 2), resolve)  # what a launcher gives worker 2
+    conf, env = role_plan.conf, role_plan.env
     assert resolved == ["ps-0", "ps-1"]  # each peer once (ps-0 serves the store too)
     assert f"ssl crt {tls.TLS_DIR}/worker-2.pem" in conf
-    assert tls.accept_endpoints(conf) == ["127.0.0.1:36100", "127.0.0.1:36101", "127.0.0.1:36118"]
+    assert role_plan.listens == binds(conf) == ["127.0.0.1:36100", "127.0.0.1:36101", "127.0.0.1:36118"]
     assert "server ps-1 10.0.0.2:36000 ssl" in conf and "server ps-0 10.0.0.1:36018 ssl" in conf
     assert env["POD_IP"] == "127.0.0.1" and env["PADDLE_PORT"] == "36104"
     assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == "127.0.0.1:36100,127.0.0.1:36101"
     assert env["PADDLE_GLOO_HTTP_ENDPOINT"] == "127.0.0.1:36118" and env["PS_TRANSPORT_HOST"] == "worker-2"
     resolved.clear()
-    conf, env = tls.plan(role_env(HOSTS, Role.SERVER, 1), resolve)
+    role_plan = tls.plan(role_env(HOSTS, Role.SERVER, 1), resolve)
+    conf, env = role_plan.conf, role_plan.env
     assert resolved == ["ps-0"]  # the store only: a server never waits for a worker
-    assert tls.accept_endpoints(conf) == ["127.0.0.1:36000", "127.0.0.1:36118"]  # its PS port; the store's client
+    assert binds(conf) == ["0.0.0.0:36000", "127.0.0.1:36118"]  # its PS port; the store's client
+    assert role_plan.listens == ["127.0.0.1:36000", "127.0.0.1:36118"]
     assert "server local 127.0.0.1:36101" in conf and env["PADDLE_PORT"] == "36101"
 
 

@@ -285,7 +285,8 @@ def test_with_tls_each_role_runs_behind_its_terminator_with_its_roles_secret(pro
             in spec["volumes"]
         # What the terminator of index 1 makes of the pod's env: its own certificate, the peers' pod names dialled.
         env = kubelet_env(container["env"], _index_fields(backend, 1))
-        conf, role_env_ = tls.plan(env, resolve=lambda host: host)
+        role_plan = tls.plan(env, resolve=lambda host: host)
+        conf, role_env_ = role_plan.conf, role_plan.env
         assert f"ssl crt {tls.TLS_DIR}/{role.value}-1.pem" in conf
         assert f" {hosts.gloo_endpoint} ssl" in conf or role is Role.SERVER
         assert role_env_["POD_IP"] == "127.0.0.1"
