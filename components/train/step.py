@@ -77,12 +77,12 @@ class Baseline:
 
 
 def fit_here(cfg: CtrConfig, data_dir: Path, out_dir: str, echo: Callable[[str], None]) -> Baseline:
-    """Fit the baseline the network starts from on this machine (a job launched without the pipeline's step)."""
+    """Fit the baseline the delivered model blends in, on this machine (a job launched without the pipeline's step)."""
     from components.evaluate.baseline_step import fit_baseline
 
     started = time.time()
     fit = fit_baseline(data_dir, cfg.eval.baseline_rows, cfg.eval.baseline_features, out_dir)
-    echo(f"== baseline for the network to start from: fitted on {fit['baseline_rows']:,} rows in "
+    echo(f"== baseline for the blend: fitted on {fit['baseline_rows']:,} rows in "
          f"{time.time() - started:.1f}s")
     return Baseline(out_dir)
 
