@@ -17,7 +17,7 @@ ORCHESTRATION = {"kfp", "kubernetes"}
 # What the PS side may import of this project: itself and the layers below it.
 PS_SIDE = "components.ps"
 BELOW_PS = ("components.networks", "components.table", "components.checkpoint", "components.data_prep",
-            "components.metrics", "components.config_rules", "components.quantities", "components.config",
+            "components.calibration", "components.metrics", "components.config_rules", "components.quantities", "components.config",
             "components.storage", "components.storage_errors", "components.days", "components.redaction",
             "components.safe_paths")
 

@@ -12,10 +12,11 @@ from kfp.dsl import ClassificationMetrics, Metrics
 from components.evaluate.report import (confusion_summary, log_kfp_metrics, write_reliability_png, write_report,
                                         write_report_html,
                                         write_roc_png)
-from components.metrics import (LOGLOSS_EPS, ScoreCounts, binary_metrics, binary_metrics_counts, calibrate,
-                                calibration_bins, calibration_bins_counts, confusion_matrix, confusion_matrix_counts,
-                                expected_calibration_error, expected_calibration_error_counts, fit_platt,
-                                fit_platt_counts, roc_curve, roc_curve_counts)
+from components.calibration import calibrate, fit_platt, fit_platt_counts
+from components.metrics import (LOGLOSS_EPS, ScoreCounts, binary_metrics, binary_metrics_counts, calibration_bins,
+                                calibration_bins_counts, confusion_matrix, confusion_matrix_counts,
+                                expected_calibration_error, expected_calibration_error_counts, roc_curve,
+                                roc_curve_counts)
 from tests.conftest import calibrated_reference
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -87,7 +87,7 @@ def network_program(model_cfg: ModelConfig, schema: Schema, embedding_dim: int,
     The logit is corrected for the ``negative_sample_rate`` ``w`` the model was trained with (``logit + ln w``),
     then ``calibration`` is applied in the program: Platt's (``{"method": "platt", "a", "b"}``, fitted on corrected
     predictions) ``sigmoid(a * (logit + ln w) + b)``, or the blend with the baseline
-    (``{"method": "blend", "a", "b", "c"}``: :func:`components.metrics.fit_blend`)
+    (``{"method": "blend", "a", "b", "c"}``: :func:`components.calibration.fit_blend`)
     ``sigmoid(a * (logit + ln w) + c * (baseline logit + ln w) + b)``. ``baseline_features``: the program also holds
     the baseline (:func:`components.networks.models.baseline_logit`), its buckets fed (:class:`BaselineFeeds`).
     """

@@ -27,7 +27,8 @@ from components.checkpoint.restore import STATE_FILE
 from components.config import CtrConfig, Mode
 from components.data_prep.multislot import Schema, read_shards
 from components.days import day_of
-from components.metrics import ScoreCounts, binary_metrics_counts, fit_blend
+from components.calibration import blended_probability, fit_blend
+from components.metrics import ScoreCounts, binary_metrics_counts
 from components.networks import models
 from components.ps.contract import CHECKPOINT, DAY_EVAL, JobSpec, emit
 from components.ps.liveness import Heartbeat
@@ -149,10 +150,13 @@ class Checkpointer:
         local = self.workdir / f"checkpoint-{round_key}"  # worker 0 stages the checkpoint's own files here
         started = time.time()
         self.scorer.take_parameters()
-        verdict = self._score_validation(round_key, ckpt_id, local)
         # The test split is scored after the calibration is fitted, by a program that applies it as the served one
         # does: the evaluation's calibrated metrics come from the same float32 arithmetic.
-        calibration = self._shared_blend() if self.baseline else self._shared_calibration(verdict)
+        if self.baseline:
+            calibration, verdict = self._blended_validation(round_key, ckpt_id, local)
+        else:
+            verdict = self._score_validation(round_key, ckpt_id, local)
+            calibration = self._shared_calibration(verdict)
         test_shards = split_share(self.stats, checkpoint.TEST, self.index, self.count)
         raw, calibrated, preds, weights = self.scorer.score(Path(self.job.data_dir), test_shards, calibration)
         protocol.upload_scores(self.store, round_key, checkpoint.TEST, self.index, raw, self.workdir)
@@ -186,21 +190,31 @@ class Checkpointer:
         """Every worker scores its share of the validation split; worker 0 merges and judges them (its verdict)."""
         counts, _, _, _ = self.scorer.score(Path(self.job.data_dir),
                                             split_share(self.stats, checkpoint.VALID, self.index, self.count))
+        return self._judged(round_key, ckpt_id, local, counts)
+
+    def _blended_validation(self, round_key: str, ckpt_id: Optional[str], local: Path
+                            ) -> tuple[Optional[dict], Optional[Verdict]]:
+        """``(the blend, worker 0's verdict)``: the blend of the network with the baseline
+        (:func:`components.calibration.fit_blend`) fitted on the validation split, whose shares the workers hold (every
+        worker takes part and gets the same blend; None: no validation split with both classes), and the checkpoint
+        judged on the blended predictions of the same pass over the split: what the checkpoint delivers."""
+        labels, logits, weights = self.scorer.logits(Path(self.job.data_dir),
+                                                     split_share(self.stats, checkpoint.VALID, self.index, self.count))
+        blend = fit_blend(logits, labels, weights,
+                          all_reduce=lambda sums: self.all_reduce(sums, "sum").astype(np.float64).ravel())
+        counts = ScoreCounts.of(labels, blended_probability(logits, blend), weights)
+        return blend, self._judged(round_key, ckpt_id, local, counts, calibrate=False)
+
+    def _judged(self, round_key: str, ckpt_id: Optional[str], local: Path, counts: ScoreCounts,
+                calibrate: bool = True) -> Optional[Verdict]:
+        """Worker 0's verdict on every worker's validation ``counts`` merged (None on the others, or without
+        validation); ``calibrate``: fit the configured calibration on them."""
         protocol.upload_scores(self.store, round_key, checkpoint.VALID, self.index, counts, self.workdir)
         self.barrier()
         if self.index != 0:
             return None
         merged = protocol.merged_scores(self.store, round_key, (checkpoint.VALID,), self.count, local)
-        return self.validator.judge(ckpt_id, merged[checkpoint.VALID]) if self.validator else None
-
-    def _shared_blend(self) -> Optional[dict]:
-        """The blend of the network with the baseline (:func:`components.metrics.fit_blend`), fitted on the
-        validation split, whose shares the workers hold: every worker takes part and gets the same blend (None: no
-        validation split with both classes)."""
-        labels, logits, weights = self.scorer.logits(Path(self.job.data_dir),
-                                                     split_share(self.stats, checkpoint.VALID, self.index, self.count))
-        return fit_blend(logits, labels, weights,
-                         all_reduce=lambda sums: self.all_reduce(sums, "sum").astype(np.float64).ravel())
+        return self.validator.judge(ckpt_id, merged[checkpoint.VALID], calibrate) if self.validator else None
 
     def _shared_calibration(self, verdict: Optional[Verdict]) -> Optional[dict]:
         """Worker 0's calibration (None: none), on every worker."""

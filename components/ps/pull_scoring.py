@@ -106,7 +106,7 @@ class PullScorer:
 
     def logits(self, data_dir: Path, shards: list[str]) -> tuple[np.ndarray, np.ndarray, Optional[np.ndarray]]:
         """``(labels, logits [rows, 2], weights or None)`` of the shards' rows: each row's network logit and baseline
-        logit, both corrected for negative downsampling (what :func:`components.metrics.fit_blend` fits on)."""
+        logit, both corrected for negative downsampling (what :func:`components.calibration.fit_blend` fits on)."""
         if not shards:
             return np.zeros(0), np.zeros((0, 2), np.float32), None
         labels, dense, sparse, weights = read_shards([Path(data_dir) / rel for rel in shards], self.schema,

@@ -2,10 +2,13 @@
 best so far, and when to stop.
 
 A checkpoint is scored through the servers by every worker (:mod:`components.ps.pull_scoring`), as its test split is,
-and judged on the merged counts, so "best on the validation split" means best as delivered. The calibration (Platt
-scaling, :func:`components.metrics.fit_platt_counts`) is fitted on the same predictions and travels in the
-checkpoint's ``model.json``: evaluation, export and serving all apply the one the delivered checkpoint carries. Both
-are of the predictions corrected for negative downsampling (``data.negative_sample_rate``), which the programs apply
+and judged on the merged counts. A model that blends the baseline in (``model.blend_baseline``, the default) is
+judged on its blended predictions, what it delivers: the blend is fitted on the same pass over the split
+(:mod:`components.ps.checkpointing`). Otherwise on the network's own predictions, on which the calibration (Platt
+scaling, :func:`components.calibration.fit_platt_counts`) is fitted: the AUC is the delivered model's (the calibration
+keeps the order), the logloss the one before the calibration. The calibration or the blend travels in the
+checkpoint's ``model.json``: evaluation, export and serving all apply the one the delivered checkpoint carries. All are
+of the predictions corrected for negative downsampling (``data.negative_sample_rate``), which the programs apply
 before the calibration (:mod:`components.networks.scoring`).
 
 Early stopping: the job stops once ``ps.patience`` checkpoints in a row did not improve the objective
@@ -20,7 +23,8 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from components.config import Calibration, CtrConfig
-from components.metrics import ScoreCounts, binary_metrics_counts, fit_platt_counts
+from components.calibration import fit_platt_counts
+from components.metrics import ScoreCounts, binary_metrics_counts
 
 # Whether a larger value of the objective is better.
 MAXIMIZE = {"auc": True, "logloss": False}
@@ -73,11 +77,14 @@ class Validator:
             return None
         return cls(cfg, EarlyStopping(cfg.objective, cfg.ps.patience, state.get("stopping")))
 
-    def judge(self, ckpt_id: str, counts: ScoreCounts) -> Verdict:
-        """The verdict on a checkpoint whose network predicted ``counts`` (uncalibrated probabilities, corrected for
-        negative downsampling by the scoring program: :class:`components.networks.scoring.NetworkProgram`)."""
+    def judge(self, ckpt_id: str, counts: ScoreCounts, calibrate: bool = True) -> Verdict:
+        """The verdict on a checkpoint that predicted ``counts`` (probabilities corrected for negative downsampling
+        by the scoring program: :class:`components.networks.scoring.NetworkProgram`): the network's, uncalibrated,
+        or a model's that blends the baseline in, through its blend. ``calibrate``: fit the configured calibration
+        on them (not on a blend, which is the model's calibration)."""
         metrics = binary_metrics_counts(counts)
-        calibration = fit_platt_counts(counts) if self.cfg.eval.calibration is Calibration.platt else None
+        platt = calibrate and self.cfg.eval.calibration is Calibration.platt
+        calibration = fit_platt_counts(counts) if platt else None
         best, stop = self.stopping.judge(ckpt_id, metrics[self.cfg.objective])
         return Verdict({k: metrics[k] for k in ("auc", "logloss", "calibration", "count")}, calibration, best, stop)
 

@@ -18,7 +18,7 @@ from components.export.model import InferenceModel
 from components.export.sharded import export_sharded
 from components.export.single import export_single
 from components.export.store import VERSION_NAME
-from components.metrics import fit_blend
+from components.calibration import fit_blend
 from components.networks.models import baseline_values
 from components.networks.scoring import BUCKETS_SUFFIX, Scorer, read_test_split
 from tests.export.checkpoints import VOCAB, commit_checkpoint, make_checkpoint

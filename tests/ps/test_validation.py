@@ -33,7 +33,8 @@ def test_checkpoints_are_judged_and_calibrated_on_predictions_corrected_for_down
     import numpy as np
 
     from components.config import from_dict
-    from components.metrics import ScoreCounts, binary_metrics, fit_platt
+    from components.calibration import fit_platt
+    from components.metrics import ScoreCounts, binary_metrics
     from components.networks.scoring import corrected_probability
     from components.ps.validation import Validator
 
@@ -59,7 +60,16 @@ def test_more_passes_never_deliver_a_worse_model(tmp_path):
     the best pass +0.003 to +0.011 over the first on test. The validation AUC may still improve again at pass 3 or 4
     before the overfitting wins (seen on 2,400 rows: 0.676, 0.693, 0.688, 0.696, 0.628, 0.670), so the maximum
     leaves room for that, and the job's stops are checked against the rule replayed on its own values."""
+    import json
+
+    import numpy as np
+
+    from components.checkpoint import format as ckpt_io
     from components.checkpoint.format import EVALUATION_PARTS
+    from components.data_prep.multislot import Schema, read_shards
+    from components.metrics import binary_metrics
+    from components.networks.scoring import Scorer
+    from components.table.accessor import read_sparse_table
     from components.checkpoint.pointer import fetch_for_scoring
     from components.config import EvalConfig, from_dict
     from components.data_prep.prepare import prepare_synthetic
@@ -87,3 +97,19 @@ def test_more_passes_never_deliver_a_worse_model(tmp_path):
                 for c in result.checkpoints}
     first = result.checkpoints[0]["id"]
     assert test_auc[summary["id"]] >= test_auc[first] - 0.002, (judged, test_auc)  # never worse than one pass
+    # The model blends the baseline in (the default): each checkpoint was judged on the blended predictions, what it
+    # delivers, not on its network's alone.
+    stats = json.loads((tmp_path / "data" / "stats.json").read_text())
+    labels, dense, sparse = read_shards([tmp_path / "data" / rel for rel in stats["shards"]["valid"]],
+                                        Schema.from_dict(stats["schema"]))
+    for event in result.checkpoints:
+        local = CheckpointStore(cfg.checkpoint.uri).download(event["id"], tmp_path / "full" / event["id"])
+        meta = json.loads((local / ckpt_io.MODEL_META).read_text())
+        ids, rows = read_sparse_table(local / meta["sparse_table"], cfg.table.rule, cfg.table.embedding_dim)
+        with np.load(local / ckpt_io.EXPORT / ckpt_io.DENSE_FILE) as saved:
+            ckpt = ckpt_io.Checkpoint(meta=meta, ids=ids, rows=rows, dense={name: saved[name] for name in saved.files})
+        assert meta["calibration"]["method"] == "blend"
+        delivered = binary_metrics(labels, Scorer(ckpt, calibrated=True).predict(dense, sparse))
+        network = binary_metrics(labels, Scorer(ckpt).predict(dense, sparse))
+        assert event["validation"]["auc"] == pytest.approx(delivered["auc"], abs=1e-6), (event, network)
+        assert event["validation"]["logloss"] == pytest.approx(delivered["logloss"], abs=1e-6), (event, network)
