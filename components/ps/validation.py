@@ -5,8 +5,9 @@ A checkpoint is scored through the servers by every worker (:mod:`components.ps.
 and judged on the merged counts, so "best on the validation split" means best as delivered. The calibration (Platt
 scaling, :func:`components.metrics.fit_platt_counts`) is fitted on the same predictions and travels in the
 checkpoint's ``model.json``: evaluation, export and serving all apply the one the delivered checkpoint carries. Both
-are of the predictions corrected for negative downsampling (``data.negative_sample_rate``), which the programs apply
-before the calibration (:mod:`components.networks.scoring`).
+are of the predictions corrected for negative downsampling (at the rate the data was prepared with, the job's plan's:
+:class:`components.ps.contract.JobPlan`), which the programs apply before the calibration
+(:mod:`components.networks.scoring`).
 
 Early stopping: the job stops once ``ps.patience`` checkpoints in a row did not improve the objective
 (``objective``: AUC up or logloss down) on the validation split; ``ps.epochs`` is then a maximum. The store's
