@@ -195,8 +195,9 @@ class JobSpec:
         raw = json.loads(text)
         restore = raw.get("restore")
         return cls(config=raw["config"], plan=JobPlan.from_dict(raw["plan"]), data_dir=raw["data_dir"],
-                   workdir=raw["workdir"], staging_dir=raw["staging_dir"], restore=RestoreTarget.from_dict(restore) if restore else None,
-                   run_id=raw.get("run_id", ""), baseline=raw.get("baseline", ""))
+                   workdir=raw["workdir"], staging_dir=raw["staging_dir"],
+                   restore=RestoreTarget.from_dict(restore) if restore else None, run_id=raw.get("run_id", ""),
+                   baseline=raw.get("baseline", ""))
 
     @classmethod
     def load(cls, path: Optional[str]) -> "JobSpec":

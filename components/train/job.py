@@ -1,8 +1,9 @@
 """What every launcher backend shares: the job prepared once before it starts, its events, its result.
 
 :func:`prepare_job` resolves what every role must agree on (the checkpoint to restore, the job's plan:
-``shard_num``, the data's negative sample rate, the table's memory), before any process starts; a backend (:mod:`components.train.backends`) then
-starts the roles with :meth:`PreparedJob.spec`. The roles print events (:mod:`components.ps.contract`),
+``shard_num``, the data's negative sample rate, the table's memory) before any process starts, the config left as
+the user wrote it; a backend (:mod:`components.train.backends`) then starts the roles with
+:meth:`PreparedJob.spec`. The roles print events (:mod:`components.ps.contract`),
 which :class:`EventLog` turns into progress lines and the :class:`JobResult`, whether they arrive through a
 local pipe or a pod's log stream (whether a role is alive is read from the store: :mod:`components.train.liveness`).
 :class:`StopSignals` turns SIGTERM, SIGINT and SIGHUP into an exception in the launcher, so that it tears its job
