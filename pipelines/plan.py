@@ -2,7 +2,7 @@
 
 Every number comes from the code the run itself uses: the data plan of the data-prep step
 (:func:`components.data_prep.step.data_plan`: the files, their sizes, the shards), the job preparation of the
-train step (:func:`components.train.job.plan_job`: the restore target, ``table.shard_num``, the memory plan),
+train step (:func:`components.train.job.plan_job`: the restore target, the job's plan: ``shard_num``, the memory plan),
 the plan of every other process (:func:`components.train.process_plan.plan_processes`: workers, the evaluate and export
 steps, a serving replica; on Kubeflow the steps' memory requests it sets), the bytes the job's workers and servers
 exchange (:func:`components.train.network_plan.plan_network`), the local launcher's layout
@@ -17,10 +17,10 @@ from collections import defaultdict
 from components.config import CtrConfig, DataSource, PipelineRunner
 from components.data_prep.prepare import SYNTHETIC, synthetic_split_rows
 from components.data_prep.step import data_plan
-from components.train.job import PreparedJob, plan_job, plan_lines, plan_table
+from components.train.job import PreparedJob, plan_job, plan_lines, resolve_plan
 from components.train.network_plan import plan_network
 from components.train.planner import MIB, size
-from components.train.process_plan import JobPlan, data_shape, plan_processes, step_memories
+from components.train.process_plan import ProcessesPlan, data_shape, plan_processes, step_memories
 
 
 def plan_lines_of(cfg: CtrConfig) -> list[str]:
@@ -32,18 +32,19 @@ def plan_lines_of(cfg: CtrConfig) -> list[str]:
                  f"up to {cfg.ps.epochs} epoch(s), batch {cfg.ps.batch_size} per worker thread")
     if on_kubeflow:
         # The cluster's storage is read with the cluster's credentials, by the train step: a fresh start assumed.
-        planned, memory = plan_table(cfg, None, None)
-        processes = plan_processes(planned, data_shape(planned), memory)
-        job_lines = ["checkpoint  resume/warm-start resolved by the train step in the cluster's storage", *plan_lines(memory)]
-        lines += [f"  {line}" for line in job_lines + processes.lines() + [plan_network(planned, processes.data).line()]
-                  + step_lines(planned, processes) + pod_lines(planned)]
+        plan = resolve_plan(cfg, None, None)
+        processes = plan_processes(cfg, data_shape(cfg), plan)
+        job_lines = ["checkpoint  resume/warm-start resolved by the train step in the cluster's storage",
+                     *plan_lines(plan.memory)]
+        lines += [f"  {line}" for line in job_lines + processes.lines() + [plan_network(cfg, processes.data).line()]
+                  + step_lines(cfg, processes) + pod_lines(cfg)]
     else:
         from components.checkpoint.store import CheckpointStore
 
         job = plan_job(cfg, None, CheckpointStore(cfg.checkpoint.uri))
-        processes = plan_processes(job.cfg, data_shape(job.cfg), job.plan)
-        lines += [f"  {line}" for line in plan_lines(job.plan) + processes.lines()
-                  + [plan_network(job.cfg, processes.data).line()] + process_lines(job)]
+        processes = plan_processes(cfg, data_shape(cfg), job.plan)
+        lines += [f"  {line}" for line in plan_lines(job.plan.memory) + processes.lines()
+                  + [plan_network(cfg, processes.data).line()] + process_lines(job)]
         lines.append(f"  checkpoint  {job.store.display_uri}: "
                      f"{job.restore.describe() if job.restore else 'a fresh start'}; keeps the last "
                      f"{cfg.checkpoint.keep_last}, one every {cfg.checkpoint.every_passes} pass(es)")
@@ -94,7 +95,7 @@ def process_lines(job: PreparedJob) -> list[str]:
             f"rendezvous {layout.gloo_endpoint} (ports free now; the job picks its own when it starts)"]
 
 
-def step_lines(cfg: CtrConfig, processes: JobPlan) -> list[str]:
+def step_lines(cfg: CtrConfig, processes: ProcessesPlan) -> list[str]:
     """The memory the planned Kubeflow steps get (:func:`components.train.process_plan.step_memories`), as the compiled
     pipeline requests it."""
     memories = step_memories(cfg, processes)

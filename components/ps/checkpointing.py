@@ -62,7 +62,8 @@ class Checkpointer:
         # baseline: the parameters of the baseline a model that blends it in scores with (model.blend_baseline);
         # restored_baseline: the one the checkpoint the job starts from blended in (its day's scoring uses it).
         self.baseline, self.restored_baseline = baseline, restored_baseline
-        self.scorer = PullScorer(cfg, self.schema, self.main, scope, place, paddle, baseline)
+        self.scorer = PullScorer(cfg, self.schema, self.main, scope, place, paddle, job.plan.negative_sample_rate,
+                                 baseline)
         # A day's job ages and shrinks the table once (a mid-day resume: its day has been aged already); any other
         # job at every checkpoint.
         self.day = day_of(cfg)
@@ -235,7 +236,7 @@ class Checkpointer:
             checkpoint.save_worker_rows(local, ids, rows)
             meta["rows"] = int(len(ids))
             if cfg.ps.mode is not Mode.geo:  # geo servers route rows their own way
-                servers = {"rows": rows_per_server(ids, cfg.table.shard_num, cfg.ps.servers)}
+                servers = {"rows": rows_per_server(ids, self.job.plan.shard_num, cfg.ps.servers)}
         else:
             answers = collect_shards(self.store, ckpt_id, staging, cfg.ps.servers, cfg.ps.startup_timeout_s,
                                      count_evicted=cfg.table.eviction.enabled)
@@ -266,17 +267,19 @@ class Checkpointer:
              stop=bool(verdict and verdict.stop))
 
     def _meta(self, history: list[dict]) -> dict:
-        full = self.job.config  # the resolved config as a dict: what rebuilds the network
+        full, plan = self.job.config, self.job.plan  # the config as a dict, and what the job resolved
         lookup = self._sparse_lookup()
         return {
-            "model": full["model"], "table": full["table"], "mode": self.cfg.ps.mode.value,
+            # What rebuilds the network; the table as the job laid it out (a restore reads its shard count here).
+            "model": full["model"], "table": {**full["table"], "shard_num": plan.shard_num},
+            "mode": self.cfg.ps.mode.value,
             "schema": self.stats["schema"], "hash_function": self.stats.get("hash_function"),
             "sparse_table": (f"{checkpoint.TABLES}/{int(lookup.attr('table_id')):03d}"
                              if lookup is not None and not protocol.rows_from_workers(self.cfg) else None),
             "servers": self.cfg.ps.servers, "workers": self.cfg.ps.workers,
             "paddle_version": self.paddle.__version__, "training": {"epochs": history},
             # What the scoring and serving programs of this checkpoint correct its predictions for.
-            "negative_sample_rate": self.cfg.data.negative_sample_rate,
+            "negative_sample_rate": plan.negative_sample_rate,
             # The buckets of the baseline the model blends in (model.blend_baseline), else None.
             "baseline_features": models.baseline_features(self.cfg),
         }

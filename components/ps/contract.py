@@ -7,7 +7,8 @@ What crosses it, and nothing else:
   wherever it runs. Besides those: the job spec (:data:`SPEC_ENV`, or a file path argument), the restart
   attempt of a whole-job restart (:data:`RESTART_ENV`) and, where the spec cannot carry it, the run
   (:data:`RUN_ID_ENV`);
-* **the job spec** (:class:`JobSpec`): the resolved config, where the dataset is, the process's scratch
+* **the job spec** (:class:`JobSpec`): the user's config, the job's plan (:class:`JobPlan`: what was resolved
+  for it before it started, which every role must agree on), where the dataset is, the process's scratch
   directories and what to restore;
 * **events**: the process prints one JSON event per line (:func:`emit`), tagged :data:`PROGRESS`,
   :data:`EPOCH`, :data:`CHECKPOINT`, :data:`DONE` or :data:`HEARTBEAT` (at least one every
@@ -26,6 +27,7 @@ kubernetes), and neither does this module.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -38,6 +40,7 @@ from pathlib import Path
 from typing import Callable, Mapping, Optional
 
 from components.checkpoint.restore import RestoreTarget
+from components.table.memory import MemoryPlan
 
 SPEC_ENV = "PS_JOB_SPEC"  # the job spec as JSON, when no spec file is given (pods, compose services)
 RESTART_ENV = "PS_RESTART_ATTEMPT"  # how many times the whole job was restarted before this attempt
@@ -132,20 +135,48 @@ def host_layout(host: Callable[[Role, int], str], servers: int, workers: int, po
 
 
 @dataclass(frozen=True)
+class JobPlan:
+    """What a job resolved before it started (:func:`components.train.planner.job_plan`), beside its config, which
+    stays as the user wrote it: the roles read these values here, never from the config.
+
+    ``shard_num``: the sparse table's shard count (a restored table keeps its own; ``shard_source`` says where it
+    comes from); ``negative_sample_rate``: the rate the data was prepared with (its ``stats.json``), which every
+    program corrects its predictions for and the checkpoint records; ``memory``: the table's memory plan (None in geo
+    mode).
+    """
+
+    shard_num: int
+    shard_source: str
+    negative_sample_rate: float
+    memory: Optional[MemoryPlan] = None
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, raw: dict) -> "JobPlan":
+        memory = raw.get("memory")
+        return cls(shard_num=int(raw["shard_num"]), shard_source=raw["shard_source"],
+                   negative_sample_rate=float(raw["negative_sample_rate"]),
+                   memory=MemoryPlan(**memory) if memory else None)
+
+
+@dataclass(frozen=True)
 class JobSpec:
     """Everything a role process needs besides its environment.
 
-    ``config``: the resolved config as a dict (:func:`components.config.to_dict`) with ``table.shard_num``
-    resolved, which every role must agree on; ``data_dir``: the prepared dataset, a local path or a remote
-    fsspec URL (pods fetch their shards); ``workdir``: the process's scratch directory; ``staging_dir``: where
-    servers save table shards before their uploader moves them to the store (the same path string on every
-    machine); ``restore``: what the job starts from; ``run_id``: the run, recorded in every checkpoint it commits
-    (a restarted job resumes only its own run's checkpoints); ``baseline``: the fitted baseline's directory (a
-    local path or a remote fsspec URL) a model that blends it in (``model.blend_baseline``) scores with, when
-    the checkpoint it starts from holds none.
+    ``config``: the user's config as a dict (:func:`components.config.to_dict`); ``plan``: what the job resolved
+    before it started, which every role must agree on (:class:`JobPlan`); ``data_dir``: the prepared dataset, a
+    local path or a remote fsspec URL (pods fetch their shards); ``workdir``: the process's scratch directory;
+    ``staging_dir``: where servers save table shards before their uploader moves them to the store (the same path
+    string on every machine); ``restore``: what the job starts from; ``run_id``: the run, recorded in every
+    checkpoint it commits (a restarted job resumes only its own run's checkpoints); ``baseline``: the fitted
+    baseline's directory (a local path or a remote fsspec URL) a model that blends it in (``model.blend_baseline``)
+    scores with, when the checkpoint it starts from holds none.
     """
 
     config: dict
+    plan: JobPlan
     data_dir: str
     workdir: str
     staging_dir: str
@@ -154,17 +185,19 @@ class JobSpec:
     baseline: str = ""
 
     def to_json(self) -> str:
-        return json.dumps({"config": self.config, "data_dir": self.data_dir, "workdir": self.workdir,
-                           "staging_dir": self.staging_dir, "run_id": self.run_id, "baseline": self.baseline,
-                           "restore": self.restore.to_dict() if self.restore else None}, sort_keys=True)
+        return json.dumps({"config": self.config, "plan": self.plan.to_dict(), "data_dir": self.data_dir,
+                           "workdir": self.workdir, "staging_dir": self.staging_dir, "run_id": self.run_id,
+                           "baseline": self.baseline, "restore": self.restore.to_dict() if self.restore else None},
+                          sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> "JobSpec":
         raw = json.loads(text)
         restore = raw.get("restore")
-        return cls(config=raw["config"], data_dir=raw["data_dir"], workdir=raw["workdir"],
-                   staging_dir=raw["staging_dir"], restore=RestoreTarget.from_dict(restore) if restore else None,
-                   run_id=raw.get("run_id", ""), baseline=raw.get("baseline", ""))
+        return cls(config=raw["config"], plan=JobPlan.from_dict(raw["plan"]), data_dir=raw["data_dir"],
+                   workdir=raw["workdir"], staging_dir=raw["staging_dir"],
+                   restore=RestoreTarget.from_dict(restore) if restore else None, run_id=raw.get("run_id", ""),
+                   baseline=raw.get("baseline", ""))
 
     @classmethod
     def load(cls, path: Optional[str]) -> "JobSpec":

@@ -50,8 +50,11 @@ class PullScorer:
     """One worker's scorer: :meth:`score` its share of a split with the parameters :meth:`take_parameters` copied."""
 
     def __init__(self, cfg: CtrConfig, schema: Schema, train_main: Any, train_scope: Any, place: Any, paddle: Any,
-                 baseline: Optional[dict] = None):
+                 negative_sample_rate: float, baseline: Optional[dict] = None):
+        """``negative_sample_rate``: the rate the job's data was prepared with (its plan's), which the predictions
+        are corrected for."""
         self.cfg, self.schema, self.paddle, self.place = cfg, schema, paddle, place
+        self.negative_sample_rate = negative_sample_rate
         self.train_scope = train_scope
         self.exe = paddle.static.Executor(place)
         self.dim = dim = cfg.table.embedding_dim
@@ -61,7 +64,7 @@ class PullScorer:
         # Paddle's executor caches programs by id(), and no more, since a long job would pile them up.
         self.baseline_features = baseline_features(cfg)
         self.raw = network_program(cfg.model, schema, dim, self.make_lookup,
-                                   negative_sample_rate=cfg.data.negative_sample_rate,
+                                   negative_sample_rate=negative_sample_rate,
                                    baseline_features=self.baseline_features)
         check_pull_only(self.raw.main)
         self.calibrated: Optional[tuple[tuple, Any]] = None
@@ -78,14 +81,14 @@ class PullScorer:
         self.set_baseline(baseline or {})
 
     def program(self, calibration: Optional[dict] = None):
-        """The scoring network: its probability corrected for ``data.negative_sample_rate``, then (with
+        """The scoring network: its probability corrected for the negative sample rate, then (with
         ``calibration``) calibrated in it, as the served program does; ``raw_prob`` is before the calibration."""
         if not calibration:
             return self.raw
         key = tuple(sorted(calibration.items()))  # a blend's c and method too, not only Platt's a and b
         if self.calibrated is None or self.calibrated[0] != key:
             built = network_program(self.cfg.model, self.schema, self.dim, self.make_lookup, calibration,
-                                    self.cfg.data.negative_sample_rate, self.baseline_features)
+                                    self.negative_sample_rate, self.baseline_features)
             check_pull_only(built.main)
             self.calibrated = (key, built)
         return self.calibrated[1]

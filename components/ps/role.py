@@ -42,7 +42,8 @@ from components.networks import models
 from components.ps.checkpointing import SCORED_SPLITS, Checkpointer
 from components.days import day_of
 from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, RUN_ID_ENV, SPEC_ENV,
-                                    STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX, JobSpec, emit, wait_until_listening)
+                                    STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX, JobPlan, JobSpec, emit,
+                                    wait_until_listening)
 from components.ps.liveness import (Heartbeat, HeartbeatRecord, children_die_with_this_process, die_with_parent,
                                     parent_from_env)
 from components.networks.models import EMBEDDING_TABLE
@@ -77,9 +78,9 @@ class TrainProgram:
     running_loss_weight: object  # the same average of a constant 1: running_loss / it is unbiased from batch one
 
 
-def build_train_program(cfg: CtrConfig, stats: dict, paddle) -> TrainProgram:
-    """The training program over the dataset of ``stats`` (its ``stats.json``: the schema, the base rate the output
-    bias starts at)."""
+def build_train_program(cfg: CtrConfig, plan: JobPlan, stats: dict, paddle) -> TrainProgram:
+    """The training program of the job's ``plan`` (its table's shard count) over the dataset of ``stats`` (its
+    ``stats.json``: the schema, the base rate the output bias starts at)."""
     import paddle.distributed.fleet as fleet
 
     feeds = models.create_feeds(Schema.from_dict(stats["schema"]))
@@ -105,7 +106,7 @@ def build_train_program(cfg: CtrConfig, stats: dict, paddle) -> TrainProgram:
                                                           name="running_loss_weight")
     paddle.assign(0.98 * running_loss + 0.02 * heads.loss, running_loss)
     paddle.assign(0.98 * running_loss_weight + 0.02, running_loss_weight)
-    optimizer = fleet.distributed_optimizer(dense_optimizer(cfg), build_strategy(cfg))
+    optimizer = fleet.distributed_optimizer(dense_optimizer(cfg), build_strategy(cfg, plan.shard_num))
     optimizer.minimize(heads.loss)
     return TrainProgram(feeds, heads, running_loss, running_loss_weight)
 
@@ -404,7 +405,7 @@ def load_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
         baseline = str(fetch_baseline(baseline, Path(job.workdir) / "baseline"))
     attempt = int(os.environ.get(RESTART_ENV) or 0)
     run_id = os.environ.get(RUN_ID_ENV) or job.run_id
-    restore = restart_target(CheckpointStore(cfg.checkpoint.uri), job.restore, attempt, cfg.table.shard_num, run_id)
+    restore = restart_target(CheckpointStore(cfg.checkpoint.uri), job.restore, attempt, job.plan.shard_num, run_id)
     return dataclasses.replace(job, data_dir=data_dir, restore=restore, run_id=run_id, baseline=baseline), cfg
 
 
@@ -455,7 +456,7 @@ def main(job_path: Optional[str]) -> None:
     # pass for a slower one; the launchers' stall rule bounds them (components.train.liveness).
     role_maker._gloo._init_timeout_seconds = int(cfg.ps.startup_timeout_s)
     fleet.init(role_maker)
-    program = build_train_program(cfg, stats, paddle)
+    program = build_train_program(cfg, job.plan, stats, paddle)
     if fleet.is_server():
         serve(cfg, job, fleet, paddle)
         return

@@ -22,8 +22,9 @@ _RULES = {
 }
 
 
-def sparse_table_configs(table: TableConfig, table_name: str = EMBEDDING_TABLE) -> dict[str, Any]:
-    """``DistributedStrategy.sparse_table_configs`` for one table, set explicitly.
+def sparse_table_configs(table: TableConfig, shard_num: int, table_name: str = EMBEDDING_TABLE) -> dict[str, Any]:
+    """``DistributedStrategy.sparse_table_configs`` for one table in ``shard_num`` shards (the job's plan's:
+    :class:`components.ps.contract.JobPlan`), set explicitly.
 
     The implicit default rule learns far worse than an explicit one, so every value is spelled out.
     """
@@ -31,7 +32,7 @@ def sparse_table_configs(table: TableConfig, table_name: str = EMBEDDING_TABLE) 
     paddle_rule, settings = _RULES[table.rule]
     configs: dict[str, Any] = {
         prefix + "table_class": table.table_class.value,
-        prefix + "shard_num": table.shard_num,
+        prefix + "shard_num": shard_num,
         prefix + "accessor.accessor_class": table.accessor.value,
         prefix + "accessor.fea_dim": table.embedding_dim + 2,
         prefix + "accessor.embedx_dim": table.embedding_dim - 1,
@@ -94,29 +95,26 @@ def table_save_mode(table: TableConfig, ages: bool = True) -> int:
     return SAVE_ALL_AND_AGE if table.eviction.enabled and ages else SAVE_ALL
 
 
-def strategy_settings(cfg: CtrConfig) -> dict[str, Any]:
-    """What :func:`build_strategy` sets, as plain data (testable without Paddle).
+def strategy_settings(cfg: CtrConfig, shard_num: int) -> dict[str, Any]:
+    """What :func:`build_strategy` sets for a table of ``shard_num`` shards, as plain data (testable without Paddle).
 
     ``sync`` runs on the asynchronous engine (``a_sync=False`` segfaults in SendBarrierOp on the 2.6.2
     CPU wheel); its bulk-synchronous rounds come from the trainer's per-round barriers.
     """
     geo = cfg.ps.mode is Mode.geo
-    if not geo and cfg.table.shard_num is None:
-        raise ValueError("table.shard_num is resolved when the job is prepared (components.train.job.prepare_job); "
-                         "a role's config always carries it")
     return {
         "a_sync": True,
         "a_sync_configs": {"k_steps": cfg.ps.geo_k_steps if geo else 0},
         # Geo keeps its own MemorySparseGeoTable; the table settings apply to the PS hash table.
-        "sparse_table_configs": None if geo else sparse_table_configs(cfg.table),
+        "sparse_table_configs": None if geo else sparse_table_configs(cfg.table, shard_num),
     }
 
 
-def build_strategy(cfg: CtrConfig):
+def build_strategy(cfg: CtrConfig, shard_num: int):
     import paddle.distributed.fleet as fleet
 
     strategy = fleet.DistributedStrategy()
-    for name, value in strategy_settings(cfg).items():
+    for name, value in strategy_settings(cfg, shard_num).items():
         if value is not None:
             setattr(strategy, name, value)
     return strategy

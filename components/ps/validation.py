@@ -8,8 +8,9 @@ judged on its blended predictions, what it delivers: the blend is fitted on the 
 scaling, :func:`components.calibration.fit_platt_counts`) is fitted: the AUC is the delivered model's (the calibration
 keeps the order), the logloss the one before the calibration. The calibration or the blend travels in the
 checkpoint's ``model.json``: evaluation, export and serving all apply the one the delivered checkpoint carries. All are
-of the predictions corrected for negative downsampling (``data.negative_sample_rate``), which the programs apply
-before the calibration (:mod:`components.networks.scoring`).
+of the predictions corrected for negative downsampling (at the rate the data was prepared with, the job's plan's:
+:class:`components.ps.contract.JobPlan`), which the programs apply before the calibration
+(:mod:`components.networks.scoring`).
 
 Early stopping: the job stops once ``ps.patience`` checkpoints in a row did not improve the objective
 (``objective``: AUC up or logloss down) on the validation split; ``ps.epochs`` is then a maximum. The store's

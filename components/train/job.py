@@ -1,8 +1,9 @@
 """What every launcher backend shares: the job prepared once before it starts, its events, its result.
 
-:func:`prepare_job` resolves what every role must agree on (the checkpoint to restore, ``table.shard_num``)
-and plans the table's memory, before any process starts; a backend (:mod:`components.train.backends`) then
-starts the roles with :meth:`PreparedJob.spec`. The roles print events (:mod:`components.ps.contract`),
+:func:`prepare_job` resolves what every role must agree on (the checkpoint to restore, the job's plan:
+``shard_num``, the data's negative sample rate, the table's memory) before any process starts, the config left as
+the user wrote it; a backend (:mod:`components.train.backends`) then starts the roles with
+:meth:`PreparedJob.spec`. The roles print events (:mod:`components.ps.contract`),
 which :class:`EventLog` turns into progress lines and the :class:`JobResult`, whether they arrive through a
 local pipe or a pod's log stream (whether a role is alive is read from the store: :mod:`components.train.liveness`).
 :class:`StopSignals` turns SIGTERM, SIGINT and SIGHUP into an exception in the launcher, so that it tears its job
@@ -11,7 +12,6 @@ down before it exits.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import signal
@@ -25,7 +25,7 @@ from components.checkpoint.restore import RestoreTarget, restore_target
 from components.checkpoint.store import CheckpointStore, CheckpointStoreError
 from components.config import CtrConfig, to_dict
 from components.days import day_of
-from components.ps.contract import CHECKPOINT, DAY_EVAL, EPOCH, PROGRESS, JobSpec, Role, parse_event
+from components.ps.contract import CHECKPOINT, DAY_EVAL, EPOCH, PROGRESS, JobPlan, JobSpec, Role, parse_event
 from components.ps.liveness import CURVE_KEY, clear_heartbeats
 from components.ps.shard_uploader import clear_records
 from components.train import planner
@@ -88,45 +88,29 @@ class JobResult:
 
 @dataclass(frozen=True)
 class PreparedJob:
-    """A PS job's config with everything its roles must agree on resolved, derived once before it starts.
+    """A PS job with everything its roles must agree on resolved, derived once before it starts.
 
-    ``cfg``: ``table.shard_num`` resolved (:func:`planned_config`); ``store``: the checkpoint store, cleaned of
-    saves that never committed; ``restore``: what the job starts from; ``plan``: the sparse table's memory plan
-    (None in geo mode), checked to fit; ``run_id``: names the run in its checkpoints and its store lease.
+    ``cfg``: the user's config, untouched; ``store``: the checkpoint store, cleaned of saves that never committed;
+    ``restore``: what the job starts from; ``plan``: what the job resolved (``shard_num``, the data's negative sample
+    rate, the table's memory plan, checked to fit: :func:`resolve_plan`); ``run_id``: names the run in its
+    checkpoints and its store lease.
     """
 
     cfg: CtrConfig
     store: CheckpointStore
     restore: Optional[RestoreTarget]
-    plan: Optional[planner.MemoryPlan]
+    plan: JobPlan
     run_id: str = field(default_factory=new_run_id)
     baseline: str = ""  # where the roles read the fitted baseline (model.blend_baseline): a path or a URL
 
     def spec(self, data_dir: str, workdir: str, staging_dir: str) -> JobSpec:
         """The spec every role of this job gets (see :class:`components.ps.contract.JobSpec`)."""
-        return JobSpec(config=to_dict(self.cfg), data_dir=data_dir, workdir=workdir, staging_dir=staging_dir,
-                       restore=self.restore, run_id=self.run_id, baseline=self.baseline)
+        return JobSpec(config=to_dict(self.cfg), plan=self.plan, data_dir=data_dir, workdir=workdir,
+                       staging_dir=staging_dir, restore=self.restore, run_id=self.run_id, baseline=self.baseline)
 
     def lines(self) -> list[str]:
         """What the job starts from and its memory plan, as lines to print before it starts."""
-        return ([self.restore.describe()] if self.restore else []) + plan_lines(self.plan)
-
-
-def planned_config(cfg: CtrConfig, restore: Optional[RestoreTarget],
-                   stats: Optional[dict] = None) -> tuple[CtrConfig, str]:
-    """``(cfg with table.shard_num resolved, where that count comes from)``: a restored table keeps its own; a new
-    one gets more shards when the table's rows (bounded by ``stats``, else by ``table.vocab_size``) need them.
-
-    The negative sample rate is the one the data was prepared with (``stats``), whatever the config says: the
-    correction every program applies and the checkpoint records must match the rows trained on."""
-    saved_in = f"checkpoint {restore.id}" if restore else "the checkpoint"
-    rows, _ = planner.table_rows(cfg.table.vocab_size, planner.distinct_train_ids(stats))
-    shard_num, source = planner.resolve_shard_num(cfg.table.shard_num, cfg.ps.servers,
-                                                  restore.shard_num if restore else None, saved_in,
-                                                  rows if stats else None)
-    rate = (stats or {}).get("negative_sample_rate", cfg.data.negative_sample_rate)
-    return dataclasses.replace(cfg, table=dataclasses.replace(cfg.table, shard_num=shard_num),
-                               data=dataclasses.replace(cfg.data, negative_sample_rate=rate)), source
+        return ([self.restore.describe()] if self.restore else []) + plan_lines(self.plan.memory)
 
 
 def prepare_job(cfg: CtrConfig, stats: Optional[dict], run_id: Optional[str] = None,
@@ -157,21 +141,18 @@ def clean_store(store: CheckpointStore) -> None:
 
 def plan_job(cfg: CtrConfig, stats: Optional[dict], store: CheckpointStore,
              run_id: Optional[str] = None) -> PreparedJob:
-    """The part of :func:`prepare_job` that only reads the store: what a job would start from and its table plan
+    """The part of :func:`prepare_job` that only reads the store: what a job would start from and its plan
     (``plan=true`` prints it without changing the store)."""
     restore = restore_target(store, cfg.checkpoint.resume, cfg.checkpoint.warm_start, day=day_of(cfg))
-    planned, plan = plan_table(cfg, stats, restore)
-    return PreparedJob(planned, store, restore, plan, run_id or new_run_id())
+    return PreparedJob(cfg, store, restore, resolve_plan(cfg, stats, restore), run_id or new_run_id())
 
 
-def plan_table(cfg: CtrConfig, stats: Optional[dict],
-               restore: Optional[RestoreTarget]) -> tuple[CtrConfig, Optional[planner.MemoryPlan]]:
-    """``(cfg with table.shard_num resolved, the table's memory plan)``, checked to fit; no store needed."""
-    planned, shard_source = planned_config(cfg, restore, stats)
-    plan = planner.plan_memory(planned, planner.distinct_train_ids(stats), shard_source, stats=stats)
-    if plan is not None:
-        planner.check_fits(planned, plan)
-    return planned, plan
+def resolve_plan(cfg: CtrConfig, stats: Optional[dict], restore: Optional[RestoreTarget]) -> JobPlan:
+    """The job's plan (:func:`components.train.planner.job_plan`), its table checked to fit; no store needed."""
+    plan = planner.job_plan(cfg, stats, restore)
+    if plan.memory is not None:
+        planner.check_fits(cfg, plan.memory)
+    return plan
 
 
 def plan_lines(plan: Optional[planner.MemoryPlan]) -> list[str]:

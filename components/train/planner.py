@@ -1,7 +1,8 @@
 """Sparse-table planning before a PS job starts: rows, bytes per row, memory per server, ``shard_num``.
 
 Pure functions of the config and a few numbers (no Paddle, no I/O), so the plan can be printed, checked and
-tested before any process starts: the job is prepared with :func:`resolve_shard_num` and :func:`plan_memory`.
+tested before any process starts: the job is prepared with :func:`job_plan` (:func:`resolve_shard_num` and
+:func:`plan_memory`), whose :class:`~components.ps.contract.JobPlan` every process of the job gets beside the config.
 
 **Rows.** A server holds one row per distinct feature id that was pushed to it. Ids are hashed into
 ``[0, table.vocab_size)``, so ``vocab_size`` bounds the rows; data prep counts the distinct ids of every
@@ -10,7 +11,8 @@ sum can over-count but never under-count). The plan takes the smaller bound.
 
 **Bytes per row.** Paddle 2.6.2's MemorySparseTable keeps a row as a ``std::vector<float>`` of the
 SparseAccessor layout (:func:`components.table.accessor.row_floats`) behind a node of a chunk allocator, indexed by an open-addressing
-hash map per local shard. :data:`ROW_OVERHEAD_BYTES` is what that costs beyond the floats, measured.
+hash map per local shard. :data:`~components.table.memory.ROW_OVERHEAD_BYTES` is what that costs beyond the floats,
+measured.
 
 **Admission.** With ``table.admission.embedx_threshold`` > 0 a row holds no embedx until its score reaches the
 threshold (:func:`components.table.accessor.short_row_floats`): only the ids seen often enough get full rows
@@ -26,26 +28,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
 from typing import Optional
 
+from components.checkpoint.restore import RestoreTarget
 from components.config import ClusterBackend, ConfigError, CtrConfig, Mode, TableClass, TableConfig
+from components.ps.contract import JobPlan
 from components.quantities import kubernetes_bytes
 from components.table.accessor import row_floats, short_row_floats
+from components.table.memory import FLOAT_BYTES, GIB, MIB, ROW_OVERHEAD_BYTES, MemoryPlan, size
 from components.table.sharding import SHARDS_PER_SERVER, default_shard_num, max_over_mean, shards_per_server
 
-MIB, GIB = 1 << 20, 1 << 30
-FLOAT_BYTES = 4
-
-# Server RSS per row beyond the row's floats: the vector's heap block (malloc header + rounding), its
-# 24-byte node in the chunk allocator and its share of the hash map's bucket array (16-byte key/pointer
-# pairs, power-of-two sized, so between one and two buckets' worth per row). Measured with bench/memory.py
-# (Paddle 2.6.2 CPU wheel; 2 servers, 2 workers, batch 256, adagrad): the slope of a server's peak RSS
-# against its rows between two jobs of equal traffic (~130k and ~900k rows per server). Two runs gave
-# 151 and 146 B/row at dim 9 (64 B of floats) and 252 and 238 B/row at dim 33 (160 B): 78-92 B over the
-# floats, 85 on average. A third run measured 1.02x and 1.04x the estimate; the fourth (2026-12-03,
-# bench/results/memory.md, with unmerged pushes) 0.94x and 0.96x: 76-77 B over the floats.
-ROW_OVERHEAD_BYTES = 85
 # RSS of a server process when it starts serving (Python, Paddle, the program, an empty table): 282-290 MiB
 # in the bench/memory.py jobs (an SSDSparseTable server: about 10 MiB more).
 SERVER_PROCESS_BYTES = 288 * MIB
@@ -60,12 +52,6 @@ AUTO_SHARDS = f"{SHARDS_PER_SERVER} per server"
 # The rows of a shard at most when the planner chooses the shard count: what the export holds of a table at a time
 # (about 5x its parsed 44 B a row at dim 9: ~110 MiB), and one save file and one save thread of a server.
 MAX_SHARD_ROWS = 500_000
-# A checkpoint's save and a restore's load, in rows per second per server: Paddle's own text save and parse of its
-# shards (one thread per local shard). Measured with bench/table_scale.py on 2026-12-01: 2 servers sharing 2 cores,
-# 6.2M rows each (dim 9, adagrad): a save at 91k rows/s per server, a load at 146k (656k rows each: 115k and
-# 146k). A server with a core per local shard does several times better; these are the floor of this machine.
-SAVE_ROWS_PER_S = 91_000
-LOAD_ROWS_PER_S = 146_000
 
 
 def bytes_per_row(table: TableConfig) -> int:
@@ -156,86 +142,35 @@ def resolve_shard_num(configured: Optional[int], servers: int, saved: Optional[i
 
 
 # -- the plan ----------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class MemoryPlan:
-    rows: int
-    rows_source: str
-    vocab_size: int
-    floats: int  # of a full row
-    bytes_per_row: int  # the mean over full and short rows (mean_bytes_per_row)
-    servers: int
-    shard_num: int
-    shard_source: str
-    largest_server_rows: int  # the server owning the most shards
-    base_bytes: int  # what a serving server holds besides its rows (server_base_bytes)
-    budget_bytes: Optional[float]
-    budget_source: str
-    table_class: str
-    full_rows: int  # rows holding their embedx (full_rows)
-    full_rows_source: str
-    short_floats: int  # of a row below the admission threshold
+def job_plan(cfg: CtrConfig, stats: Optional[dict] = None, restore: Optional[RestoreTarget] = None) -> JobPlan:
+    """What a job of ``cfg`` resolves before it starts, beside the config (which stays as the user wrote it).
 
-    @property
-    def server_bytes(self) -> int:
-        """Estimated RSS of the fullest server."""
-        return self.largest_server_rows * self.bytes_per_row + self.base_bytes
-
-    @property
-    def fits(self) -> bool:
-        return self.budget_bytes is None or self.server_bytes <= self.budget_bytes
-
-    def lines(self) -> list[str]:
-        budget = (f"budget {size(self.budget_bytes)} per server ({self.budget_source})"
-                  if self.budget_bytes is not None else f"no budget ({self.budget_source})")
-        shards = shards_per_server(self.shard_num, self.servers)
-        source = (self.rows_source if self.rows == self.vocab_size
-                  else f"{self.rows_source}; vocab_size {self.vocab_size:,}")
-        if self.full_rows == self.rows:
-            layout = (f"{self.floats} floats = {self.floats * FLOAT_BYTES} B + {ROW_OVERHEAD_BYTES} B table overhead"
-                      + ("" if self.full_rows_source == "every row full" else f"; {self.full_rows_source}"))
-        else:
-            layout = (f"on average: {self.full_rows:,} full rows of {self.floats} floats ({self.full_rows_source}), "
-                      f"{self.rows - self.full_rows:,} without embedx of {self.short_floats}; "
-                      f"+ {ROW_OVERHEAD_BYTES} B table overhead each")
-        return [
-            f"memory plan: {self.rows:,} rows ({source}) x {self.bytes_per_row} B/row ({layout})",
-            f"memory plan: shard_num {self.shard_num} ({self.shard_source}): {max(shards)} shard(s) on the fullest "
-            f"of {self.servers} server(s), {self.largest_server_rows:,} rows",
-            f"memory plan: {size(self.server_bytes)} on the fullest server "
-            f"({size(self.largest_server_rows * self.bytes_per_row)} of rows + {size(self.base_bytes)} base); {budget}",
-            f"checkpoint plan: the fullest server saves its rows in about {self.save_s:,.0f}s and loads them on a "
-            f"restore in about {self.load_s:,.0f}s ({SAVE_ROWS_PER_S:,} and {LOAD_ROWS_PER_S:,} rows/s per server, "
-            "measured on 2 cores shared by 2 servers)",
-        ]
-
-    @property
-    def save_s(self) -> float:
-        """Seconds the fullest server takes to save its rows (the servers save in parallel)."""
-        return self.largest_server_rows / SAVE_ROWS_PER_S
-
-    @property
-    def load_s(self) -> float:
-        return self.largest_server_rows / LOAD_ROWS_PER_S
-
-    def summary(self) -> dict:
-        """JSON-safe: what the Model artifact records about the plan."""
-        return {"rows": self.rows, "bytes_per_row": self.bytes_per_row, "shard_num": self.shard_num,
-                "server_gib": round(self.server_bytes / GIB, 3), "save_s": round(self.save_s, 1),
-                "load_s": round(self.load_s, 1),
-                "budget_gib": None if self.budget_bytes is None else round(self.budget_bytes / GIB, 3)}
+    ``shard_num``: a restored table keeps its own; a new one gets more shards when the table's rows (bounded by
+    ``stats``, the dataset's ``stats.json``, else by ``table.vocab_size``) need them. The negative sample rate is the
+    one the data was prepared with (``stats``), whatever the config says: the correction every program applies and
+    the checkpoint records must match the rows trained on. The memory plan is not checked here (:func:`check_fits`).
+    """
+    distinct_ids = distinct_train_ids(stats)
+    rows, _ = table_rows(cfg.table.vocab_size, distinct_ids)
+    shard_num, shard_source = resolve_shard_num(cfg.table.shard_num, cfg.ps.servers,
+                                                restore.shard_num if restore else None,
+                                                f"checkpoint {restore.id}" if restore else "the checkpoint",
+                                                rows if stats else None)
+    return JobPlan(shard_num=shard_num, shard_source=shard_source,
+                   negative_sample_rate=(stats or {}).get("negative_sample_rate", cfg.data.negative_sample_rate),
+                   memory=plan_memory(cfg, shard_num, shard_source, distinct_ids, stats))
 
 
-def plan_memory(cfg: CtrConfig, distinct_ids: Optional[int], shard_source: str,
+def plan_memory(cfg: CtrConfig, shard_num: int, shard_source: str, distinct_ids: Optional[int],
                 stats: Optional[dict] = None) -> Optional[MemoryPlan]:
-    """The plan of ``cfg``'s sparse table, whose ``table.shard_num`` is resolved (:func:`resolve_shard_num`
-    says from where: ``shard_source``); ``stats`` (the dataset's ``stats.json``) say how many rows the admission
-    threshold leaves short (:func:`full_rows`). None in geo mode (geo servers keep a MemorySparseGeoTable, whose
-    layout this does not model)."""
+    """The plan of ``cfg``'s sparse table in ``shard_num`` shards (:func:`resolve_shard_num` says from where:
+    ``shard_source``); ``stats`` (the dataset's ``stats.json``) say how many rows the admission threshold leaves
+    short (:func:`full_rows`). None in geo mode (geo servers keep a MemorySparseGeoTable, whose layout this does not
+    model)."""
     if cfg.ps.mode is Mode.geo:
         return None
     rows, rows_source = table_rows(cfg.table.vocab_size, distinct_ids)
     full, full_source = full_rows(cfg, rows, stats)
-    shard_num = cfg.table.shard_num
     fullest = max(shards_per_server(shard_num, cfg.ps.servers))
     budget, budget_source = memory_budget(cfg)
     return MemoryPlan(rows=rows, rows_source=rows_source, vocab_size=cfg.table.vocab_size,
@@ -325,5 +260,3 @@ def load_balance_lines(load: dict, plan: MemoryPlan) -> list[str]:
     return lines
 
 
-def size(n: float) -> str:
-    return f"{n / GIB:.2f} GiB" if n >= GIB else f"{n / MIB:.1f} MiB"

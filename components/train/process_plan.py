@@ -4,22 +4,22 @@ it starts: pure functions of the config, the dataset's stats and the servers' pl
 Only the servers hold memory that grows with the table, but for geo workers and ``export.format=single``. A worker
 holds its share of the split it scores at a checkpoint (and in geo mode Paddle's dense copies of the table), the
 evaluate step the test split and the baseline's rows, the export step one table shard (``export.format=single``:
-every row), a serving replica one batch. :func:`plan_processes` makes a :class:`JobPlan` of :class:`ProcessPlan`:
+every row), a serving replica one batch. :func:`plan_processes` makes a :class:`ProcessesPlan` of :class:`ProcessPlan`:
 each a measured base plus the parts its data adds, named with their numbers; the Kubeflow steps request the larger
 of their configured memory and the plan (:func:`step_memories`, planned from the config alone).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Optional
 
 from components.config import CtrConfig, DataSource, ExportFormat, FileFormat, Mode, TableConfig
 from components.quantities import kubernetes_bytes
-from components.train.planner import (FLOAT_BYTES, GIB, MIB, MemoryPlan, plan_memory, resolve_shard_num, size,
-                                      table_rows)
+from components.ps.contract import JobPlan
+from components.table.memory import FLOAT_BYTES, GIB, MIB, MemoryPlan, size
+from components.train.planner import job_plan, table_rows
 
 # -- every process of a run ----------------------------------------------------------------------------------
 # What the processes other than the servers hold: only geo workers and a single-file export hold memory that grows
@@ -177,7 +177,7 @@ class ProcessPlan:
 
 
 @dataclass(frozen=True)
-class JobPlan:
+class ProcessesPlan:
     """The memory plan of every process of a run: the servers' (:class:`MemoryPlan`, None in geo mode), the
     workers', the evaluate and export steps' and a serving replica's (:class:`ProcessPlan`)."""
 
@@ -203,23 +203,22 @@ class JobPlan:
         return {plan.kind: {"count": plan.count, "gib": round(plan.bytes / GIB, 3)} for plan in self.processes}
 
 
-def plan_processes(cfg: CtrConfig, data: DataShape, memory: Optional[MemoryPlan],
-                   distinct_ids: Optional[int] = None) -> JobPlan:
-    """Every process's plan for ``cfg`` (``table.shard_num`` resolved), its dataset ``data`` and its servers'
-    ``memory`` plan (:func:`plan_memory`; None in geo mode)."""
+def plan_processes(cfg: CtrConfig, data: DataShape, plan: JobPlan,
+                   distinct_ids: Optional[int] = None) -> ProcessesPlan:
+    """Every process's plan for ``cfg``, the job's ``plan`` (its shard count and its servers' memory plan:
+    :func:`~components.train.planner.job_plan`; no memory plan in geo mode) and its dataset ``data``."""
+    memory = plan.memory
     rows = memory.rows if memory else table_rows(cfg.table.vocab_size, distinct_ids)[0]
     processes = ([server_process(memory)] if memory else []) + [
-        worker_process(cfg, data), evaluate_process(cfg, data), export_process(cfg, rows),
+        worker_process(cfg, data), evaluate_process(cfg, data), export_process(cfg, rows, plan.shard_num),
         serving_process(cfg, data, rows)]
-    return JobPlan(memory, data, tuple(processes))
+    return ProcessesPlan(memory, data, tuple(processes))
 
 
-def compile_time_plan(cfg: CtrConfig) -> JobPlan:
+def compile_time_plan(cfg: CtrConfig) -> ProcessesPlan:
     """What a pipeline compiled from ``cfg`` alone can plan: a fresh start (``table.shard_num`` as the config or the
     default makes it), the rows bounded by ``table.vocab_size``, the data as :func:`data_shape` reads the config."""
-    shard_num, source = resolve_shard_num(cfg.table.shard_num, cfg.ps.servers)
-    planned = dataclasses.replace(cfg, table=dataclasses.replace(cfg.table, shard_num=shard_num))
-    return plan_processes(planned, data_shape(planned), plan_memory(planned, None, source))
+    return plan_processes(cfg, data_shape(cfg), job_plan(cfg))
 
 
 def server_process(plan: MemoryPlan) -> ProcessPlan:
@@ -321,18 +320,18 @@ def parsed_row_bytes(table: TableConfig) -> int:
     return 8 + FLOAT_BYTES * table.embedding_dim
 
 
-def export_process(cfg: CtrConfig, rows: int) -> ProcessPlan:
-    """The export step: one table shard at a time (``export.format=sharded``), or every row (``single``)."""
-    table = cfg.table
-    parsed = parsed_row_bytes(table)
+def export_process(cfg: CtrConfig, rows: int, shard_num: int) -> ProcessPlan:
+    """The export step: one table shard of ``shard_num`` at a time (``export.format=sharded``), or every row
+    (``single``)."""
+    parsed = parsed_row_bytes(cfg.table)
     parts = [Part(EXPORT_PROCESS_BYTES, "base"), Part(EXPORT_FIXED_BYTES, "the dense program and parse blocks")]
     if cfg.export.format is ExportFormat.single:
         parts.append(Part(rows * parsed * EXPORT_PARSE_FACTOR,
                           f"the whole table ({rows:,} rows x {parsed} B parsed x {EXPORT_PARSE_FACTOR})"))
         return ProcessPlan("export", 1, tuple(parts), "the table's rows (export.format=single)")
-    largest = math.ceil(rows / table.shard_num)  # hashed ids spread evenly over the shards
+    largest = math.ceil(rows / shard_num)  # hashed ids spread evenly over the shards
     parts.append(Part(largest * parsed * EXPORT_PARSE_FACTOR,
-                      f"the largest shard ({rows:,} rows / shard_num {table.shard_num} = {largest:,} rows x {parsed} B "
+                      f"the largest shard ({rows:,} rows / shard_num {shard_num} = {largest:,} rows x {parsed} B "
                       f"parsed x {EXPORT_PARSE_FACTOR})"))
     return ProcessPlan("export", 1, tuple(parts), "the table's rows / table.shard_num")
 
@@ -369,7 +368,7 @@ def step_memory(configured: str, plan: ProcessPlan, key: str) -> tuple[str, str]
     return request_quantity(planned), f"the {plan.kind} plan: {size(plan.bytes)} x {PLAN_MARGIN}"
 
 
-def step_memories(cfg: CtrConfig, plan: Optional[JobPlan] = None) -> dict[str, tuple[str, str]]:
+def step_memories(cfg: CtrConfig, plan: Optional[ProcessesPlan] = None) -> dict[str, tuple[str, str]]:
     """Per ``cluster.steps`` field the plan sizes (evaluate, export): ``(memory quantity, where it comes from)``
     (:func:`step_memory`) with the plan ``plan`` (default: :func:`compile_time_plan`)."""
     plan = plan or compile_time_plan(cfg)

@@ -39,7 +39,7 @@ def test_plan_numbers_are_the_prepared_jobs(tmp_path, capsys, no_process):
     cfg = local_config(from_dict(compose_config(tmp_path / "run", *overrides)))
     # The job the train step would prepare (on a store of its own: preparing cleans the store it is given).
     job = prepare_job(cfg, None)
-    for line in plan_lines(job.plan):
+    for line in plan_lines(job.plan.memory):
         assert f"  {line}" in lines
     assert "shard_num 24 (8 per server)" in "\n".join(lines)  # 3 servers
     plan = data_plan(cfg)
@@ -74,7 +74,7 @@ def test_plan_prints_every_process_from_the_planner(tmp_path, capsys, no_process
     # 5,000 rows: 1,000 test rows in 2 shard files, 500 a worker.
     assert "its share of the test split (500 rows x 476 B)" in _process_line(lines, "worker")
     server = _process_line(lines, "server")
-    assert server.startswith(f"  process plan: server x3: {planner.size(job.plan.server_bytes)}")
+    assert server.startswith(f"  process plan: server x3: {planner.size(job.plan.memory.server_bytes)}")
 
 
 @pytest.mark.parametrize("vocab", [1 << 20, 1 << 23])

@@ -1,7 +1,20 @@
-"""The contract between a PS process and its launcher: the environment every backend builds."""
+"""The contract between a PS process and its launcher: the environment every backend builds, the job spec."""
 
-from components.ps.contract import Role, role_env
+from components.config import from_dict, to_dict
+from components.ps.contract import JobSpec, Role, role_env
 from components.train.backends.local import local_layout
+from components.train.planner import job_plan
+
+
+def test_the_job_spec_carries_the_plan_beside_the_config_in_every_mode():
+    for mode in ("async", "geo"):  # geo: no memory plan
+        cfg = from_dict({"ps": {"mode": mode, "servers": 3}, "run_dir": "."})
+        plan = job_plan(cfg, {"negative_sample_rate": 0.5})
+        spec = JobSpec(config=to_dict(cfg), plan=plan, data_dir="d", workdir="w", staging_dir="s")
+        read = JobSpec.from_json(spec.to_json())
+        assert read == spec and read.config["table"]["shard_num"] is None
+        assert (read.plan.shard_num, read.plan.negative_sample_rate) == (24, 0.5)
+        assert (read.plan.memory is None) == (mode == "geo")
 
 
 def test_role_env_matches_paddle_contract():

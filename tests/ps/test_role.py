@@ -7,7 +7,7 @@ import pytest
 
 from components.config import to_dict
 from components.data_prep.prepare import prepare_synthetic
-from components.ps.contract import CONFIG_ERROR_EXIT, SPEC_ENV, JobSpec
+from components.ps.contract import CONFIG_ERROR_EXIT, SPEC_ENV, JobPlan, JobSpec
 from components.networks.models import FittedBaseline
 from components.ps.role import fetch_baseline, fetch_dataset
 
@@ -54,8 +54,12 @@ def _role(tmp_path, spec: str):
                           text=True, timeout=120)
 
 
+# What a launcher resolves for a fresh job on 2 servers (components.train.planner.job_plan).
+FRESH_PLAN = JobPlan(shard_num=16, shard_source="8 per server", negative_sample_rate=1.0)
+
+
 def _spec(config: dict, tmp_path) -> str:
-    return JobSpec(config=config, data_dir=str(tmp_path / "data"), workdir=str(tmp_path / "work"),
+    return JobSpec(config=config, plan=FRESH_PLAN, data_dir=str(tmp_path / "data"), workdir=str(tmp_path / "work"),
                    staging_dir=str(tmp_path / "staging")).to_json()
 
 
@@ -85,7 +89,7 @@ def test_a_restarted_role_resumes_the_newest_checkpoint_of_the_run_its_driver_na
     from components.config import CtrConfig
     from components.ps.contract import RESTART_ENV, RUN_ID_ENV
     from components.ps.role import load_job
-    from components.train.job import planned_config
+    from components.train.planner import job_plan
 
     store = CheckpointStore(str(tmp_path / "ckpt"))
     staged = tmp_path / "staged"
@@ -99,14 +103,15 @@ def test_a_restarted_role_resumes_the_newest_checkpoint_of_the_run_its_driver_na
 
     commit(3, "ctr-ps-earlier")
     own = commit(1, "ctr-ps-this")
-    cfg = planned_config(CtrConfig(checkpoint=dataclasses.replace(CtrConfig().checkpoint, uri=store.uri)), None)[0]
+    cfg = CtrConfig(checkpoint=dataclasses.replace(CtrConfig().checkpoint, uri=store.uri))
+    plan = job_plan(cfg)
     spec = tmp_path / "spec.json"
-    spec.write_text(JobSpec(config=to_dict(cfg), data_dir=str(tmp_path / "data"), workdir=str(tmp_path / "work"),
-                            staging_dir=str(tmp_path / "staging")).to_json())
+    spec.write_text(JobSpec(config=to_dict(cfg), plan=plan, data_dir=str(tmp_path / "data"),
+                            workdir=str(tmp_path / "work"), staging_dir=str(tmp_path / "staging")).to_json())
     monkeypatch.setenv(RUN_ID_ENV, "ctr-ps-this")
     monkeypatch.setenv(RESTART_ENV, "0")
     job, _ = load_job(str(spec))
     assert job.restore is None and job.run_id == "ctr-ps-this"  # the first attempt starts fresh, under the run's name
     monkeypatch.setenv(RESTART_ENV, "1")
     job, _ = load_job(str(spec))
-    assert job.restore == RestoreTarget(store.uri, own, resume=True, shard_num=cfg.table.shard_num)
+    assert job.restore == RestoreTarget(store.uri, own, resume=True, shard_num=plan.shard_num)  # the plan's count

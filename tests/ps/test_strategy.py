@@ -9,8 +9,8 @@ from components.ps.strategy import (COMPRESS_TYPES, merge_limits, rpc_gflags, se
 
 def test_sparse_table_configs_spell_out_the_rule():
     table = CtrConfig().table
-    table.rule, table.learning_rate, table.embedding_dim, table.shard_num = SparseRule.adam, 0.01, 9, 24
-    (name, configs), = sparse_table_configs(table).items()
+    table.rule, table.learning_rate, table.embedding_dim = SparseRule.adam, 0.01, 9
+    (name, configs), = sparse_table_configs(table, 24).items()
     prefix = f"table_parameters.{name}.accessor."
     assert configs[prefix + "embed_sgd_param.name"] == "SparseAdamSGDRule"
     assert configs[prefix + "embedx_sgd_param.adam.learning_rate"] == 0.01
@@ -22,27 +22,27 @@ def test_sparse_table_configs_spell_out_the_rule():
         prefix + "ctr_accessor_param.nonclk_coeff", prefix + "ctr_accessor_param.click_coeff"}
     assert configs[prefix + "ctr_accessor_param.nonclk_coeff"] == 1.0 and configs[prefix + "embedx_threshold"] == 0
     table.eviction.enabled, table.eviction.delete_after_unseen_days = True, 3
-    (_, configs), = sparse_table_configs(table).items()
+    (_, configs), = sparse_table_configs(table, 24).items()
     assert configs[prefix + "ctr_accessor_param.delete_after_unseen_days"] == 3
 
 
 def test_the_admission_threshold_is_the_accessors_and_whole():
     table = from_dict({"table": {"admission": {"embedx_threshold": 3}, "eviction": {"click_coeff": 2.0}},
                        "run_dir": "."}).table
-    (name, configs), = sparse_table_configs(table).items()
+    (name, configs), = sparse_table_configs(table, 16).items()
     prefix = f"table_parameters.{name}.accessor."
     assert configs[prefix + "embedx_threshold"] == 3 and isinstance(configs[prefix + "embedx_threshold"], int)
     assert configs[prefix + "ctr_accessor_param.click_coeff"] == 2.0
     table.admission.embedx_threshold = 2.5  # Paddle's field is a uint32
     with pytest.raises(ConfigError) as err:
-        sparse_table_configs(table)
+        sparse_table_configs(table, 16)
     assert err.value.key == "table.admission.embedx_threshold" and "\n" not in str(err.value)
 
 
 @pytest.mark.parametrize("mode,k_steps,has_table", [("async", 0, True), ("sync", 0, True), ("geo", 7, False)])
 def test_strategy_per_mode(mode, k_steps, has_table):
-    cfg = from_dict({"ps": {"mode": mode, "geo_k_steps": 7}, "table": {"shard_num": 16}, "run_dir": "."})
-    settings = strategy_settings(cfg)
+    cfg = from_dict({"ps": {"mode": mode, "geo_k_steps": 7}, "run_dir": "."})
+    settings = strategy_settings(cfg, 16)
     assert settings["a_sync"] is True
     assert settings["a_sync_configs"] == {"k_steps": k_steps}
     assert (settings["sparse_table_configs"] is not None) == has_table
@@ -51,8 +51,8 @@ def test_strategy_per_mode(mode, k_steps, has_table):
 def test_strategy_builds_in_paddle():
     from components.ps.strategy import build_strategy
 
-    cfg = from_dict({"table": {"rule": "adagrad", "learning_rate": 0.3, "shard_num": 16}, "run_dir": "."})
-    strategy = build_strategy(cfg)
+    cfg = from_dict({"table": {"rule": "adagrad", "learning_rate": 0.3}, "run_dir": "."})
+    strategy = build_strategy(cfg, 16)
     (table,) = strategy.sparse_table_configs
     assert table.accessor.embed_sgd_param.name == "SparseAdaGradSGDRule"
     assert table.accessor.embedx_sgd_param.adagrad.learning_rate == pytest.approx(0.3)
@@ -68,11 +68,12 @@ def test_each_ssd_server_keeps_its_rocksdb_in_its_own_workdir(tmp_path):
     assert server_flags(from_dict({"run_dir": "."}), tmp_path) == {}  # a memory table opens no RocksDB
 
 
-def test_a_role_never_resolves_the_shard_count_itself():
-    """The job is prepared once (components.train.job.prepare_job): a config without its shard count is a bug."""
-    with pytest.raises(ValueError, match="table.shard_num is resolved when the job is prepared"):
-        strategy_settings(from_dict({"run_dir": "."}))
-    assert strategy_settings(from_dict({"ps": {"mode": "geo"}, "run_dir": "."}))["sparse_table_configs"] is None
+def test_the_table_takes_the_shard_count_of_the_jobs_plan_not_the_config():
+    """The job is planned once (components.train.planner.job_plan): the config keeps what the user asked (null: the
+    planner's choice) and the table is laid out in the plan's count."""
+    (name, configs), = strategy_settings(from_dict({"run_dir": "."}), 24)["sparse_table_configs"].items()
+    assert configs[f"table_parameters.{name}.shard_num"] == 24
+    assert strategy_settings(from_dict({"ps": {"mode": "geo"}, "run_dir": "."}), 24)["sparse_table_configs"] is None
 
 
 @pytest.mark.parametrize("batches, dense, sparse", [(1, 0, 0), (2, 1, 2), (13, 12, 13)])

@@ -10,12 +10,13 @@ import pytest
 
 from components.checkpoint.restore import RestoreTarget, restore_target
 from components.checkpoint.store import CheckpointStore, make_id
-from components.config import ConfigError, ExportFormat, from_dict
+from components.config import ConfigError, ExportFormat, from_dict, to_dict
 from components.data_prep.multislot import Schema, read_shards
 from components.data_prep.prepare import prepare_synthetic
 from components.table import sharding
+from components.table.memory import SAVE_ROWS_PER_S
 from components.train import planner, process_plan, sizing
-from components.train.job import JobResult, planned_config, prepare_job
+from components.train.job import JobResult, prepare_job
 from components.train.step import launch_ps_job, server_report, training_summary
 
 GIB = planner.GIB
@@ -27,8 +28,8 @@ def _cfg(**groups):
 
 def _plan(cfg, distinct_ids=None, restore=None):
     """The memory plan as a prepared job makes it: the shard count resolved first."""
-    planned, shard_source = planned_config(cfg, restore)
-    return planner.plan_memory(planned, distinct_ids, shard_source)
+    plan = planner.job_plan(cfg, restore=restore)
+    return planner.plan_memory(cfg, plan.shard_num, plan.shard_source, distinct_ids)
 
 
 def _restored(shard_num):
@@ -103,7 +104,7 @@ def test_plan_per_server_and_budget_sources():
     lines = "\n".join(plan.lines())
     assert "3,000,000 rows (table.vocab_size" in lines and "shard_num 16 (table.shard_num)" in lines
     # The servers save (and load) in parallel: the fullest one's rows at the measured rate per server.
-    assert plan.save_s == plan.largest_server_rows / planner.SAVE_ROWS_PER_S
+    assert plan.save_s == plan.largest_server_rows / SAVE_ROWS_PER_S
     assert f"saves its rows in about {plan.save_s:,.0f}s" in lines and plan.summary()["save_s"] == round(plan.save_s, 1)
 
 
@@ -115,8 +116,8 @@ def test_admission_plans_full_rows_only_for_the_ids_that_reach_the_threshold():
     stats = {"distinct_ids": {"C1": 100_000}, "distinct_ids_seen_at_least": SEEN_AT_LEAST}
     every_row = _cfg(table={"shard_num": 8})
     admitted = _cfg(table={"shard_num": 8, "admission": {"embedx_threshold": 4}})
-    full = planner.plan_memory(every_row, 100_000, "table.shard_num", stats)
-    plan = planner.plan_memory(admitted, 100_000, "table.shard_num", stats)
+    full = planner.plan_memory(every_row, 8, "table.shard_num", 100_000, stats)
+    plan = planner.plan_memory(admitted, 8, "table.shard_num", 100_000, stats)
     assert full.full_rows == 100_000 and full.bytes_per_row == planner.bytes_per_row(every_row.table)
     # Threshold 4 with the default coefficients (a show scores 1) and 1 pass: ids of >= 4 rows, counted as >= 3.
     assert plan.full_rows == 25_000
@@ -127,9 +128,10 @@ def test_admission_plans_full_rows_only_for_the_ids_that_reach_the_threshold():
     assert "25,000 full rows" in plan.lines()[0] and "ids seen in at least 3 train rows" in plan.lines()[0]
     # Two passes show every id twice: ids of 2 rows reach 4.
     twice = dataclasses.replace(admitted, ps=dataclasses.replace(admitted.ps, epochs=2))
-    assert planner.plan_memory(twice, 100_000, "table.shard_num", stats).full_rows == 40_000
+    assert planner.plan_memory(twice, 8, "table.shard_num", 100_000, stats).full_rows == 40_000
     # Without the counts every row is planned full, and the plan says so.
-    unknown = planner.plan_memory(admitted, 100_000, "table.shard_num", {"distinct_ids": {"C1": 100_000}})
+    unknown = planner.plan_memory(admitted, 8, "table.shard_num", 100_000,
+                                  {"distinct_ids": {"C1": 100_000}})
     assert unknown.full_rows == 100_000 and unknown.bytes_per_row == full.bytes_per_row
     assert "every row planned full" in unknown.lines()[0]
 
@@ -183,29 +185,52 @@ def test_refused_before_any_process_starts(tmp_path, monkeypatch):
     assert started == []
 
 
+def _store_with_a_checkpoint_in(tmp_path, shard_num: int) -> CheckpointStore:
+    store = CheckpointStore(str(tmp_path / "ckpt"))
+    ckpt_id = make_id(1, 10)
+    (tmp_path / "staged").mkdir()
+    (tmp_path / "staged" / "x.txt").write_text("x")
+    store.commit(ckpt_id, store.upload_dir(tmp_path / "staged", ckpt_id), {"table": {"shard_num": shard_num}})
+    return store
+
+
 def test_job_spec_carries_the_resolved_shard_num(tmp_path):
     cfg = _cfg(ps={"servers": 3}, checkpoint={"uri": str(tmp_path / "ckpt")})
-    assert prepare_job(cfg, None).spec("d", "w", "s").config["table"]["shard_num"] == 24
-    assert planned_config(cfg, _restored(16))[0].table.shard_num == 16
+    assert prepare_job(cfg, None).spec("d", "w", "s").plan.shard_num == 24
+    assert planner.job_plan(cfg, restore=_restored(16)).shard_num == 16
 
 
 def test_the_job_corrects_for_the_negative_sample_rate_its_data_was_prepared_with(tmp_path):
     cfg = _cfg(checkpoint={"uri": str(tmp_path / "ckpt")})  # a config that does not say the data was sampled
     job = prepare_job(cfg, {"negative_sample_rate": 0.25})
-    assert job.spec("d", "w", "s").config["data"]["negative_sample_rate"] == 0.25
-    assert prepare_job(cfg, None).cfg.data.negative_sample_rate == 1.0  # no stats: the config's
+    assert job.spec("d", "w", "s").plan.negative_sample_rate == 0.25
+    assert prepare_job(cfg, None).plan.negative_sample_rate == 1.0  # no stats: the config's
+
+
+def test_the_plan_travels_beside_the_users_config_which_stays_as_written(tmp_path):
+    """A config that leaves the shard count to the planner (24 on 3 servers) and says 0.5, a restore of a table saved
+    in 12 shards, data prepared at 0.25: the roles get the config as the user wrote it and the plan as the job
+    resolved it."""
+    from components.ps.contract import JobSpec
+
+    _store_with_a_checkpoint_in(tmp_path, 12)
+    cfg = _cfg(checkpoint={"uri": str(tmp_path / "ckpt"), "resume": "latest"}, ps={"servers": 3},
+               data={"negative_sample_rate": 0.5})
+    job = prepare_job(cfg, {"negative_sample_rate": 0.25, "distinct_ids": {"C1": 1000}})
+    spec = JobSpec.from_json(job.spec("d", "w", "s").to_json())  # as a role reads it
+    assert spec.config == to_dict(cfg) and job.cfg is cfg
+    assert spec.config["table"]["shard_num"] is None and spec.config["data"]["negative_sample_rate"] == 0.5
+    assert (spec.plan.shard_num, spec.plan.negative_sample_rate) == (12, 0.25)
+    assert spec.plan.shard_source == f"as saved in checkpoint {job.restore.id}"
+    assert spec.plan == job.plan and spec.plan.memory.rows == 1000 and spec.plan.memory.shard_num == 12
 
 
 def test_the_restore_target_carries_the_saved_shard_count(tmp_path):
-    store = CheckpointStore(str(tmp_path / "ckpt"))
-    ckpt_id = make_id(1, 10)
-    (tmp_path / "staged").mkdir()
-    (tmp_path / "staged" / "x.txt").write_text("x")
-    store.commit(ckpt_id, store.upload_dir(tmp_path / "staged", ckpt_id), {"table": {"shard_num": 12}})
+    store = _store_with_a_checkpoint_in(tmp_path, 12)
     restore = restore_target(store, "latest", None)
     assert restore.shard_num == 12
     with pytest.raises(ConfigError, match="table.shard_num"):
-        planned_config(_cfg(table={"shard_num": 16}), restore)
+        planner.job_plan(_cfg(table={"shard_num": 16}), restore=restore)
 
 
 def test_train_step_reports_the_load_and_records_it(tmp_path):
@@ -239,10 +264,8 @@ def test_more_servers_keep_a_restored_shard_count():
 # -- every process ---------------------------------------------------------------------------------------------
 def _job_plan(cfg, stats=None):
     """Every process's plan as plan=true makes it: the shard count resolved, the data's shape from stats or config."""
-    planned, shard_source = planned_config(cfg, None)
-    memory = planner.plan_memory(planned, planner.distinct_train_ids(stats), shard_source)
-    return process_plan.plan_processes(planned, process_plan.data_shape(planned, stats), memory,
-                                  planner.distinct_train_ids(stats))
+    return process_plan.plan_processes(cfg, process_plan.data_shape(cfg, stats), planner.job_plan(cfg, stats),
+                                       planner.distinct_train_ids(stats))
 
 
 def test_the_data_shape_from_the_config_is_the_prepared_datasets(tmp_path):

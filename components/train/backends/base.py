@@ -111,5 +111,5 @@ class JobBackend(ABC):
     def result(self, seconds: float) -> JobResult:
         """What the job's events told (worker 0's, on Kubernetes: the log the launcher follows)."""
         return JobResult(epochs=self.events.epochs, seconds=seconds, checkpoints=self.events.checkpoints,
-                         restored_from=self.job.restore, plan=self.job.plan, curve=self.events.curve,
+                         restored_from=self.job.restore, plan=self.job.plan.memory, curve=self.events.curve,
                          day_eval=self.events.day_eval)

@@ -57,7 +57,7 @@ from components.ps.contract import (RESTART_ENV, RUN_ID_ENV, STORE_REFUSED_EXIT,
                                     host_layout, ready_probe_command, role_env)
 # The container contract the pods use too: the scratch directory and the gloo port rule.
 from components.train.backends.manifests import SCRATCH, gloo_port
-from components.train.job import planned_config
+from components.train.planner import job_plan
 from components.train.restarts import NOT_RESTARTED
 
 PROJECT = "ctr-ps"  # the compose project name, also the job id the gloo store prefixes its keys with
@@ -154,8 +154,9 @@ def fits_baseline(cfg: CtrConfig) -> bool:
 
 def job_spec(cfg: CtrConfig) -> str:
     """The spec every service reads, as the file holds it (indented: it is the readable record of the job)."""
-    # A compose job always starts fresh (_check), so nothing is restored and the shard count is the planner's.
-    spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=DATA_DIR, workdir=f"{SCRATCH}/work",
+    # A compose job always starts fresh (_check), so nothing is restored and the shard count is the planner's; its data
+    # is prepared inside the file, with the config's negative sample rate.
+    spec = JobSpec(config=to_dict(cfg), plan=job_plan(cfg), data_dir=DATA_DIR, workdir=f"{SCRATCH}/work",
                    staging_dir=f"{SCRATCH}/staging", baseline=BASELINE_DIR if fits_baseline(cfg) else "")
     return json.dumps(json.loads(spec.to_json()), indent=2, sort_keys=True) + "\n"
 

@@ -272,7 +272,7 @@ class LocalJob(JobBackend):
         self._check_store()  # a store that refused this job's lease (a full disk) fails the job, naming that
         try:
             clean_store(self.job.store)
-            target = restart_target(self.job.store, self.job.restore, self.attempt.number, self.cfg.table.shard_num,
+            target = restart_target(self.job.store, self.job.restore, self.attempt.number, self.job.plan.shard_num,
                                     self.job_id, verify=True, warn=lambda line: self.echo(f"warning: {line}"))
             where = position(self.job.store, target)
         except CheckpointStoreError as err:

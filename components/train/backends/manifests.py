@@ -50,7 +50,8 @@ from components.ps.contract import (CONFIG_ERROR_EXIT, STORE_REFUSED_EXIT, INDEX
 from components.ps.tls import loopback_layout, tls_on
 from components.train.backends import pod_tls
 from components.train.backends.network_policy import policy_spec
-from components.train.job import PreparedJob, planned_config
+from components.train.job import PreparedJob
+from components.train.planner import job_plan
 
 JOBSET_API = "jobset.x-k8s.io/v1alpha2"
 PADDLEJOB_API = "batch.paddlepaddle.org/v1"
@@ -465,7 +466,7 @@ def review_manifests(cfg: CtrConfig, data_uri: str, name: str = REVIEW_NAME, bas
     (:func:`job_name`), ``data_uri`` (the run's Dataset artifact) and ``baseline_uri`` (its fit-baseline step's
     Model artifact), the restore target of ``checkpoint.resume`` (read from the store when the step starts; none
     here) and the owner (the step's pod)."""
-    spec = JobSpec(config=to_dict(planned_config(cfg, None)[0]), data_dir=pod_data_uri(data_uri), workdir=WORKDIR,
+    spec = JobSpec(config=to_dict(cfg), plan=job_plan(cfg), data_dir=pod_data_uri(data_uri), workdir=WORKDIR,
                    staging_dir=STAGING, baseline=pod_data_uri(baseline_uri) if baseline_uri else "")
     return _job_objects(cfg, spec.to_json(), name=name, namespace=cfg.cluster.namespace, owner=None,
                         data_uri=spec.data_dir)

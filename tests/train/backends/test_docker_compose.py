@@ -36,7 +36,6 @@ from components.ps.liveness import LIVENESS, HeartbeatRecord
 from components.ps.strategy import rpc_gflags
 from components.ps.tls import TLS_DIR
 from components.train.backends import docker_compose as compose
-from components.train.job import planned_config
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET
 from tests.export.checkpoints import build_checkpoint
 
@@ -261,7 +260,8 @@ def test_the_job_spec_is_one_file_every_service_mounts_read_only():
     spec = json.loads(SPEC_JSON.read_text())
     cfg = from_dict(spec["config"])
     validate(cfg)
-    assert to_dict(cfg) == to_dict(planned_config(compose.load_config([]), None)[0])  # shard_num resolved
+    assert to_dict(cfg) == to_dict(compose.load_config([]))  # the config as written: shard_num left to the planner
+    assert (spec["plan"]["shard_num"], spec["plan"]["shard_source"]) == (16, "8 per server")
     assert (cfg.ps.servers, cfg.ps.workers) == (2, 2)
     assert spec["restore"] is None
     # Data and checkpoints live in the volumes every role mounts; scratch paths are per container.

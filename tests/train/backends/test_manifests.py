@@ -22,7 +22,8 @@ from components.ps.contract import CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SP
 from components.ps import tls
 from components.train.backends import manifests, pod_tls, rbac
 from components.train.backends.kubernetes.cleanup import RUN_OBJECT_KINDS
-from components.train.job import PreparedJob, planned_config
+from components.train.job import PreparedJob
+from components.train.planner import job_plan
 from tests.conftest import ROOT, needs_schemas
 from tests.train.backends.crds import crd_schema
 from tests.train.backends.kube_controllers import (job_failure, job_pod, jobset_action, kubelet_env, selects,
@@ -48,7 +49,7 @@ def prod(config):
 
 def _prepared(cfg, restore=None):
     """The job as the launcher prepares it, without asking the store (these objects are pure functions of it)."""
-    return PreparedJob(planned_config(cfg, restore)[0], CheckpointStore("memory://manifests"), restore, plan=None)
+    return PreparedJob(cfg, CheckpointStore("memory://manifests"), restore, job_plan(cfg, restore=restore))
 
 
 def _objects(cfg, restore=None):
@@ -225,9 +226,9 @@ def test_pod_spec_carries_the_job_and_nothing_secret(prod, backend):
     assert spec["data_dir"] == "s3://ctr/kfp/prepare/dataset" and spec["restore"]["id"] == "x"
     rebuilt = from_dict(spec["config"])
     validate(rebuilt)
-    # The config with what the roles must agree on resolved: the restored table's shard count.
-    assert to_dict(rebuilt) == to_dict(planned_config(cfg, restore)[0]) and rebuilt.ps.epochs == 7
-    assert rebuilt.table.shard_num == 12
+    # The user's config as written, and beside it what the roles must agree on: the restored table's shard count.
+    assert to_dict(rebuilt) == to_dict(cfg) and rebuilt.ps.epochs == 7 and rebuilt.table.shard_num is None
+    assert spec["plan"]["shard_num"] == 12 and spec["plan"]["shard_source"] == "as saved in checkpoint x"
     # Credentials only by reference, never a value
     assert env["AWS_SECRET_ACCESS_KEY"] == {"name": "AWS_SECRET_ACCESS_KEY", "valueFrom": {
         "secretKeyRef": {"name": "ctr-storage", "key": "secret_access_key"}}}

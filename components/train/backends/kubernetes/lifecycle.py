@@ -195,7 +195,7 @@ class KubernetesJob(JobBackend):
         """Delete the failed attempt's objects and create the job again, resuming from the newest intact checkpoint
         this run committed (chosen here, verified, and given to the roles in their spec); one line says what the
         failure cost (:class:`components.train.restarts.Restart`)."""
-        target = restart_target(self.job.store, self.job.restore, launch, self.cfg.table.shard_num, self.job.run_id,
+        target = restart_target(self.job.store, self.job.restore, launch, self.job.plan.shard_num, self.job.run_id,
                                 verify=True, warn=lambda line: self.echo(f"warning: {line}"))
         examples, seconds = self.attempt.lost_since(target.id if target is not None and target.resume else None,
                                                     until=failed_at)
