@@ -14,7 +14,6 @@ stderr: restarting the job cannot mend it, so the launchers fail the job at once
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 import itertools
 import json
@@ -29,26 +28,23 @@ from pathlib import Path
 from typing import Optional
 
 import numpy as np
-from omegaconf.errors import OmegaConfBaseException
 
 from components.checkpoint import format as checkpoint
 from components.checkpoint import protocol
-from components.checkpoint.restore import restart_target, restore_dense, resume_state, server_restore_dir
+from components.checkpoint.restore import restore_dense, resume_state, server_restore_dir
 from components.checkpoint.store import CheckpointStore, StoreRefused
-from components.config import ConfigError, CtrConfig, Mode, from_dict
-from components.config_rules import validate
+from components.config import ConfigError, CtrConfig, Mode
 from components.data_prep.multislot import Schema
 from components.networks import models
-from components.ps.checkpointing import SCORED_SPLITS, Checkpointer
+from components.ps.checkpointing import Checkpointer
 from components.days import day_of
-from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, RESTART_ENV, RUN_ID_ENV, SPEC_ENV,
-                                    STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX, JobPlan, JobSpec, emit,
-                                    wait_until_listening)
+from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX,
+                                    JobPlan, JobSpec, emit, wait_until_listening)
 from components.ps.liveness import (Heartbeat, HeartbeatRecord, children_die_with_this_process, die_with_parent,
                                     parent_from_env)
 from components.networks.models import EMBEDDING_TABLE
+from components.ps.job_inputs import load_job
 from components.ps.network import bind_to_own_host, pin_addresses
-from components.ps.pull_scoring import split_share
 from components.ps.strategy import (build_strategy, dense_optimizer, install_ps_desc_settings, load_dense_tables,
                                     rpc_gflags, server_flags)
 from components.ps.trainer_status import TrainerStatusReporter, progress_publisher
@@ -376,65 +372,6 @@ class Worker:
         self.heartbeat.stop()
         self.heartbeat.done()
         emit(DONE, role="worker", index=self.index)
-
-
-def read_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
-    """The job spec and its validated config; ConfigError when either cannot work."""
-    source = job_path or f"${SPEC_ENV}"
-    try:
-        job = JobSpec.load(job_path)
-        cfg = from_dict(job.config)
-    except (KeyError, ValueError, TypeError, OSError, OmegaConfBaseException) as err:
-        raise ConfigError(source, f"{type(err).__name__}: {err}".strip(),
-                          "a job spec (components.ps.contract.JobSpec) whose config this image's schema reads",
-                          "the launcher and the role's image must be of the same version") from err
-    validate(cfg)
-    return job, cfg
-
-
-def load_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
-    """The job spec, with the dataset on local disk and what to restore from after a restart, and its config (built
-    once, here)."""
-    job, cfg = read_job(job_path)
-    Path(job.workdir).mkdir(parents=True, exist_ok=True)
-    data_dir = job.data_dir
-    if "://" in data_dir:
-        data_dir = str(fetch_dataset(data_dir, Path(job.workdir) / "data"))
-    baseline = job.baseline
-    if "://" in baseline and os.environ.get("TRAINING_ROLE") == "TRAINER":
-        baseline = str(fetch_baseline(baseline, Path(job.workdir) / "baseline"))
-    attempt = int(os.environ.get(RESTART_ENV) or 0)
-    run_id = os.environ.get(RUN_ID_ENV) or job.run_id
-    restore = restart_target(CheckpointStore(cfg.checkpoint.uri), job.restore, attempt, job.plan.shard_num, run_id)
-    return dataclasses.replace(job, data_dir=data_dir, restore=restore, run_id=run_id, baseline=baseline), cfg
-
-
-def fetch_files(uri: str, local: Path, names: list[str]) -> Path:
-    """Copies under ``local`` of the files ``names`` (paths relative to the store directory ``uri``)."""
-    import fsspec
-
-    fs, root = fsspec.core.url_to_fs(uri)
-    for name in names:
-        (local / name).parent.mkdir(parents=True, exist_ok=True)
-        fs.get(f"{root.rstrip('/')}/{name}", str(local / name))
-    return local
-
-
-def fetch_baseline(uri: str, local: Path) -> Path:
-    """A worker's copy of the fitted baseline (the servers hold none of it)."""
-    return fetch_files(uri, local, [models.BASELINE_FILE])
-
-
-def fetch_dataset(uri: str, local: Path) -> Path:
-    """A pod's copy of the prepared dataset: stats.json and, for a worker, the train shards it reads and its share of
-    the validation and test splits (every worker scores its share of each checkpoint)."""
-    fetch_files(uri, local, ["stats.json"])
-    if os.environ.get("TRAINING_ROLE") == "TRAINER":
-        stats = json.loads((local / "stats.json").read_text())
-        index, count = int(os.environ["PADDLE_TRAINER_ID"]), int(os.environ["PADDLE_TRAINERS_NUM"])
-        scored = [rel for split in SCORED_SPLITS for rel in split_share(stats, split, index, count)]
-        fetch_files(uri, local, stats["shards"]["train"][index::count] + scored)
-    return local
 
 
 def main(job_path: Optional[str]) -> None:

@@ -9,7 +9,7 @@ from components.config import to_dict
 from components.data_prep.prepare import prepare_synthetic
 from components.ps.contract import CONFIG_ERROR_EXIT, SPEC_ENV, JobPlan, JobSpec
 from components.networks.models import FittedBaseline
-from components.ps.role import fetch_baseline, fetch_dataset
+from components.ps.job_inputs import fetch_baseline, fetch_dataset
 
 
 def test_a_pod_fetches_the_dataset_files_its_role_reads(tmp_path, monkeypatch):
@@ -88,7 +88,7 @@ def test_a_restarted_role_resumes_the_newest_checkpoint_of_the_run_its_driver_na
     from components.checkpoint.store import CheckpointStore, make_id
     from components.config import CtrConfig
     from components.ps.contract import RESTART_ENV, RUN_ID_ENV
-    from components.ps.role import load_job
+    from components.ps.job_inputs import load_job
     from components.train.planner import job_plan
 
     store = CheckpointStore(str(tmp_path / "ckpt"))
