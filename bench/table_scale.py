@@ -1,6 +1,7 @@
 """Table scale: the same rows with ever more distinct ids, through the whole pipeline, and every process's memory.
 
     python bench/table_scale.py [--rows 1000000] [--work DIR] [--out bench/results/table_scale.md] [--quick]
+                                [--variants small,large]
 
 Input: ``--rows`` rows of raw Criteo TSV from the Criteo-like generator (``components.data_prep.synthetic``, seed 31),
 ids not hashed down (``table.vocab_size=2^40``). Each variant replaces the values of some categorical columns by
@@ -211,11 +212,18 @@ def main() -> None:
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-table-scale"))
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--quick", action="store_true", help="100k rows: a smoke run of the script")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated, of {', '.join(VARIANTS)} (default: all)")
     args = parser.parse_args()
+    chosen = args.variants.split(",")
+    unknown = sorted(set(chosen) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: unknown {unknown}; choose from {list(VARIANTS)}")
     rows = 100_000 if args.quick else args.rows
     args.work.mkdir(parents=True, exist_ok=True)
     runs = []
-    for name, tail in VARIANTS.items():
+    for name in chosen:
+        tail = VARIANTS[name]
         source, oracle = input_file(args.work, rows, name, tail)
         log(f"{name}: pipeline run on {source}")
         runs.append(pipeline_run(source, oracle, args.work, name))

@@ -122,6 +122,22 @@ def test_read_shards_matches_parse_line(tmp_path):
             assert slot.row(row).tolist() == ids
 
 
+def test_read_shards_reads_any_whitespace_and_every_number_float_takes(tmp_path):
+    """Tabs, CR LF, runs of spaces, blank lines of spaces; numbers Arrow's cast refuses but ``float()`` takes
+    (``1_0``): read as ``parse_line`` reads them."""
+    lines = ["  1 0\t2 0.5  0.25 1 1234 2 77 78\r", " \t ", "1 1 2 1e-3 -2 1 1_0 1 7"]
+    (tmp_path / "odd.txt").write_bytes("\n".join(lines).encode())
+    labels, dense, sparse = read_shards([tmp_path / "odd.txt"], SMALL_SCHEMA)
+    for row, line in enumerate([lines[0], lines[2]]):
+        expected = parse_line(line, SMALL_SCHEMA)
+        assert labels[row] == expected.label
+        assert dense[row].tolist() == np.float32(expected.dense).tolist()
+        assert [slot.row(row).tolist() for slot in sparse] == expected.sparse
+    (tmp_path / "latin1.txt").write_bytes(b"1 0 2 0.5 0.25 1 1\n1 0 2 0.5 0.25 1 \xe9 1 2\n")
+    with pytest.raises(ValueError, match=r"latin1.txt:2: b'\\xe9' is not a number"):
+        read_shards([tmp_path / "latin1.txt"], SMALL_SCHEMA)
+
+
 @pytest.mark.parametrize(
     ("bad_line", "reason"),
     [("1 0 2 0.5 0.25 1 1234 2 77", "announces more values"),
