@@ -35,7 +35,7 @@ from components.ps.liveness import Heartbeat
 from components.networks.models import EMBEDDING_TABLE
 from components.ps.pull_scoring import SPARSE_PULL, PullScorer, split_share
 from components.ps.shard_uploader import announce_save, collect_shards
-from components.table.sharding import rows_per_server, saved_bytes_per_server
+from components.table.sharding import distinct_ids, rows_per_server, saved_bytes_per_server
 from components.ps.strategy import table_save_mode
 from components.ps.validation import Validator, Verdict
 
@@ -298,7 +298,7 @@ class Checkpointer:
         """Rows for the ids this worker trained: geo's local copy, else the rows the servers serve."""
         shards = [str(Path(self.job.data_dir) / p) for p in self.stats["shards"]["train"]][self.index::self.count]
         _, _, sparse = read_shards(shards, self.schema)
-        ids = np.unique(np.concatenate([slot.values for slot in sparse]))
+        ids = distinct_ids(np.concatenate([slot.values for slot in sparse]))
         if self.cfg.ps.mode is Mode.geo:
             return ids, np.array(self.scope.find_var(EMBEDDING_TABLE).get_tensor())[ids]
         return ids, self.scorer.pull(ids)

@@ -46,6 +46,7 @@ from components.checkpoint.store import CheckpointStore, CheckpointStoreError
 from components.redaction import redact
 from components.ps.contract import PROGRESS, emit
 from components.ps.liveness import Heartbeat, HeartbeatRecord, brpc_answers, die_with_parent
+from components.table.sharding import distinct_ids
 
 log = logging.getLogger("shard_uploader")
 
@@ -91,7 +92,7 @@ def shard_ids(path: Path) -> np.ndarray:
     """The sorted feature ids of a saved shard file (each line starts with its id)."""
     with open(path, "rb") as f:
         ids = [int(line.split(b" ", 1)[0]) for line in f if line.strip()]
-    return np.unique(np.asarray(ids, dtype=np.uint64))
+    return distinct_ids(np.asarray(ids, dtype=np.uint64))
 
 
 class SaveWatch:

@@ -17,6 +17,15 @@ import numpy as np
 SHARDS_PER_SERVER = 8
 
 
+def distinct_ids(ids: np.ndarray) -> np.ndarray:
+    """The sorted distinct ``ids``: ``np.unique(ids)`` by a sort, since NumPy 2.4's ``np.unique`` is 6x (1.3M
+    distinct) to 15x (16M distinct) slower on 20.8M ids (800k Criteo-like train rows)."""
+    ordered = np.sort(ids)
+    first = np.ones(len(ordered), bool)
+    first[1:] = ordered[1:] != ordered[:-1]
+    return ordered[first]
+
+
 def default_shard_num(servers: int) -> int:
     """``SHARDS_PER_SERVER`` shards per server.
 

@@ -24,3 +24,15 @@ def test_batch_row_pushes_counts_each_batchs_distinct_ids_per_server(high_bit):
     pushes = batch_row_pushes(ids, rows, 10, 16, 3)
     assert pushes == _pushes_by_hand(ids, rows, 10, 16, 3)
     assert sum(pushes) < len(ids)  # a repeated id in a batch is sent once
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.uint64])
+def test_distinct_ids_are_numpys_unique(dtype):
+    from components.table.sharding import distinct_ids
+
+    rng = np.random.default_rng(5)
+    ids = rng.integers(0, 1 << 40, 50_000).astype(dtype)
+    ids[::3] = ids[::3] % 97  # many repeats
+    assert distinct_ids(ids).dtype == dtype
+    np.testing.assert_array_equal(distinct_ids(ids), np.unique(ids))
+    assert distinct_ids(np.zeros(0, dtype)).size == 0
