@@ -75,10 +75,8 @@ def batch_row_pushes(ids: np.ndarray, rows: np.ndarray, batch: int, shard_num: i
     id_bits = int(keys.max(initial=0)).bit_length()
     if id_bits + int(batches.max(initial=0)).bit_length() <= 64:
         # (batch, id) as one integer: one sort of it, 3x faster than sorting by the pair (800k Criteo-like rows).
-        pairs = np.sort((batches.astype(np.uint64) << np.uint64(id_bits)) | keys)
-        first = np.ones(len(pairs), bool)
-        first[1:] = pairs[1:] != pairs[:-1]
-        return rows_per_server(pairs[first] & np.uint64((1 << id_bits) - 1), shard_num, servers)
+        pairs = distinct_ids((batches.astype(np.uint64) << np.uint64(id_bits)) | keys)
+        return rows_per_server(pairs & np.uint64((1 << id_bits) - 1), shard_num, servers)
     order = np.lexsort((keys, batches))
     keys, batches = keys[order], batches[order]
     first = np.ones(len(keys), bool)
