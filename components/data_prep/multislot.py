@@ -21,7 +21,9 @@ trainer must use when it declares its Paddle feed variables.
 
 from __future__ import annotations
 
+import json
 import math
+import zipfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -192,9 +194,11 @@ def read_shards(paths: Iterable[str | Path], schema: Schema, with_weights: bool 
     has one :class:`RaggedIds` per schema sparse slot; ``with_weights``: ``(labels, dense,
     sparse, weights float64[n])``, the weights all 1 in an unweighted schema. Parsing is
     vectorised per file; ids must be below 2**53 (guaranteed by ``hashing.MAX_VOCAB_SIZE``).
-    Raises ``ValueError`` naming the file and line of the first malformed example.
+    Raises ``ValueError`` naming the file and line of the first malformed example. A shard's columnar copy (data
+    prep writes one beside it: :func:`save_columns`) is read instead of its text when it is of this very text.
     """
-    per_file = [_read_shard(str(path), Path(path).read_bytes(), schema) for path in paths] or [_no_rows(schema)]
+    per_file = [_columnar_copy(Path(path), schema) or _read_shard(str(path), Path(path).read_bytes(), schema)
+                for path in paths] or [_no_rows(schema)]
     return _joined(per_file, schema, with_weights)
 
 
@@ -218,6 +222,82 @@ def _joined(per_file: list["_Shard"], schema: Schema, with_weights: bool) -> tup
     if with_weights:
         return labels, dense, sparse, np.concatenate([shard.weights for shard in per_file])
     return labels, dense, sparse
+
+
+# -- the columnar copy -------------------------------------------------------------------------------------------
+# Data prep parses the text it writes once more, block by block, and keeps the arrays beside each shard
+# (``<split>/part-00000.txt`` -> ``columns/<split>/part-00000/``: ``index.json`` and its pieces in file order, apart
+# from the split's directory, which holds the shards alone), so that the steps that
+# read a dataset in Python (the baseline's fit, the evaluation's load count and scores) load arrays instead of
+# parsing text again: on 800k Criteo-like rows 7 s of parsing against 0.3 s. The text stays the truth: a copy whose
+# recorded size is not the text's, or that cannot be read whole, is passed over and the text parsed.
+COLUMNS_DIR = "columns"
+COLUMNS_INDEX = "index.json"
+
+
+def columns_dir(shard_path: str | Path) -> Path:
+    """Where the columnar copy of the text shard ``shard_path`` (``<dataset>/<split>/<name>.txt``) lives."""
+    path = Path(shard_path)
+    return path.parent.parent / COLUMNS_DIR / path.parent.name / path.stem
+
+
+def save_columns(text: bytes, schema: Schema, path: Path) -> int:
+    """The rows of MultiSlot ``text`` as arrays in ``path`` (``.npz``), each in the smallest type that holds it
+    (a Criteo row: 1 byte a slot's count, 4 or 8 an id); returns the rows."""
+    shard = _read_shard(str(path), text, schema)
+    arrays = {"labels": shard.labels.astype(np.int8), "dense": shard.dense}
+    if schema.weighted:
+        arrays["weights"] = shard.weights
+    for number, slot in enumerate(shard.sparse):
+        counts = np.diff(slot.offsets)
+        arrays[f"counts{number}"] = counts.astype(np.min_scalar_type(int(counts.max(initial=0))))
+        low, high = int(slot.values.min(initial=0)), int(slot.values.max(initial=0))
+        arrays[f"ids{number}"] = slot.values.astype(np.result_type(np.min_scalar_type(low), np.min_scalar_type(high)))
+    # As np.savez lays it out, with a fixed time in the zip's entries (savez stamps the clock's): a dataset is the
+    # same bytes however often and wherever it is prepared.
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+        for name, array in arrays.items():
+            with archive.open(zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0)), "w",
+                              force_zip64=True) as entry:
+                np.lib.format.write_array(entry, np.ascontiguousarray(array), allow_pickle=False)
+    return len(shard.labels)
+
+
+def write_columns_index(directory: Path, text_bytes_covered: int, pieces: list[str]) -> None:
+    """Name the pieces of a shard's columnar copy, in the text's order, and the size of the text they are of."""
+    (directory / COLUMNS_INDEX).write_text(json.dumps({"text_bytes": text_bytes_covered, "pieces": pieces}))
+
+
+def _columnar_copy(shard_path: Path, schema: Schema) -> _Shard | None:
+    """The shard's rows from its columnar copy, or None when it has none that is of its text."""
+    directory = columns_dir(shard_path)
+    try:
+        index = json.loads((directory / COLUMNS_INDEX).read_text())
+        if index["text_bytes"] != shard_path.stat().st_size:
+            return None
+        pieces = [_load_piece(directory / name, schema) for name in index["pieces"]]
+    except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
+        return None
+    if not pieces:
+        return _no_rows(schema)
+    return _Shard(*_joined(pieces, schema, True))
+
+
+def _load_piece(path: Path, schema: Schema) -> _Shard:
+    with np.load(path, allow_pickle=False) as arrays:
+        labels = arrays["labels"].astype(np.int64)
+        rows = len(labels)
+        dense = arrays["dense"]
+        weights = arrays["weights"] if schema.weighted else np.ones(rows, np.float64)
+        sparse = []
+        for number in range(len(schema.sparse_slots)):
+            counts = arrays[f"counts{number}"]
+            offsets = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts, dtype=np.int64)])
+            sparse.append(RaggedIds(arrays[f"ids{number}"].astype(np.int64), offsets))
+    if (dense.shape != (rows, schema.dense_dim) or len(weights) != rows
+            or any(len(slot.offsets) != rows + 1 or len(slot.values) != slot.offsets[-1] for slot in sparse)):
+        raise ValueError(f"{path}: the arrays do not hold the same rows")
+    return _Shard(labels, dense.astype(np.float32), sparse, weights)
 
 
 class _Shard(NamedTuple):

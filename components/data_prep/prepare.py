@@ -6,6 +6,8 @@ leaves a half-written dataset)::
     out_dir/train/part-00000.txt ... part-<num_shards - 1>.txt
     out_dir/valid/part-00000.txt ... part-<num_shards - 1>.txt   (empty when valid_fraction = 0)
     out_dir/test/part-00000.txt  ... part-<num_shards - 1>.txt
+    out_dir/columns/<split>/part-<n>/   (each shard's columnar copy: what Python readers load instead of the text,
+                                         :func:`~components.data_prep.multislot.read_shards`)
     out_dir/stats.json
     out_dir/distinct_ids.npz   (the train split's distinct-id counter of each slot: read_distinct_ids)
     out_dir/transform/transform.json   (how a raw record becomes a row: components.data_prep.transform)
@@ -61,7 +63,8 @@ from components.data_prep.distinct import RELATIVE_ERROR, DistinctCounter, load_
 from components.data_prep.formats import BlockParser
 from components.data_prep.hashing import HASH_FUNCTION
 from components.data_prep.id_counts import CountSketch, IdCounts
-from components.data_prep.multislot import Schema, text_bytes
+from components.data_prep.columns import COLUMN_PIECES, gather_columns
+from components.data_prep.multislot import COLUMNS_DIR, Schema, save_columns, text_bytes
 from components.data_prep.parsed import SlotIds
 from components.data_prep.plan import (DROPPED, SPLITS, SYNTHETIC, TRAIN, DataPlan, check_split_sizes, plan_files,
                                        plan_in_full, plan_synthetic, synthetic_row_codes, synthetic_split_rows,
@@ -113,11 +116,13 @@ def convert(plan: DataPlan, unit_indices: Sequence[int], parts_dir: str | os.Pat
 
 
 class _PartWriter:
-    """A unit's rows, dealt to shards: one file per split (``<split>.txt``), its shards one after another."""
+    """A unit's rows, dealt to shards: one file per split (``<split>.txt``), its shards one after another, and their
+    columnar copy (``columns/<split>/``: a piece per block and shard, listed in :data:`COLUMN_PIECES`)."""
 
-    def __init__(self, root: Path, unit: int, num_shards: int):
-        self.root, self.unit, self.num_shards = root, unit, num_shards
+    def __init__(self, root: Path, unit: int, num_shards: int, schema: Schema):
+        self.root, self.unit, self.num_shards, self.schema = root, unit, num_shards, schema
         root.mkdir(parents=True)
+        self.pieces: dict[str, list[list]] = {split: [[] for _ in range(num_shards)] for split in SPLITS}
         # While the unit is converted each shard has a file of its own; close() joins them.
         self.files = {split: [open(root / f"{split}-{s:05d}.tmp", "wb") for s in range(num_shards)]
                       for split in SPLITS}
@@ -139,13 +144,22 @@ class _PartWriter:
                 if end > start:
                     data = text_bytes(taken, int(start), int(end))
                     self.files[split][s].write(data)
+                    self._save_piece(split, s, data)
                     self.shard_rows[split][s] += int(end - start)
                     self.shard_bytes[split][s] += len(data)
             self.rows[split] += len(rows)
             self.clicks[split] += int(labels[rows].sum())
         self.dropped += int(np.count_nonzero(codes == DROPPED))
 
+    def _save_piece(self, split: str, shard: int, data: memoryview) -> None:
+        directory = self.root / COLUMNS_DIR / split
+        directory.mkdir(parents=True, exist_ok=True)
+        name = f"{shard:05d}-{len(self.pieces[split][shard]):05d}.npz"
+        rows = save_columns(bytes(data), self.schema, directory / name)
+        self.pieces[split][shard].append([name, len(data), rows])
+
     def close(self) -> None:
+        (self.root / COLUMN_PIECES).write_text(json.dumps(self.pieces))
         for split, handles in self.files.items():
             for handle in handles:
                 handle.close()
@@ -169,7 +183,7 @@ def _convert_unit(plan_dict: dict, index: int, parts_dir: str, storage_options: 
     parser = BlockParser(plan.fmt, schema, plan.vocab_size, plan.weight_column, _id_counts(plan, sketch))
     report = IdCountReport(schema.sparse_slots, plan.min_id_count) if sketch else None
     root = Path(parts_dir) / f"unit-{index:05d}"
-    writer = _PartWriter(root, index, plan.num_shards)
+    writer = _PartWriter(root, index, plan.num_shards, schema)
     counters = [DistinctCounter() for _ in schema.sparse_slots]
     missing = np.zeros(len(schema.sparse_slots), np.int64)
     lines, malformed, examples = 0, 0, []
@@ -221,7 +235,7 @@ def _convert_synthetic(plan_dict: dict, index: int, parts_dir: str, storage_opti
     report = IdCountReport(slots, plan.min_id_count) if sketch else None
     counters = {slot: DistinctCounter() for slot in slots}
     root = Path(parts_dir) / f"unit-{index:05d}"
-    writer = _PartWriter(root, index, plan.num_shards)
+    writer = _PartWriter(root, index, plan.num_shards, Schema.from_dict(plan.schema))
     try:
         for start in range(0, rows, _SYNTHETIC_BLOCK):
             block = SyntheticRows(*(array[start:start + _SYNTHETIC_BLOCK] for array in data))
@@ -288,6 +302,9 @@ def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str 
         # One thread per output file: the copies run in the kernel, which lets go of the GIL, so they use every core.
         with ThreadPoolExecutor(default_processes()) as pool:
             list(pool.map(lambda gather: _gather(*gather), gathers))
+        for split in SPLITS:
+            for s, rel in enumerate(stats["shards"][split]):
+                gather_columns(staging / rel, [(i, parts[i], split, s) for i in range(len(plan.units))])
         save_counters(staging / DISTINCT_IDS_FILE, counters)
         _save_transform(plan, parts_dirs, staging / TRANSFORM_DIR)
         (staging / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")
