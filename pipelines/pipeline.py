@@ -46,7 +46,9 @@ from components.train.component import train
 PIPELINE_NAME = "ctr-ps-training"
 # Every task, in a topological order. convert-data runs inside the data-prep fan-out: a ParallelFor over the plan's
 # groups, the root DAG's PREP_LOOP; export-model inside the AUC gate, the root DAG's EXPORT_GATE.
-# fit-baseline (with eval.baseline, the default) needs only the dataset: on Kubeflow it runs beside the train step.
+# fit-baseline needs only the dataset. A model that blends it in (model.blend_baseline, the default) trains after
+# it: the workers judge every checkpoint on the blended predictions. Without the blend (eval.baseline alone) it
+# runs beside the train step on Kubeflow.
 BASELINE_TASK = "fit-baseline"
 TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", BASELINE_TASK, "train", "evaluate-model",
          "export-model")

@@ -243,16 +243,17 @@ def columns_dir(shard_path: str | Path) -> Path:
 
 def save_columns(text: bytes, schema: Schema, path: Path) -> int:
     """The rows of MultiSlot ``text`` as arrays in ``path`` (``.npz``), each in the smallest type that holds it
-    (a Criteo row: 1 byte a slot's count, 4 or 8 an id); returns the rows."""
+    (a Criteo row: 1 byte a slot's count, 4 or 8 an id): the labels, the dense values, the weights of a weighted
+    schema, each row's count of values per slot (``[rows, slots]``) and the ids, slot after slot; returns the rows."""
     shard = _read_shard(str(path), text, schema)
-    arrays = {"labels": shard.labels.astype(np.int8), "dense": shard.dense}
+    counts = np.stack([np.diff(slot.offsets) for slot in shard.sparse], axis=1)
+    ids = np.concatenate([slot.values for slot in shard.sparse])
+    arrays = {"labels": shard.labels.astype(np.int8), "dense": shard.dense,
+              "counts": counts.astype(np.min_scalar_type(int(counts.max(initial=0)))),
+              "ids": ids.astype(np.result_type(np.min_scalar_type(int(ids.min(initial=0))),
+                                               np.min_scalar_type(int(ids.max(initial=0)))))}
     if schema.weighted:
         arrays["weights"] = shard.weights
-    for number, slot in enumerate(shard.sparse):
-        counts = np.diff(slot.offsets)
-        arrays[f"counts{number}"] = counts.astype(np.min_scalar_type(int(counts.max(initial=0))))
-        low, high = int(slot.values.min(initial=0)), int(slot.values.max(initial=0))
-        arrays[f"ids{number}"] = slot.values.astype(np.result_type(np.min_scalar_type(low), np.min_scalar_type(high)))
     # As np.savez lays it out, with a fixed time in the zip's entries (savez stamps the clock's): a dataset is the
     # same bytes however often and wherever it is prepared.
     with zipfile.ZipFile(path, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
@@ -285,18 +286,18 @@ def _columnar_copy(shard_path: Path, schema: Schema) -> _Shard | None:
 
 def _load_piece(path: Path, schema: Schema) -> _Shard:
     with np.load(path, allow_pickle=False) as arrays:
-        labels = arrays["labels"].astype(np.int64)
+        labels, dense, counts = arrays["labels"].astype(np.int64), arrays["dense"], arrays["counts"]
+        ids = arrays["ids"].astype(np.int64)
         rows = len(labels)
-        dense = arrays["dense"]
         weights = arrays["weights"] if schema.weighted else np.ones(rows, np.float64)
-        sparse = []
-        for number in range(len(schema.sparse_slots)):
-            counts = arrays[f"counts{number}"]
-            offsets = np.concatenate([np.zeros(1, np.int64), np.cumsum(counts, dtype=np.int64)])
-            sparse.append(RaggedIds(arrays[f"ids{number}"].astype(np.int64), offsets))
-    if (dense.shape != (rows, schema.dense_dim) or len(weights) != rows
-            or any(len(slot.offsets) != rows + 1 or len(slot.values) != slot.offsets[-1] for slot in sparse)):
+    if (dense.shape != (rows, schema.dense_dim) or counts.shape != (rows, len(schema.sparse_slots))
+            or len(weights) != rows or len(ids) != counts.sum()):
         raise ValueError(f"{path}: the arrays do not hold the same rows")
+    offsets = np.zeros((rows + 1, counts.shape[1]), np.int64)
+    np.cumsum(counts, axis=0, out=offsets[1:])
+    starts = np.concatenate([[0], np.cumsum(offsets[-1])])
+    sparse = [RaggedIds(ids[starts[slot]:starts[slot + 1]], np.ascontiguousarray(offsets[:, slot]))
+              for slot in range(counts.shape[1])]
     return _Shard(labels, dense.astype(np.float32), sparse, weights)
 
 
