@@ -89,6 +89,9 @@ DriftCheck = Callable[[dict, dict[str, DistinctCounter]], dict]
 MALFORMED_EXAMPLES = 10
 # Rows of synthetic data generated and written at a time (the hidden model is drawn once for all of them).
 _SYNTHETIC_BLOCK = 1 << 16
+# A piece of a shard's columnar copy holds up to this much of its text: few enough pieces to read fast, and the
+# convert process holds at most this much text per split and shard, and one parse of it, beside its block.
+COLUMN_PIECE_BYTES = 8 << 20
 
 
 # -- stages 2 and 3: count, convert ---------------------------------------------------------------------------------
@@ -153,11 +156,11 @@ class _PartWriter:
         self.dropped += int(np.count_nonzero(codes == DROPPED))
 
     def _save_piece(self, split: str, shard: int, data: memoryview) -> None:
-        """Keep ``data`` for the shard's columnar copy; parse and save what is kept once it holds a unit's worth
-        (fewer, larger pieces read faster; the parse's memory stays bounded)."""
+        """Keep ``data`` for the shard's columnar copy; parse and save what is kept once it holds
+        :data:`COLUMN_PIECE_BYTES`."""
         pending = self.pending[split][shard]
         pending.append(bytes(data))
-        if sum(map(len, pending)) >= UNIT_BYTES:
+        if sum(map(len, pending)) >= COLUMN_PIECE_BYTES:
             self._flush_piece(split, shard)
 
     def _flush_piece(self, split: str, shard: int) -> None:
