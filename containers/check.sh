@@ -87,8 +87,9 @@ START=$(date +%s)
 say "tools"
 # Installed without recommends, podman lacks catatonit (the init of the services' `init: true`) and takes CNI without
 # name resolution for its networks: netavark with aardvark-dns resolves the services by name.
+# tcpdump: the TLS check captures the job's network (containers/tls_check.sh).
 needed=(podman podman-compose runc catatonit netavark aardvark-dns iptables debootstrap docker-registry gnupg curl
-        python3-pip python3-yaml python3-nacl python3-cryptography)
+        python3-pip python3-yaml python3-nacl python3-cryptography tcpdump)
 missing=()
 for package in "${needed[@]}"; do
     dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

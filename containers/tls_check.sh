@@ -32,6 +32,9 @@ export CONTAINERS_CONF=${CONTAINERS_CONF:-$ROOT/build/containers/containers.conf
 
 fail() { printf '\ntls check FAILED: %s\n' "$*" >&2; exit 1; }
 say() { printf '\n== %s\n' "$*"; }
+for tool in tcpdump nsenter podman-compose; do  # before any job runs: the captures need them on the host
+    command -v "$tool" > /dev/null || fail "needs $tool on the host (containers/check.sh installs it: apt-get install tcpdump)"
+done
 
 down() {  # $1: the run's compose file
     podman-compose -p "$PROJECT" -f "$1" down -v -t 5 > /dev/null 2>&1 || true
