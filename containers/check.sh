@@ -92,7 +92,8 @@ needed=(podman podman-compose runc catatonit netavark aardvark-dns iptables debo
         python3-pip python3-yaml python3-nacl python3-cryptography tcpdump)
 missing=()
 for package in "${needed[@]}"; do
-    dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+    # Installed, not merely known: a removed package's configuration keeps `dpkg -s` answering yes.
+    [ "$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null)" = "install ok installed" ] || missing+=("$package")
 done
 if [ ${#missing[@]} -gt 0 ]; then
     t0=$(date +%s)
