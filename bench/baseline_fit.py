@@ -1,6 +1,7 @@
 """The baseline's fit, before and after its solver changed: seconds, the L2 it chose and the test AUC, side by side.
 
-    python bench/baseline_fit.py [--rows 1000000] [--repeats 3] [--work DIR] [--out bench/results/baseline_fit.md]
+    python bench/baseline_fit.py [--rows 1000000] [--repeats 3] [--before COMMIT] [--work DIR]
+                                 [--out bench/results/baseline_fit.md]
 
 Input: ``--rows`` rows of raw Criteo TSV from the Criteo-like generator with the long tail of table_scale.py's
 ``small`` variant (``bench/table_scale.py``: column 3 takes a value seen once with probability 0.6), prepared with
@@ -9,10 +10,10 @@ default ``table.vocab_size=2^20``, and not hashed down (``2^40``, as table_scale
 ``fit-baseline`` step does (``components.evaluate.baseline_step``): the first ``eval.baseline_rows`` train rows
 (default 1M, so all of them), L2 chosen on as many validation rows, ``eval.baseline_features=2^22`` buckets.
 
-**before** is ``components/evaluate/baseline.py`` at commit ``BEFORE`` (L-BFGS on unscaled weights, read from git),
-**after** is the working tree's (Newton in a trust region, rescaled). Each fit runs in a process of its own (its
-peak RSS is its own), before and after alternating, ``--repeats`` times; the table gives medians. The seconds are
-the fit's alone (its design matrix included), not reading the shards.
+**before** is ``components/evaluate/baseline.py`` at commit ``--before`` (read from git; by default ``BEFORE``, the
+L-BFGS on unscaled weights), **after** is the working tree's. Each fit runs in a process of its own (its peak RSS is
+its own), before and after alternating, ``--repeats`` times; the table gives medians. The seconds are the fit's alone
+(its design matrix included), not reading the shards.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import log, publish  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results" / "baseline_fit.md"
-BEFORE = "9931a4b"  # the last commit with the L-BFGS fit
+BEFORE = "9931a4b"  # the last commit with the L-BFGS fit: --before's default
 FEATURES = 1 << 22  # eval.baseline_features's default
 VOCAB_SIZES = {"hashed 2^20": 1 << 20, "not hashed (2^40)": 1 << 40}
 MIB = 1 << 20
@@ -54,19 +55,19 @@ def dataset(work: Path, rows: int, vocab_size: int) -> Path:
     return out
 
 
-def solver(version: str) -> types.ModuleType:
-    """The baseline module: the working tree's (``after``) or the one at commit ``BEFORE``."""
+def solver(version: str, before: str) -> types.ModuleType:
+    """The baseline module: the working tree's (``after``) or the one at commit ``before``."""
     if version == "after":
         from components.evaluate import baseline
         return baseline
-    source = subprocess.run(["git", "show", f"{BEFORE}:components/evaluate/baseline.py"], cwd=ROOT, check=True,
+    source = subprocess.run(["git", "show", f"{before}:components/evaluate/baseline.py"], cwd=ROOT, check=True,
                             capture_output=True, text=True).stdout
     module = types.ModuleType("baseline_before")
     exec(compile(source, "baseline_before.py", "exec"), module.__dict__)
     return module
 
 
-def measure(version: str, data_dir: str, rows: int) -> dict:
+def measure(version: str, data_dir: str, rows: int, before: str) -> dict:
     """One fit, as the fit-baseline step makes it, in this process; prints its numbers as JSON."""
     from components.data_prep.multislot import Schema
     from components.evaluate.baseline_step import _first_rows
@@ -76,7 +77,7 @@ def measure(version: str, data_dir: str, rows: int) -> dict:
     schema = Schema.from_dict(stats["schema"])
     train, valid = (_first_rows(data_dir, stats, schema, split, rows) for split in ("train", "valid"))
     test = _first_rows(data_dir, stats, schema, "test", 1 << 62)
-    model = solver(version).HashedLogisticRegression(FEATURES)
+    model = solver(version, before).HashedLogisticRegression(FEATURES)
     started = time.perf_counter()
     model.fit(*train, valid=valid, negative_sample_rate=stats.get("negative_sample_rate", 1.0))
     seconds = time.perf_counter() - started
@@ -86,8 +87,9 @@ def measure(version: str, data_dir: str, rows: int) -> dict:
             "peak_rss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
 
-def render(results: dict[str, dict[str, list[dict]]], rows: int, repeats: int) -> str:
-    lines = [f"# The baseline's fit (`python bench/baseline_fit.py --rows {rows} --repeats {repeats}`, {date.today()})",
+def render(results: dict[str, dict[str, list[dict]]], rows: int, repeats: int, before: str) -> str:
+    command = f"python bench/baseline_fit.py --rows {rows} --repeats {repeats} --before {before}"
+    lines = [f"# The baseline's fit (`{command}`, {date.today()})",
              "", f"{rows:,} Criteo-like rows, `data=criteo` defaults, {FEATURES:,} buckets; medians of {repeats} fits "
              "each, before and after alternating in one run (2 shared cores).", "",
              "| ids | train rows | version | fit (s), median | fits (s) | after / before | L2 chosen | "
@@ -114,11 +116,12 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path, default=Path("/tmp/bench-baseline-fit"))
+    parser.add_argument("--before", default=BEFORE, help="the commit whose baseline.py is 'before'")
     parser.add_argument("--out", type=Path, default=RESULTS)
     parser.add_argument("--measure", nargs=2, metavar=("VERSION", "DATA_DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure:
-        print(json.dumps(measure(*args.measure, rows=args.rows)))
+        print(json.dumps(measure(*args.measure, rows=args.rows, before=args.before)))
         return
     args.work.mkdir(parents=True, exist_ok=True)
     results: dict[str, dict[str, list[dict]]] = {}
@@ -127,11 +130,12 @@ def main() -> None:
         results[table] = {"before": [], "after": []}
         for repeat in range(args.repeats):
             for version in ("before", "after"):
-                out = subprocess.run([sys.executable, __file__, "--rows", str(args.rows), "--measure", version,
-                                      str(data_dir)], cwd=ROOT, check=True, capture_output=True, text=True).stdout
+                command = [sys.executable, __file__, "--rows", str(args.rows), "--before", args.before,
+                           "--measure", version, str(data_dir)]
+                out = subprocess.run(command, cwd=ROOT, check=True, capture_output=True, text=True).stdout
                 results[table][version].append(json.loads(out.splitlines()[-1]))
                 log(f"{table} {version} #{repeat + 1}: {json.dumps(results[table][version][-1])}")
-    publish(render(results, args.rows, args.repeats), args.out)
+    publish(render(results, args.rows, args.repeats, args.before), args.out)
 
 
 if __name__ == "__main__":
