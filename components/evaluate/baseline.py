@@ -3,22 +3,24 @@
 One weight per bucket of ``features`` (``eval.baseline_features``), one per dense value, and a bias, fitted to
 convergence on the first ``eval.baseline_rows`` rows of the train split (the bound is on rows, not on the data: a
 larger train split is not read past them) by Newton's method, preconditioned (:meth:`_Objective.minimise`): the
-whole fit on 800k Criteo-like rows, along the L2 grid, takes ~15 s, 7-8x less than the L-BFGS it replaced at the
-same optimum (bench/results/baseline_fit.md). The objective is the weighted logloss summed over those rows plus
-``l2 / 2`` times the squared weights (the bias is not penalised): ``l2`` is the precision of a Gaussian prior on
-every weight, so the same value means the same shrinkage whatever the number of rows, and scikit-learn's
-``LogisticRegression(C=1 / l2)`` fits the same model. ``l2`` is chosen on the validation split from
-:data:`L2_GRID`, strong to weak, each fit warm-started from the previous one; without a validation split it is
-:data:`DEFAULT_L2`.
+whole fit on 800k Criteo-like rows, along the L2 grid, takes 14-15 CPU seconds (2026-12-06, 0.7x the 20 of the
+fit that fitted every grid point fully and scattered the transpose's products), and the fit before that, L-BFGS,
+took 7-8x longer for the same optimum (bench/results/baseline_fit.md). The objective is the weighted logloss
+summed over those rows plus ``l2 / 2`` times the squared weights (the bias is not penalised): ``l2`` is the
+precision of a Gaussian prior on every weight, so the same value means the same shrinkage whatever the number of
+rows, and scikit-learn's ``LogisticRegression(C=1 / l2)`` fits the same model. ``l2`` is chosen on the validation
+split from :data:`L2_GRID`, strong to weak, each fit warm-started from the previous one to :data:`GRID_TOLERANCE`
+and the chosen one then on to :data:`GRADIENT_TOLERANCE`; without a validation split it is :data:`DEFAULT_L2`.
 
 An id's bucket is ``id % features``: the ids data prep wrote are already avalanche-hashed and reduced into
 ``[0, vocab_size)`` (:mod:`components.data_prep.hashing`), so the remainder spreads them evenly, and it gives every
 id a weight of its own whenever the table's ``vocab_size`` is at most the cap (a further mix would only add
 collisions). Ids sharing a bucket share its weight, and a bucket no training id reached scores 0 (its optimum
-under the penalty), so the solver only carries the buckets the train rows reach: its memory is about 100 bytes a
-reached bucket (the solver's vectors), 16 bytes a train id (the sparse design matrix and a float32 copy of its
-values) and 5 bytes a bucket of ``features`` (finding the buckets reached), bounded by ``baseline_features`` and
-``baseline_rows`` whatever the table's size.
+under the penalty), so the solver only carries the buckets the train rows reach: its memory is about 110 bytes a
+reached bucket (the solver's vectors), 32 bytes a train id or dense value (the sparse design matrix and its
+transpose, each with a float32 copy of its values: 1,248 bytes a Criteo row) and 5 bytes a bucket of
+``features`` (finding the buckets reached), bounded by ``baseline_features`` and ``baseline_rows`` whatever the
+table's size.
 
 Trained on negatively downsampled rows (``data.negative_sample_rate``), its predictions are corrected as the deep
 model's are: ``logit + ln(rate)``, i.e. ``q = p / (p + (1 - p) / rate)``. The evaluation reports the deep model's
@@ -46,7 +48,7 @@ L2_GRID = (300.0, 100.0, 30.0, 10.0, 3.0)
 # Without a validation split: within 0.0002 of the best validation logloss at both row counts above, where 100
 # would cost 0.009 at 100,000 rows.
 DEFAULT_L2 = 30.0
-MAX_ITERATIONS = 100  # Newton steps: on 800k Criteo-like rows a fit takes ~7 from 0, ~4 warm-started
+MAX_ITERATIONS = 100  # Newton steps: on 800k Criteo-like rows 5 from fit's start, 3 warm-started, 1 to refine
 # The solver stops when the gradient of the mean loss in its coordinates (see _Objective.minimise) has a norm below
 # this. On 800k Criteo-like rows 1e-5 stopped at the same point and 1e-4 moved the test AUC by 4e-7; on the tests'
 # 24,000 rows the loss is then within 1e-14 of L-BFGS's run to ftol=1e-15 (tests/evaluate/test_baseline.py).
@@ -156,7 +158,7 @@ class _Objective:
         self.design, self.columns, self.labels, self.groups = design, columns, labels, groups
         self.row_weights, self.total_weight = row_weights, total_weight
         # The transpose as a CSR matrix of its own, whose products sum each of its rows where design.T's (CSC) scatter
-        # into them: on 800k Criteo-like rows 40 ms against 90-130 a product in float64 (35 against 37-60 in
+        # into them: on 800k Criteo-like rows 40 ms against 87-141 a product in float64 (35 against 37-63 in
         # float32), for 16 more bytes a design entry with its float32 copy (bench/results/baseline_fit.md).
         self.transpose = design.T.tocsr()
         # Hessian-vector products only steer the solver's steps (the loss and gradient that accept them are float64):
