@@ -3,22 +3,24 @@
 One weight per bucket of ``features`` (``eval.baseline_features``), one per dense value, and a bias, fitted to
 convergence on the first ``eval.baseline_rows`` rows of the train split (the bound is on rows, not on the data: a
 larger train split is not read past them) by Newton's method, preconditioned (:meth:`_Objective.minimise`): the
-whole fit on 800k Criteo-like rows, along the L2 grid, takes ~15 s, 7-8x less than the L-BFGS it replaced at the
-same optimum (bench/results/baseline_fit.md). The objective is the weighted logloss summed over those rows plus
-``l2 / 2`` times the squared weights (the bias is not penalised): ``l2`` is the precision of a Gaussian prior on
-every weight, so the same value means the same shrinkage whatever the number of rows, and scikit-learn's
-``LogisticRegression(C=1 / l2)`` fits the same model. ``l2`` is chosen on the validation split from
-:data:`L2_GRID`, strong to weak, each fit warm-started from the previous one; without a validation split it is
-:data:`DEFAULT_L2`.
+whole fit on 800k Criteo-like rows, along the L2 grid, takes 14-15 CPU seconds (2026-12-06, 0.7x the 20 of the
+fit that fitted every grid point fully and scattered the transpose's products), and the fit before that, L-BFGS,
+took 7-8x longer for the same optimum (bench/results/baseline_fit.md). The objective is the weighted logloss
+summed over those rows plus ``l2 / 2`` times the squared weights (the bias is not penalised): ``l2`` is the
+precision of a Gaussian prior on every weight, so the same value means the same shrinkage whatever the number of
+rows, and scikit-learn's ``LogisticRegression(C=1 / l2)`` fits the same model. ``l2`` is chosen on the validation
+split from :data:`L2_GRID`, strong to weak, each fit warm-started from the previous one to :data:`GRID_TOLERANCE`
+and the chosen one then on to :data:`GRADIENT_TOLERANCE`; without a validation split it is :data:`DEFAULT_L2`.
 
 An id's bucket is ``id % features``: the ids data prep wrote are already avalanche-hashed and reduced into
 ``[0, vocab_size)`` (:mod:`components.data_prep.hashing`), so the remainder spreads them evenly, and it gives every
 id a weight of its own whenever the table's ``vocab_size`` is at most the cap (a further mix would only add
 collisions). Ids sharing a bucket share its weight, and a bucket no training id reached scores 0 (its optimum
-under the penalty), so the solver only carries the buckets the train rows reach: its memory is about 100 bytes a
-reached bucket (the solver's vectors), 16 bytes a train id (the sparse design matrix and a float32 copy of its
-values) and 5 bytes a bucket of ``features`` (finding the buckets reached), bounded by ``baseline_features`` and
-``baseline_rows`` whatever the table's size.
+under the penalty), so the solver only carries the buckets the train rows reach: its memory is about 110 bytes a
+reached bucket (the solver's vectors), 32 bytes a train id or dense value (the sparse design matrix and its
+transpose, each with a float32 copy of its values: 1,248 bytes a Criteo row) and 5 bytes a bucket of
+``features`` (finding the buckets reached), bounded by ``baseline_features`` and ``baseline_rows`` whatever the
+table's size.
 
 Trained on negatively downsampled rows (``data.negative_sample_rate``), its predictions are corrected as the deep
 model's are: ``logit + ln(rate)``, i.e. ``q = p / (p + (1 - p) / rate)``. The evaluation reports the deep model's
@@ -46,11 +48,14 @@ L2_GRID = (300.0, 100.0, 30.0, 10.0, 3.0)
 # Without a validation split: within 0.0002 of the best validation logloss at both row counts above, where 100
 # would cost 0.009 at 100,000 rows.
 DEFAULT_L2 = 30.0
-MAX_ITERATIONS = 100  # Newton steps: on 800k Criteo-like rows a fit takes ~7 from 0, ~4 warm-started
+MAX_ITERATIONS = 100  # Newton steps: on 800k Criteo-like rows 5 from fit's start, 3 warm-started, 1 to refine
 # The solver stops when the gradient of the mean loss in its coordinates (see _Objective.minimise) has a norm below
 # this. On 800k Criteo-like rows 1e-5 stopped at the same point and 1e-4 moved the test AUC by 4e-7; on the tests'
 # 24,000 rows the loss is then within 1e-14 of L-BFGS's run to ftol=1e-15 (tests/evaluate/test_baseline.py).
 GRADIENT_TOLERANCE = 1e-6
+# The grid's points are only compared on their validation logloss, 2e-4 to 3e-3 apart on 800k Criteo-like rows: each
+# is fitted to this looser tolerance, then only the chosen one on to GRADIENT_TOLERANCE from there.
+GRID_TOLERANCE = 1e-4
 
 
 class Split(NamedTuple):
@@ -152,16 +157,23 @@ class _Objective:
                  row_weights: np.ndarray, total_weight: float, groups: np.ndarray):
         self.design, self.columns, self.labels, self.groups = design, columns, labels, groups
         self.row_weights, self.total_weight = row_weights, total_weight
+        # The transpose as a CSR matrix of its own, whose products sum each of its rows where design.T's (CSC) scatter
+        # into them: on 800k Criteo-like rows 40 ms against 87-141 a product in float64 (35 against 37-63 in
+        # float32), for 16 more bytes a design entry with its float32 copy (bench/results/baseline_fit.md).
+        self.transpose = design.T.tocsr()
         # Hessian-vector products only steer the solver's steps (the loss and gradient that accept them are float64):
-        # float32 values, sharing the design's indices, take half its time a product.
-        self.design32 = scipy.sparse.csr_matrix((design.data.astype(np.float32), design.indices, design.indptr),
-                                                shape=design.shape)
+        # float32 values, sharing the float64 matrices' indices, take half their time a product.
+        self.design32, self.transpose32 = (
+            scipy.sparse.csr_matrix((matrix.data.astype(np.float32), matrix.indices, matrix.indptr), shape=matrix.shape)
+            for matrix in (design, self.transpose))
         squares = scipy.sparse.csr_matrix((np.square(design.data), design.indices, design.indptr), shape=design.shape)
         self.column_squares = np.append(squares.T @ row_weights, row_weights.sum())  # the bias: a column of ones
         self.group_sizes = np.bincount(groups[:-1], minlength=groups[-1] + 1)  # of penalised parameters
         self.group_moments = self._group_moments()
-        self._curvature_at: Optional[np.ndarray] = None  # the parameters the rows' curvatures are of
-        self._curvatures: Optional[np.ndarray] = None
+        # The rows' curvatures at the last two points they were taken at, each with its parameters: the solver's
+        # Hessian-vector products come at its current point, which the last loss evaluation took unless it refused
+        # that point.
+        self._recent_curvatures: list[tuple[np.ndarray, np.ndarray]] = []
         self.penalty = 0.0
 
     @classmethod
@@ -193,8 +205,9 @@ class _Objective:
             moments += (sums.T * self.row_weights[first:last]) @ sums
         return moments
 
-    def minimise(self, penalty: float, start: np.ndarray) -> np.ndarray:
-        """The parameters minimising the objective at ``penalty``, from ``start``.
+    def minimise(self, penalty: float, start: np.ndarray, tolerance: float = GRADIENT_TOLERANCE) -> np.ndarray:
+        """The parameters minimising the objective at ``penalty``, from ``start``, to a gradient norm below
+        ``tolerance`` in the solver's coordinates.
 
         Newton's method in a trust region (``trust-ncg``: conjugate gradients on Hessian-vector products) on a
         two-level preconditioned problem. First each parameter is rescaled by the Hessian's diagonal at logits 0
@@ -208,7 +221,7 @@ class _Objective:
         coordinates are the fine ones and the coarse ones together, redundant: a point is ``scale * fine + the
         coarse ones spread over their groups``."""
         self.penalty = penalty
-        self._curvature_at = None
+        self._recent_curvatures = []
         diagonal = 0.25 * self.column_squares
         diagonal[:-1] += penalty  # the bias is not penalised
         scale = 1.0 / np.sqrt(diagonal)
@@ -233,7 +246,7 @@ class _Objective:
 
         result = scipy.optimize.minimize(loss_and_gradient, np.append(start / scale, np.zeros(len(coarse_basis))),
                                          jac=True, hessp=hessian_times, method="trust-ncg",
-                                         options={"maxiter": MAX_ITERATIONS, "gtol": GRADIENT_TOLERANCE})
+                                         options={"maxiter": MAX_ITERATIONS, "gtol": tolerance})
         return parameters(result.x)
 
     def loss_and_gradient(self, parameters: np.ndarray) -> tuple[float, np.ndarray]:
@@ -241,18 +254,29 @@ class _Objective:
         logits = self.design @ weights + bias
         loss = (self.row_weights @ (np.logaddexp(0.0, logits) - self.labels * logits)
                 + 0.5 * self.penalty * (weights @ weights))
-        error = self.row_weights * (1.0 / (1.0 + np.exp(-logits)) - self.labels)
-        return loss, np.append(self.design.T @ error + self.penalty * weights, error.sum())
+        probabilities = 1.0 / (1.0 + np.exp(-logits))
+        self._remember_curvatures(parameters, probabilities)  # saves hessian_times a product of the design
+        error = self.row_weights * (probabilities - self.labels)
+        return loss, np.append(self.transpose @ error + self.penalty * weights, error.sum())
 
     def hessian_times(self, parameters: np.ndarray, direction: np.ndarray) -> np.ndarray:
         """The Hessian at ``parameters`` times ``direction``: ``X' diag(w p (1 - p)) X v + penalty v``, the rows'
         curvatures computed once for the many products the solver takes at one point."""
-        if self._curvature_at is None or not np.array_equal(parameters, self._curvature_at):
-            probabilities = 1.0 / (1.0 + np.exp(-(self.design @ parameters[:-1] + parameters[-1])))
-            self._curvatures = self.row_weights * probabilities * (1.0 - probabilities)
-            self._curvature_at = parameters.copy()
-        along = self._curvatures * (self.design32 @ direction[:-1].astype(np.float32) + direction[-1])
-        return np.append(self.design32.T @ along.astype(np.float32) + self.penalty * direction[:-1], along.sum())
+        along = self._curvatures(parameters) * (self.design32 @ direction[:-1].astype(np.float32) + direction[-1])
+        return np.append(self.transpose32 @ along.astype(np.float32) + self.penalty * direction[:-1], along.sum())
+
+    def _curvatures(self, parameters: np.ndarray) -> np.ndarray:
+        """Each row's weight times ``p (1 - p)``, its probability's, at ``parameters``."""
+        for at, curvatures in self._recent_curvatures:
+            if np.array_equal(at, parameters):
+                return curvatures
+        return self._remember_curvatures(
+            parameters, 1.0 / (1.0 + np.exp(-(self.design @ parameters[:-1] + parameters[-1]))))
+
+    def _remember_curvatures(self, parameters: np.ndarray, probabilities: np.ndarray) -> np.ndarray:
+        curvatures = self.row_weights * probabilities * (1.0 - probabilities)
+        self._recent_curvatures = [(parameters.copy(), curvatures), *self._recent_curvatures[:1]]
+        return curvatures
 
 
 class HashedLogisticRegression:
@@ -273,19 +297,30 @@ class HashedLogisticRegression:
         if not 0 < negative_sample_rate <= 1:
             raise ValueError(f"the negative sample rate is a fraction in (0, 1], got {negative_sample_rate}")
         self.logit_shift = math.log(negative_sample_rate)
-        objective = _Objective.of(labels, dense, sparse, weights, self.features)
         self.dense_dim = dense.shape[1]
-        grid = L2_GRID if valid is not None and len(valid.labels) else (DEFAULT_L2,)
-        valid_features = _Features.of(valid.sparse, self.features) if len(grid) > 1 else None
-        parameters = np.zeros(objective.design.shape[1] + 1)  # the columns' weights, then the bias
         self.validation_logloss: dict[float, float] = {}  # of each l2 tried, as corrected predictions score it
-        best = None
-        for l2 in grid:
-            parameters = objective.minimise(l2 / objective.total_weight, parameters)
+        objective = _Objective.of(labels, dense, sparse, weights, self.features)
+        start = np.zeros(objective.design.shape[1] + 1)  # the columns' weights, then the bias
+        # The bias at the rows' log-odds, its optimum while every weight is 0: on 800k Criteo-like rows the first fit
+        # then takes 5 Newton steps instead of 7.
+        rate = float(objective.row_weights @ objective.labels)
+        if 0 < rate < 1:
+            start[-1] = math.log(rate / (1 - rate))
+        if valid is None or not len(valid.labels):
+            self.l2 = DEFAULT_L2
+            self._keep(objective.columns, objective.minimise(self.l2 / objective.total_weight, start))
+        else:
+            self._fit_along_grid(objective, start, valid)
+        return self
+
+    def _fit_along_grid(self, objective: _Objective, start: np.ndarray, valid: Split) -> None:
+        """Fit at each l2 of :data:`L2_GRID` in turn, each from the previous fit, to :data:`GRID_TOLERANCE`, until
+        the validation logloss stops falling; then the best on to :data:`GRADIENT_TOLERANCE`."""
+        valid_features = _Features.of(valid.sparse, self.features)
+        best, parameters = None, start
+        for l2 in L2_GRID:
+            parameters = objective.minimise(l2 / objective.total_weight, parameters, GRID_TOLERANCE)
             self._keep(objective.columns, parameters)
-            if valid_features is None:
-                best = (l2, self.weights, self.dense_weights, self.bias)
-                break
             # Chosen on the validation logloss, not its AUC: logloss is what the fit minimises and it scores the
             # over-confident weights of rare ids that the penalty is there to shrink (AUC, a ranking, is blind to
             # the confidence and to the downsampling correction); on a small validation split it is also the
@@ -294,9 +329,11 @@ class HashedLogisticRegression:
             self.validation_logloss[l2] = loss
             if best is not None and loss >= self.validation_logloss[best[0]]:
                 break  # past the best: weaker penalties overfit further (and are the slowest to fit)
-            best = (l2, self.weights, self.dense_weights, self.bias)
-        self.l2, self.weights, self.dense_weights, self.bias = best
-        return self
+            best = (l2, parameters)
+        self.l2, loose = best
+        self._keep(objective.columns, objective.minimise(self.l2 / objective.total_weight, loose))
+        self.validation_logloss[self.l2] = _logloss(valid.labels, self._logits(valid_features, valid.dense),
+                                                    valid.weights)  # the delivered model's
 
     def _keep(self, columns: np.ndarray, parameters: np.ndarray) -> None:
         """Spread the fitted parameters over every bucket (those no train row reached stay 0)."""

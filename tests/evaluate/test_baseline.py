@@ -142,6 +142,34 @@ def test_its_solver_reaches_the_minimum_plain_l_bfgs_reaches_run_to_a_far_tighte
     np.testing.assert_allclose(solved, plain.x, atol=1e-5)
 
 
+def test_the_chosen_penalty_fitted_on_from_its_loose_grid_fit_lands_where_a_fit_from_0_does(splits):
+    # The grid's points are fitted to GRID_TOLERANCE only; the chosen one is then fitted on to GRADIENT_TOLERANCE.
+    _, train, valid, _ = splits
+    model = HashedLogisticRegression(PARITY_FEATURES).fit(*train, valid=valid)
+    objective = baseline._Objective.of(*train, features=PARITY_FEATURES)
+    start = np.zeros(objective.design.shape[1] + 1)
+    loose = objective.minimise(model.l2 / objective.total_weight, start, baseline.GRID_TOLERANCE)
+    direct = objective.minimise(model.l2 / objective.total_weight, start)
+    delivered = np.concatenate([model.weights[objective.columns], model.dense_weights, [model.bias]])
+    (direct_loss, _), (loose_loss, _) = objective.loss_and_gradient(direct), objective.loss_and_gradient(loose)
+    assert objective.loss_and_gradient(delivered)[0] == pytest.approx(direct_loss, rel=1e-12)
+    assert loose_loss != pytest.approx(direct_loss, rel=1e-12)  # the refinement is not idle
+    np.testing.assert_allclose(delivered, direct, atol=1e-6)
+    scored = binary_metrics(valid.labels, model.predict(valid.dense, valid.sparse))["logloss"]
+    assert model.validation_logloss[model.l2] == pytest.approx(scored, rel=1e-9)  # the delivered model's
+
+
+def test_its_transposes_products_are_the_design_transposes(splits):
+    # Kept as CSR matrices of their own (a sum per row instead of a scatter), in float64 and float32.
+    _, train, _, _ = splits
+    objective = baseline._Objective.of(*train, features=PARITY_FEATURES)
+    rows = np.random.default_rng(3).standard_normal(objective.design.shape[0])
+    np.testing.assert_allclose(objective.transpose @ rows, objective.design.T @ rows, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(objective.transpose32 @ rows.astype(np.float32),
+                               objective.design32.T @ rows.astype(np.float32), rtol=1e-5, atol=1e-5)
+    assert np.shares_memory(objective.transpose32.indices, objective.transpose.indices)  # one copy of the indices
+
+
 def _dataset_with_stats(dataset_dir, root, stats) -> str:
     """The dataset's shards under ``root`` with ``stats`` as its stats.json."""
     root.mkdir()
