@@ -197,9 +197,11 @@ def read_shards(paths: Iterable[str | Path], schema: Schema, with_weights: bool 
     Raises ``ValueError`` naming the file and line of the first malformed example. A shard's columnar copy (data
     prep writes one beside it: :func:`save_columns`) is read instead of its text when it is of this very text.
     """
-    per_file = [_columnar_copy(Path(path), schema) or _read_shard(str(path), Path(path).read_bytes(), schema)
-                for path in paths] or [_no_rows(schema)]
-    return _joined(per_file, schema, with_weights)
+    parts = []  # a file's columnar copy's pieces, else its text's rows: joined once, whatever their number
+    for path in paths:
+        copy = _columnar_copy(Path(path), schema)
+        parts += copy if copy is not None else [_read_shard(str(path), Path(path).read_bytes(), schema)]
+    return _joined(parts or [_no_rows(schema)], schema, with_weights)
 
 
 def read_shard_bytes(data: bytes, schema: Schema, name: str) -> tuple:
@@ -269,19 +271,16 @@ def write_columns_index(directory: Path, text_bytes_covered: int, pieces: list[s
     (directory / COLUMNS_INDEX).write_text(json.dumps({"text_bytes": text_bytes_covered, "pieces": pieces}))
 
 
-def _columnar_copy(shard_path: Path, schema: Schema) -> _Shard | None:
-    """The shard's rows from its columnar copy, or None when it has none that is of its text."""
+def _columnar_copy(shard_path: Path, schema: Schema) -> list[_Shard] | None:
+    """The pieces of the shard's columnar copy, or None when it has none that is of its text."""
     directory = columns_dir(shard_path)
     try:
         index = json.loads((directory / COLUMNS_INDEX).read_text())
         if index["text_bytes"] != shard_path.stat().st_size:
             return None
-        pieces = [_load_piece(directory / name, schema) for name in index["pieces"]]
+        return [_load_piece(directory / name, schema) for name in index["pieces"]]
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile):
         return None
-    if not pieces:
-        return _no_rows(schema)
-    return _Shard(*_joined(pieces, schema, True))
 
 
 def _load_piece(path: Path, schema: Schema) -> _Shard:
