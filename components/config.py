@@ -367,6 +367,7 @@ class StepsConfig:
 
     resolve: StepResources = field(default_factory=lambda: StepResources(cpu="500m", memory="1Gi"))
     prepare: StepResources = field(default_factory=lambda: StepResources(cpu="2", memory="8Gi"))
+    baseline: StepResources = field(default_factory=lambda: StepResources(cpu="2", memory="8Gi"))  # fit-baseline
     train: StepResources = field(default_factory=lambda: StepResources(cpu="1", memory="2Gi"))  # the launcher
     evaluate: StepResources = field(default_factory=lambda: StepResources(cpu="2", memory="8Gi"))
     export: StepResources = field(default_factory=lambda: StepResources(cpu="1", memory="4Gi"))

@@ -80,7 +80,7 @@ EXPORT_TASK = "export-model"
 RETRY_BACKOFF = "60s"  # then doubling
 # Each task's pod resources on Kubeflow: the ClusterConfig.steps field.
 STEP_RESOURCES = {"resolve-config": "resolve", "plan-data": "resolve", "convert-data": "prepare",
-                  "merge-data": "prepare", BASELINE_TASK: "prepare", "train": "train", "evaluate-model": "evaluate",
+                  "merge-data": "prepare", BASELINE_TASK: "baseline", "train": "train", "evaluate-model": "evaluate",
                   "export-model": "export",
                   EXIT_TASK: "resolve", DEPLOY_TASK: "resolve"}
 # The train step's launcher makes its own pod the owner of the PS job it creates, and labels that job with the
@@ -232,7 +232,7 @@ def add_kubeflow_settings(cfg: CtrConfig, tasks: dict) -> None:
     limits (quota-enforced namespaces refuse pods without them), accelerators where configured; retries of the
     steps that can run again; and the pods' Kubernetes settings (:func:`add_kubernetes_settings`).
 
-    The evaluate and export steps' memory is the larger of ``cluster.steps.<step>.memory`` and their plan with a
+    The fit-baseline, evaluate and export steps' memory is the larger of ``cluster.steps.<step>.memory`` and their plan with a
     margin (:func:`components.train.process_plan.step_memories`: from the config alone, the table's rows bounded by
     ``table.vocab_size``), so a step is not OOM-killed for a table or a split the config already names. The train
     step's launcher keeps its configured memory: on Kubeflow it starts the PS pods and holds neither table nor data.

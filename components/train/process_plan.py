@@ -3,7 +3,8 @@ it starts: pure functions of the config, the dataset's stats and the servers' pl
 
 Only the servers hold memory that grows with the table, but for geo workers and ``export.format=single``. A worker
 holds its share of the split it scores at a checkpoint (and in geo mode Paddle's dense copies of the table), the
-evaluate step the test split and the baseline's rows, the export step one table shard (``export.format=single``:
+fit-baseline step the baseline's rows and its design, the evaluate step the test split and the train rows it counts
+the servers' load on, the export step one table shard (``export.format=single``:
 every row), a serving replica one batch. :func:`plan_processes` makes a :class:`ProcessesPlan` of :class:`ProcessPlan`:
 each a measured base plus the parts its data adds, named with their numbers; the Kubeflow steps request the larger
 of their configured memory and the plan (:func:`step_memories`, planned from the config alone).
@@ -37,6 +38,22 @@ WORKER_PROCESS_BYTES = 352 * MIB
 # The evaluate step before its data: Python importing kfp and components.evaluate.step (numpy, pyarrow, matplotlib):
 # 134 MiB (numpy and pyarrow alone: 62 MiB).
 EVALUATE_PROCESS_BYTES = 134 * MIB
+# The fit-baseline step before its data: Python importing kfp and components.evaluate.baseline_step (numpy, scipy,
+# pyarrow): 132 MiB (2026-12-06).
+BASELINE_PROCESS_BYTES = 132 * MIB
+# The baseline's fit (components.evaluate.baseline) per entry of its design matrix (a train id or a dense value of a
+# fitted row): the matrix and its transpose, each with float64 values, a float32 copy and int32 indices, 32 B; the
+# rows' buckets before it (an int64 bucket and a slot byte an id), 9 B; and per fitted row ~12 float64 vectors (labels,
+# weights, logits, curvatures, the solver's steps), 96 B. Per bucket the train rows reach, the solver's ~14 float64
+# vectors (110 B); per bucket of eval.baseline_features its weight and the table finding the reached ones (13 B).
+# 2026-12-06 on 800k Criteo-like train rows and 100k validation rows (2^22 buckets, 1.3M and 4.2M of them reached:
+# bench/table_scale.py's small and large tables) the step peaked at 2,151 and 2,502 MiB reading the shards'
+# columnar copy; this plans 2,389 and 2,688 MiB with the copy read, 5,139 and 5,438 MiB with the text parsed (a
+# dataset without the copy: read_parts plans that).
+DESIGN_BYTES_PER_ENTRY = 32 + 9
+FITTED_ROW_BYTES = 96
+REACHED_BUCKET_BYTES = 110
+BUCKET_BYTES = 13
 # The export step before its data: Python importing kfp, paddle and the export modules, a small static program built
 # and run: 329 MiB.
 EXPORT_PROCESS_BYTES = 330 * MIB
@@ -73,7 +90,7 @@ EXPORT_PARSE_FACTOR = 5
 PLAN_MARGIN = 1.25
 SPLITS = ("train", "valid", "test")
 SCORED_SPLITS = ("valid", "test")  # what every worker scores at every checkpoint
-PLANNED_STEPS = {"evaluate": "evaluate", "export": "export"}  # process kind -> cluster.steps field
+PLANNED_STEPS = {"baseline": "baseline", "evaluate": "evaluate", "export": "export"}  # kind -> cluster.steps field
 
 
 @dataclass(frozen=True)
@@ -209,9 +226,10 @@ def plan_processes(cfg: CtrConfig, data: DataShape, plan: JobPlan,
     :func:`~components.train.planner.job_plan`; no memory plan in geo mode) and its dataset ``data``."""
     memory = plan.memory
     rows = memory.rows if memory else table_rows(cfg.table.vocab_size, distinct_ids)[0]
-    processes = ([server_process(memory)] if memory else []) + [
-        worker_process(cfg, data), evaluate_process(cfg, data), export_process(cfg, rows, plan.shard_num),
-        serving_process(cfg, data, rows)]
+    fitted = cfg.eval.baseline or cfg.model.blend_baseline  # what makes the pipeline fit the baseline
+    processes = ([server_process(memory)] if memory else []) + [worker_process(cfg, data)] + (
+        [baseline_process(cfg, data, rows)] if fitted else []) + [
+        evaluate_process(cfg, data), export_process(cfg, rows, plan.shard_num), serving_process(cfg, data, rows)]
     return ProcessesPlan(memory, data, tuple(processes))
 
 
@@ -276,43 +294,63 @@ def worker_process(cfg: CtrConfig, data: DataShape) -> ProcessPlan:
     return ProcessPlan("worker", ps.workers, tuple(parts), driver)
 
 
-def baseline_train_rows(data: DataShape, baseline_rows: int) -> int:
-    """Train rows the evaluation's baseline reads: whole shard files, in order, until it has ``baseline_rows``."""
-    read = 0
-    for count in data.shard_rows.get("train", []):
-        if read >= baseline_rows:
+def first_rows(data: DataShape, split: str, rows: int) -> tuple[int, int]:
+    """``(rows, rows of the largest file)`` a reader of the first ``rows`` rows of ``split`` takes: whole shard
+    files, in order, until it has them."""
+    read, largest = 0, 0
+    for count in data.shard_rows.get(split, []):
+        if read >= rows:
             break
-        read += count
-    return read
+        read, largest = read + count, max(largest, count)
+    return read, largest
+
+
+def baseline_process(cfg: CtrConfig, data: DataShape, table_rows_bound: int) -> ProcessPlan:
+    """The fit-baseline step: the first ``eval.baseline_rows`` train and validation rows, the regression's design
+    matrices over them and its solver's vectors over the buckets they reach (at most ``eval.baseline_features``, at
+    most the table's ``table_rows_bound`` rows)."""
+    ev = cfg.eval
+    parts = [Part(BASELINE_PROCESS_BYTES, "base"),
+             Part(ev.baseline_features * BUCKET_BYTES, f"the weights and the buckets reached "
+                                                       f"({ev.baseline_features:,} buckets x {BUCKET_BYTES} B)")]
+    if data.known:
+        train, largest_train = first_rows(data, "train", ev.baseline_rows)
+        valid, largest_valid = first_rows(data, "valid", ev.baseline_rows)
+        fitted = min(train, ev.baseline_rows)
+        entries = data.ids_per_example + data.dense_dim
+        reached = min(ev.baseline_features, table_rows_bound, fitted * data.ids_per_example)
+        parts += read_parts(train, largest_train, data, "its train rows, whole shard files")
+        parts += [Part(valid * data.row_bytes, f"its validation rows ({valid:,} rows x {data.row_bytes} B)"),
+                  Part(fitted * (entries * DESIGN_BYTES_PER_ENTRY + FITTED_ROW_BYTES),
+                       f"the design ({fitted:,} rows x ({entries} entries x {DESIGN_BYTES_PER_ENTRY} B + "
+                       f"{FITTED_ROW_BYTES} B))"),
+                  Part(reached * REACHED_BUCKET_BYTES, f"the solver ({reached:,} buckets reached at most x "
+                                                       f"{REACHED_BUCKET_BYTES} B)")]
+    return ProcessPlan("baseline", 1, tuple(parts), "eval.baseline_rows and eval.baseline_features, never the table")
 
 
 def evaluate_process(cfg: CtrConfig, data: DataShape) -> ProcessPlan:
-    """The evaluate step: the merged test counts (never the table) and, with ``eval.baseline``, the test split, the
-    baseline's train rows and its ``eval.baseline_features`` weights with their Adagrad sums."""
+    """The evaluate step: the merged test counts (never the table), the train rows the servers' load is counted on
+    and, with ``eval.baseline``, the test split scored by the fitted baseline's ``eval.baseline_features`` weights."""
+    from components.evaluate.server_load import COUNTED_ROWS
+
     ev = cfg.eval
     parts = [Part(EVALUATE_PROCESS_BYTES, "base")]
     test = data.rows.get("test", 0)
     if test:
         parts.append(Part(2 * test * SCORE_COUNT_BYTES, f"the test split's score counts, raw and calibrated "
                                                           f"({test:,} rows x {SCORE_COUNT_BYTES} B x 2 at most)"))
+    if data.known:
+        counted, largest = first_rows(data, "train", COUNTED_ROWS)
+        parts += read_parts(counted, largest, data, "the train rows the servers' load is counted on")
     if ev.baseline:
-        parts.append(Part(ev.baseline_features * 16, f"the baseline's weights ({ev.baseline_features:,} x 16 B)"))
+        parts.append(Part(ev.baseline_features * 8, f"the baseline's weights ({ev.baseline_features:,} x 8 B)"))
         if data.known:
-            train = baseline_train_rows(data, ev.baseline_rows)
-            fitted = min(train, ev.baseline_rows)
-            largest = max(max(data.shard_rows["test"], default=0), max(data.shard_rows["train"], default=0))
-            resident = (test + train) * data.row_bytes
-            parse = largest * data.tokens_per_row * READ_PARSE_BYTES_PER_TOKEN
-            parts += [Part(test * data.row_bytes, f"the test split ({test:,} rows x {data.row_bytes} B)"),
-                      Part(train * data.row_bytes, f"the baseline's train rows, whole shard files "
-                                                   f"({train:,} rows x {data.row_bytes} B)"),
-                      Part(max(parse, resident), f"reading them (a {largest:,}-row shard file x {data.tokens_per_row}"
-                                                 f" tokens x {READ_PARSE_BYTES_PER_TOKEN} B)" if parse >= resident
-                           else "reading them (the copies joining their files' rows)"),
-                      Part((fitted + test) * 8 * (data.ids_per_example + 1),
-                           f"the baseline's feature indices ({fitted + test:,} rows x "
-                           f"{8 * (data.ids_per_example + 1)} B)")]
-    return ProcessPlan("evaluate", 1, tuple(parts), "the test split and eval.baseline_rows, never the table")
+            largest = max(data.shard_rows["test"], default=0)
+            parts += read_parts(test, largest, data, "the test split")
+            parts.append(Part(test * 8 * (data.ids_per_example + 1),
+                              f"the baseline's feature indices ({test:,} rows x {8 * (data.ids_per_example + 1)} B)"))
+    return ProcessPlan("evaluate", 1, tuple(parts), "the test split and the counted train rows, never the table")
 
 
 def parsed_row_bytes(table: TableConfig) -> int:
@@ -372,7 +410,8 @@ def step_memories(cfg: CtrConfig, plan: Optional[ProcessesPlan] = None) -> dict[
     """Per ``cluster.steps`` field the plan sizes (evaluate, export): ``(memory quantity, where it comes from)``
     (:func:`step_memory`) with the plan ``plan`` (default: :func:`compile_time_plan`)."""
     plan = plan or compile_time_plan(cfg)
+    kinds = {process.kind for process in plan.processes}  # no baseline process where nothing fits one
     return {step: step_memory(getattr(cfg.cluster.steps, step).memory, plan.process(kind),
                               f"cluster.steps.{step}.memory")
-            for kind, step in PLANNED_STEPS.items()}
+            for kind, step in PLANNED_STEPS.items() if kind in kinds}
 

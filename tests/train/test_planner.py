@@ -297,7 +297,8 @@ def test_a_geo_worker_grows_with_the_vocabulary_and_an_async_one_does_not():
     plain = [_job_plan(_cfg(table=t)).process("worker").bytes for t in (small, large)]
     assert plain[0] == plain[1]
     plan = _job_plan(_cfg(ps={"mode": "geo"}))
-    assert plan.memory is None and [p.kind for p in plan.processes] == ["worker", "evaluate", "export", "serving"]
+    assert plan.memory is None and [p.kind for p in plan.processes] == ["worker", "baseline", "evaluate", "export",
+                                                                        "serving"]
     assert "not planned in geo mode" in plan.lines()[0]
 
 
@@ -331,28 +332,45 @@ def test_the_export_plan_follows_the_largest_shard_or_the_whole_table():
     assert _job_plan(cfg, stats).process("export").bytes == fixed + 10_000 * 44 * process_plan.EXPORT_PARSE_FACTOR
 
 
-def test_the_evaluate_plan_is_bounded_by_the_baseline_settings():
+def test_the_baseline_plan_is_bounded_by_its_settings_and_the_evaluate_plan_by_the_rows_it_reads():
     cfg = _cfg(data={"rows": 100_000}, eval={"baseline_rows": 30_000, "baseline_features": 1 << 20})
-    plan = _job_plan(cfg).process("evaluate")
+    plan = _job_plan(cfg).process("baseline")
     shape = process_plan.data_shape(cfg)
     # 70,000 train rows in 2 shard files of 35,000: the baseline reads the first whole file for its 30,000 rows.
-    assert process_plan.baseline_train_rows(shape, 30_000) == 35_000 and process_plan.baseline_train_rows(shape, 40_000) == 70_000
+    assert process_plan.first_rows(shape, "train", 30_000) == (35_000, 35_000)
+    assert process_plan.first_rows(shape, "train", 40_000) == (70_000, 35_000)
     parts = {part.what.split(" (")[0]: part.bytes for part in plan.parts}
-    assert parts["the baseline's weights"] == (1 << 20) * 16
-    assert parts["the baseline's train rows, whole shard files"] == 35_000 * shape.row_bytes
-    assert parts["the test split"] == 20_000 * shape.row_bytes
-    # Neither the table nor its dim moves it.
+    assert parts["the weights and the buckets reached"] == (1 << 20) * process_plan.BUCKET_BYTES
+    assert parts["its train rows, whole shard files"] == 35_000 * shape.row_bytes
+    entries = shape.ids_per_example + shape.dense_dim
+    assert parts["the design"] == 30_000 * (entries * process_plan.DESIGN_BYTES_PER_ENTRY + process_plan.FITTED_ROW_BYTES)
+    # The buckets reached: at most one per train id of the fitted rows, fewer than the 2^20 buckets here.
+    assert parts["the solver"] == 30_000 * shape.ids_per_example * process_plan.REACHED_BUCKET_BYTES
+    assert plan.bytes == sum(parts.values())
+    # Neither the table nor its dim moves it, but for the buckets a small table can reach.
     wide = _cfg(data={"rows": 100_000}, eval={"baseline_rows": 30_000, "baseline_features": 1 << 20},
                 table={"vocab_size": 1 << 30, "embedding_dim": 33})
-    assert _job_plan(wide).process("evaluate").bytes == plan.bytes
-    off = _job_plan(_cfg(data={"rows": 100_000}, eval={"baseline": False})).process("evaluate")
-    assert off.bytes == process_plan.EVALUATE_PROCESS_BYTES + 2 * 20_000 * process_plan.SCORE_COUNT_BYTES
+    assert _job_plan(wide).process("baseline").bytes == plan.bytes
+    narrow = _cfg(data={"rows": 100_000}, eval={"baseline_rows": 30_000, "baseline_features": 1 << 20},
+                  table={"vocab_size": 1000})
+    assert _job_plan(narrow).process("baseline").bytes == plan.bytes - parts["the solver"] + 1000 * 110
+
+    evaluate = {part.what.split(" (")[0]: part.bytes for part in _job_plan(cfg).process("evaluate").parts}
+    assert evaluate["the train rows the servers' load is counted on"] == 70_000 * shape.row_bytes
+    assert evaluate["the test split"] == 20_000 * shape.row_bytes
+    assert evaluate["the baseline's weights"] == (1 << 20) * 8
+    off = _job_plan(_cfg(data={"rows": 100_000}, eval={"baseline": False}, model={"blend_baseline": False}))
+    assert "baseline" not in {p.kind for p in off.processes}
+    parts = {part.what.split(" (")[0]: part.bytes for part in off.process("evaluate").parts}
+    assert set(parts) == {"base", "the test split's score counts, raw and calibrated",
+                          "the train rows the servers' load is counted on", "reading it"}
 
 
 def test_step_memory_is_the_larger_of_the_config_and_the_plan():
     cfg = _cfg()
-    assert process_plan.step_memories(cfg) == {"evaluate": ("8Gi", "cluster.steps.evaluate.memory"),
-                                          "export": ("4Gi", "cluster.steps.export.memory")}
+    assert process_plan.step_memories(cfg) == {"baseline": ("8Gi", "cluster.steps.baseline.memory"),
+                                               "evaluate": ("8Gi", "cluster.steps.evaluate.memory"),
+                                               "export": ("4Gi", "cluster.steps.export.memory")}
     big = _cfg(table={"vocab_size": 1 << 28}, export={"format": "single"})
     plan = process_plan.compile_time_plan(big).process("export")
     quantity, source = process_plan.step_memories(big)["export"]
@@ -364,9 +382,10 @@ def test_step_memory_is_the_larger_of_the_config_and_the_plan():
 def test_the_job_plan_has_a_line_per_process():
     plan = _job_plan(_cfg(ps={"servers": 3}))
     lines = plan.lines()
-    assert [line.split(":")[1].split()[0] for line in lines] == ["server", "worker", "evaluate", "export", "serving"]
+    assert [line.split(":")[1].split()[0] for line in lines] == ["server", "worker", "baseline", "evaluate", "export",
+                                                                  "serving"]
     assert plan.process("server").bytes == plan.memory.server_bytes and " x3: " in lines[0]
-    assert set(plan.summary()) == {"server", "worker", "evaluate", "export", "serving"}
+    assert set(plan.summary()) == {"server", "worker", "baseline", "evaluate", "export", "serving"}
     unknown = _job_plan(_cfg(data={"source": "files", "uri": "s3://b/x"}))
     assert "split rows counted by data prep" in unknown.lines()[-1]
 
