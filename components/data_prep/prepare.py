@@ -63,8 +63,8 @@ from components.data_prep.distinct import RELATIVE_ERROR, DistinctCounter, load_
 from components.data_prep.formats import BlockParser
 from components.data_prep.hashing import HASH_FUNCTION
 from components.data_prep.id_counts import CountSketch, IdCounts
-from components.data_prep.columns import COLUMN_PIECES, gather_columns
-from components.data_prep.multislot import COLUMNS_DIR, Schema, save_columns, text_bytes
+from components.data_prep.columns import ColumnPieces, gather_columns
+from components.data_prep.multislot import Schema, text_bytes
 from components.data_prep.parsed import SlotIds
 from components.data_prep.plan import (DROPPED, SPLITS, SYNTHETIC, TRAIN, DataPlan, check_split_sizes, plan_files,
                                        plan_in_full, plan_synthetic, synthetic_row_codes, synthetic_split_rows,
@@ -89,9 +89,6 @@ DriftCheck = Callable[[dict, dict[str, DistinctCounter]], dict]
 MALFORMED_EXAMPLES = 10
 # Rows of synthetic data generated and written at a time (the hidden model is drawn once for all of them).
 _SYNTHETIC_BLOCK = 1 << 16
-# A piece of a shard's columnar copy holds up to this much of its text: few enough pieces to read fast, and the
-# convert process holds at most this much text per split and shard, and one parse of it, beside its block.
-COLUMN_PIECE_BYTES = 8 << 20
 
 
 # -- stages 2 and 3: count, convert ---------------------------------------------------------------------------------
@@ -120,13 +117,12 @@ def convert(plan: DataPlan, unit_indices: Sequence[int], parts_dir: str | os.Pat
 
 class _PartWriter:
     """A unit's rows, dealt to shards: one file per split (``<split>.txt``), its shards one after another, and their
-    columnar copy (``columns/<split>/``: a piece per block and shard, listed in :data:`COLUMN_PIECES`)."""
+    columnar copy (:class:`~components.data_prep.columns.ColumnPieces`)."""
 
     def __init__(self, root: Path, unit: int, num_shards: int, schema: Schema):
         self.root, self.unit, self.num_shards, self.schema = root, unit, num_shards, schema
         root.mkdir(parents=True)
-        self.pieces: dict[str, list[list]] = {split: [[] for _ in range(num_shards)] for split in SPLITS}
-        self.pending: dict[str, list[list[bytes]]] = {split: [[] for _ in range(num_shards)] for split in SPLITS}
+        self.columns = ColumnPieces(root, num_shards, schema)
         # While the unit is converted each shard has a file of its own; close() joins them.
         self.files = {split: [open(root / f"{split}-{s:05d}.tmp", "wb") for s in range(num_shards)]
                       for split in SPLITS}
@@ -148,37 +144,15 @@ class _PartWriter:
                 if end > start:
                     data = text_bytes(taken, int(start), int(end))
                     self.files[split][s].write(data)
-                    self._save_piece(split, s, data)
+                    self.columns.add(split, s, data)
                     self.shard_rows[split][s] += int(end - start)
                     self.shard_bytes[split][s] += len(data)
             self.rows[split] += len(rows)
             self.clicks[split] += int(labels[rows].sum())
         self.dropped += int(np.count_nonzero(codes == DROPPED))
 
-    def _save_piece(self, split: str, shard: int, data: memoryview) -> None:
-        """Keep ``data`` for the shard's columnar copy; parse and save what is kept once it holds
-        :data:`COLUMN_PIECE_BYTES`."""
-        pending = self.pending[split][shard]
-        pending.append(bytes(data))
-        if sum(map(len, pending)) >= COLUMN_PIECE_BYTES:
-            self._flush_piece(split, shard)
-
-    def _flush_piece(self, split: str, shard: int) -> None:
-        text = b"".join(self.pending[split][shard])
-        self.pending[split][shard] = []
-        if not text:
-            return
-        directory = self.root / COLUMNS_DIR / split
-        directory.mkdir(parents=True, exist_ok=True)
-        name = f"{shard:05d}-{len(self.pieces[split][shard]):05d}.npz"
-        rows = save_columns(text, self.schema, directory / name)
-        self.pieces[split][shard].append([name, len(text), rows])
-
     def close(self) -> None:
-        for split in SPLITS:
-            for shard in range(self.num_shards):
-                self._flush_piece(split, shard)
-        (self.root / COLUMN_PIECES).write_text(json.dumps(self.pieces))
+        self.columns.close()
         for split, handles in self.files.items():
             for handle in handles:
                 handle.close()
