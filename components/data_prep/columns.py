@@ -57,27 +57,38 @@ class ColumnPieces:
         self.pieces[split][shard].append([name, len(text), rows])
 
 
-def gather_columns(shard_path: Path, units: list[tuple[int, Path, str, int]]) -> bool:
-    """Link the columnar copy of the merged shard ``shard_path`` from the ``(unit index, part directory, split,
-    shard)`` it is made of, in order; False (and no copy) when one of them has none."""
-    pieces, covered = [], 0
-    for unit, part, split, shard in units:
+def piece_listings(parts: dict[int, Path]) -> dict[int, dict | None]:
+    """Per unit, the pieces its convert task listed (:data:`COLUMN_PIECES`), or None for a part without a copy."""
+    listings: dict[int, dict | None] = {}
+    for unit, part in parts.items():
         try:
-            listed = json.loads((part / COLUMN_PIECES).read_text())[split][shard]
-        except (OSError, ValueError, KeyError, IndexError):
-            return False
-        pieces += [(unit, part / COLUMNS_DIR / split / name, size) for name, size, _ in listed]
+            listings[unit] = json.loads((part / COLUMN_PIECES).read_text())
+        except (OSError, ValueError):
+            listings[unit] = None
+    return listings
+
+
+def gather_columns(shard_path: Path, split: str, shard: int, parts: dict[int, Path],
+                   listings: dict[int, dict | None]) -> None:
+    """Link the columnar copy of the merged shard ``shard_path`` (``split``'s ``shard``) from every unit's part, in
+    unit order; no copy when a unit has none of it (``listings``: :func:`piece_listings`)."""
+    pieces, covered = [], 0
+    for unit, part in sorted(parts.items()):
+        try:
+            listed = listings[unit][split][shard]
+        except (TypeError, KeyError, IndexError):
+            return
+        pieces += [(unit, part / COLUMNS_DIR / split / name) for name, _, _ in listed]
         covered += sum(size for _, size, _ in listed)
     if covered != shard_path.stat().st_size:  # the copy must be of exactly this text
-        return False
+        return
     directory = columns_dir(shard_path)
     directory.mkdir(parents=True)
     names = []
-    for unit, source, _ in pieces:
+    for unit, source in pieces:
         names.append(f"{unit:05d}-{source.name}")
         _link_or_copy(source, directory / names[-1])
     write_columns_index(directory, covered, names)
-    return True
 
 
 def _link_or_copy(source: Path, target: Path) -> None:

@@ -63,7 +63,7 @@ from components.data_prep.distinct import RELATIVE_ERROR, DistinctCounter, load_
 from components.data_prep.formats import BlockParser
 from components.data_prep.hashing import HASH_FUNCTION
 from components.data_prep.id_counts import CountSketch, IdCounts
-from components.data_prep.columns import ColumnPieces, gather_columns
+from components.data_prep.columns import ColumnPieces, gather_columns, piece_listings
 from components.data_prep.multislot import Schema, text_bytes
 from components.data_prep.parsed import SlotIds
 from components.data_prep.plan import (DROPPED, SPLITS, SYNTHETIC, TRAIN, DataPlan, check_split_sizes, plan_files,
@@ -120,7 +120,7 @@ class _PartWriter:
     columnar copy (:class:`~components.data_prep.columns.ColumnPieces`)."""
 
     def __init__(self, root: Path, unit: int, num_shards: int, schema: Schema):
-        self.root, self.unit, self.num_shards, self.schema = root, unit, num_shards, schema
+        self.root, self.unit, self.num_shards = root, unit, num_shards
         root.mkdir(parents=True)
         self.columns = ColumnPieces(root, num_shards, schema)
         # While the unit is converted each shard has a file of its own; close() joins them.
@@ -295,9 +295,11 @@ def merge(plan: DataPlan, parts_dirs: Iterable[str | os.PathLike], out_dir: str 
         # One thread per output file: the copies run in the kernel, which lets go of the GIL, so they use every core.
         with ThreadPoolExecutor(default_processes()) as pool:
             list(pool.map(lambda gather: _gather(*gather), gathers))
+        units = {i: parts[i] for i in range(len(plan.units))}
+        listings = piece_listings(units)
         for split in SPLITS:
             for s, rel in enumerate(stats["shards"][split]):
-                gather_columns(staging / rel, [(i, parts[i], split, s) for i in range(len(plan.units))])
+                gather_columns(staging / rel, split, s, units, listings)
         save_counters(staging / DISTINCT_IDS_FILE, counters)
         _save_transform(plan, parts_dirs, staging / TRANSFORM_DIR)
         (staging / STATS_FILE).write_text(json.dumps(stats, indent=2) + "\n", encoding="utf-8")

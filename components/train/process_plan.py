@@ -315,7 +315,7 @@ def baseline_process(cfg: CtrConfig, data: DataShape, table_rows_bound: int) -> 
                                                        f"({ev.baseline_features:,} buckets x {BUCKET_BYTES} B)")]
     if data.known:
         train, largest_train = first_rows(data, "train", ev.baseline_rows)
-        valid, largest_valid = first_rows(data, "valid", ev.baseline_rows)
+        valid, _ = first_rows(data, "valid", ev.baseline_rows)  # read after the train rows: their parse is past
         fitted = min(train, ev.baseline_rows)
         entries = data.ids_per_example + data.dense_dim
         reached = min(ev.baseline_features, table_rows_bound, fitted * data.ids_per_example)
@@ -407,7 +407,7 @@ def step_memory(configured: str, plan: ProcessPlan, key: str) -> tuple[str, str]
 
 
 def step_memories(cfg: CtrConfig, plan: Optional[ProcessesPlan] = None) -> dict[str, tuple[str, str]]:
-    """Per ``cluster.steps`` field the plan sizes (evaluate, export): ``(memory quantity, where it comes from)``
+    """Per ``cluster.steps`` field the plan sizes (baseline, evaluate, export): ``(memory quantity, where it comes from)``
     (:func:`step_memory`) with the plan ``plan`` (default: :func:`compile_time_plan`)."""
     plan = plan or compile_time_plan(cfg)
     kinds = {process.kind for process in plan.processes}  # no baseline process where nothing fits one
