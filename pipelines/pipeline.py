@@ -46,9 +46,10 @@ from components.train.component import train
 PIPELINE_NAME = "ctr-ps-training"
 # Every task, in a topological order. convert-data runs inside the data-prep fan-out: a ParallelFor over the plan's
 # groups, the root DAG's PREP_LOOP; export-model inside the AUC gate, the root DAG's EXPORT_GATE.
-# fit-baseline needs only the dataset. A model that blends it in (model.blend_baseline, the default) trains after
-# it: the workers judge every checkpoint on the blended predictions. Without the blend (eval.baseline alone) it
-# runs beside the train step on Kubeflow.
+# fit-baseline needs only the dataset. A model that blends it in (model.blend_baseline, the default) needs it first
+# when its workers judge a checkpoint on the blended predictions: kfp.local, which runs one task at a time, fits it
+# before training; on Kubeflow it runs beside the train step and publishes its fit to the workers
+# (components.networks.baseline_handoff), and the evaluation waits for both.
 BASELINE_TASK = "fit-baseline"
 TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", BASELINE_TASK, "train", "evaluate-model",
          "export-model")
@@ -62,6 +63,9 @@ DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOO
                 "train": ("resolve-config", "merge-data", BASELINE_TASK),  # model.blend_baseline, the default
                 "evaluate-model": ("resolve-config", "merge-data", BASELINE_TASK, "train"),
                 EXPORT_GATE: ("resolve-config", "merge-data", "train", "evaluate-model")}
+# On Kubeflow fit-baseline takes the run's checkpoint store, where it publishes its fit, and trains beside it.
+KUBEFLOW_DEPENDENCIES = {**DEPENDENCIES, BASELINE_TASK: ("resolve-config", "merge-data"),
+                         "train": ("resolve-config", "merge-data")}
 # On Kubeflow the root DAG holds EXIT_HANDLER, the group of every task above, and EXIT_TASK, which runs once that
 # group ended however it ended (succeeded, failed, cancelled) and deletes the PS job objects the run left
 # (components.train.backends.kubernetes.cleanup): a launcher killed outright, or cancelled before it could delete
@@ -155,13 +159,17 @@ def ctr_pipeline(cfg: CtrConfig):
             prep = merge_data(groups=planned.output, parts=dsl.Collected(converted.outputs["parts"]))
             if is_daily(cfg.data.uri):  # a day's drift check reads the checkpoint store, which changes between runs
                 prep.set_caching_options(False)
-            # The baseline reads the dataset alone: cached per dataset. A model that blends it in
-            # (model.blend_baseline) trains after it; otherwise, on Kubeflow, it is fitted while the job trains.
+            # The baseline reads the dataset alone: cached per dataset (and store, on Kubeflow). A model that blends
+            # it in (model.blend_baseline) trains after it on kfp.local; on Kubeflow it is fitted while the job
+            # trains, and handed to its workers through the checkpoint store.
+            beside = on_kubeflow and cfg.model.blend_baseline
             baseline = (fit_baseline(dataset=prep.outputs["dataset"], rows=cfg.eval.baseline_rows,
-                                     features=cfg.eval.baseline_features)
+                                     features=cfg.eval.baseline_features,
+                                     **({"handoff_store": resolved.outputs["checkpoint_uri"]} if beside else {}))
                         if cfg.eval.baseline or cfg.model.blend_baseline else None)
-            fit = train(config=effective, dataset=prep.outputs["dataset"],
-                        **({"baseline": baseline.outputs["baseline"]} if cfg.model.blend_baseline else {}))
+            handed = ({"baseline_beside": True} if beside else
+                      {"baseline": baseline.outputs["baseline"]} if cfg.model.blend_baseline else {})
+            fit = train(config=effective, dataset=prep.outputs["dataset"], **handed)
             # The checkpoint lives outside the artifact store (checkpoint.uri): a cached step would only point at it.
             fit.set_caching_options(False)
             scored = evaluate_model(config=effective, dataset=prep.outputs["dataset"],

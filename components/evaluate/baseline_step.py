@@ -3,8 +3,10 @@
 The hashed logistic regression (:mod:`components.evaluate.baseline`) needs the data, not the model: ``fit-baseline``
 fits it from the dataset's first ``eval.baseline_rows`` train rows (its L2 chosen on as many validation rows) and
 writes it into a directory (:class:`components.networks.models.FittedBaseline`); the train step blends it into the
-delivered model and the evaluate step scores the test split with it. It runs before the train step; the step cache
-(KFP's, and kfp.local's) serves it again to every run of the same dataset (a sweep over training keys, a rerun).
+delivered model and the evaluate step scores the test split with it. The step cache (KFP's, and kfp.local's) serves
+it again to every run of the same dataset (a sweep over training keys, a rerun). Locally it runs before the train
+step; on Kubeflow beside it, and publishes its fit to the running job too
+(:mod:`components.networks.baseline_handoff`).
 """
 
 from __future__ import annotations
@@ -16,14 +18,31 @@ from typing import Any
 
 from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components.evaluate.baseline import HashedLogisticRegression, Split
+from components.networks import baseline_handoff
 from components.networks.models import FittedBaseline
 
 FIT_FILE = "baseline.json"
 
 
-def fit_baseline(data_dir: str | os.PathLike, rows: int, features: int, out_dir: str | os.PathLike) -> dict[str, Any]:
+def fit_baseline(data_dir: str | os.PathLike, rows: int, features: int, out_dir: str | os.PathLike,
+                 handoff: str = "") -> dict[str, Any]:
     """Fit the baseline on ``data_dir`` and write it into ``out_dir``; returns what it was fitted with
-    (``baseline_rows``, ``baseline_l2``, ``baseline_l2_chosen_by``, ``baseline_features``)."""
+    (``baseline_rows``, ``baseline_l2``, ``baseline_l2_chosen_by``, ``baseline_features``). ``handoff``: where a
+    job training beside this step waits for it (:func:`components.networks.baseline_handoff.handoff_uri`), which
+    is told of a failure too."""
+    if not handoff:
+        return _fit(data_dir, rows, features, out_dir)
+    baseline_handoff.clear_failure(handoff)
+    try:
+        fit = _fit(data_dir, rows, features, out_dir)
+    except Exception as err:
+        baseline_handoff.publish_failure(handoff, f"{type(err).__name__}: {err}")
+        raise
+    baseline_handoff.publish(out_dir, handoff)
+    return fit
+
+
+def _fit(data_dir: str | os.PathLike, rows: int, features: int, out_dir: str | os.PathLike) -> dict[str, Any]:
     stats = json.loads((Path(data_dir) / "stats.json").read_text())
     schema = Schema.from_dict(stats["schema"])
     train = _first_rows(data_dir, stats, schema, "train", rows)

@@ -50,7 +50,8 @@ class Checkpointer:
     def __init__(self, cfg: CtrConfig, job: JobSpec, stats: dict, fleet: Any, paddle: Any, exe: Any, scope: Any,
                  place: Any, heartbeat: Heartbeat, barrier: Callable[[], None],
                  all_reduce: Callable[[np.ndarray, str], np.ndarray], validator: Optional[Validator],
-                 aged: bool = False, baseline: Optional[dict] = None, restored_baseline: Optional[dict] = None):
+                 aged: bool = False, baseline: Callable[[], Optional[dict]] = lambda: None,
+                 restored_baseline: Optional[dict] = None):
         self.cfg, self.job, self.stats, self.fleet, self.paddle = cfg, job, stats, fleet, paddle
         self.exe, self.scope, self.place, self.heartbeat = exe, scope, place, heartbeat
         self.barrier, self.all_reduce, self.validator = barrier, all_reduce, validator
@@ -59,17 +60,30 @@ class Checkpointer:
         self.store = CheckpointStore(cfg.checkpoint.uri, retries=protocol.JOB_STORE_RETRIES)
         self.schema = Schema.from_dict(stats["schema"])
         self.main = paddle.static.default_main_program()
-        # baseline: the parameters of the baseline a model that blends it in scores with (model.blend_baseline);
-        # restored_baseline: the one the checkpoint the job starts from blended in (its day's scoring uses it).
-        self.baseline, self.restored_baseline = baseline, restored_baseline
-        self.scorer = PullScorer(cfg, self.schema, self.main, scope, place, paddle, job.plan.negative_sample_rate,
-                                 baseline)
+        # baseline: what gives the parameters of the baseline a model that blends it in scores with
+        # (model.blend_baseline), asked once, at the first checkpoint (one fitted beside the job may arrive only
+        # then); restored_baseline: the one the checkpoint the job starts from blended in (its day's scoring).
+        self._awaited: Optional[Callable[[], Optional[dict]]] = baseline
+        self._baseline: Optional[dict] = None
+        self.restored_baseline = restored_baseline
+        self.scorer = PullScorer(cfg, self.schema, self.main, scope, place, paddle, job.plan.negative_sample_rate)
         # A day's job ages and shrinks the table once (a mid-day resume: its day has been aged already); any other
         # job at every checkpoint.
         self.day = day_of(cfg)
         self.aged = aged
         # The per-group metrics of the evaluation need each test row's prediction, not only their counts.
         self.saves_test_rows = bool(cfg.eval.group_by or cfg.eval.slices)
+
+    @property
+    def baseline(self) -> Optional[dict]:
+        """The baseline's parameters, waited for on first use (the heartbeat says this worker waits)."""
+        if self._awaited is not None:
+            with self.heartbeat.waiting():
+                self._baseline = self._awaited()
+            self._awaited = None
+            if self._baseline:
+                self.scorer.set_baseline(self._baseline)
+        return self._baseline
 
     def score_day(self, day: str, source: CheckpointStore, restored: str, train_shards: list[str]) -> None:
         """Every worker scores its train shards and its share of the validation and test splits with the restored
@@ -80,15 +94,15 @@ class Checkpointer:
         shards = [str(Path(s).relative_to(self.job.data_dir)) for s in train_shards] + [
             rel for split in SCORED_SPLITS for rel in split_share(self.stats, split, self.index, self.count)]
         self.scorer.take_parameters()
-        if self.restored_baseline:  # yesterday's model with yesterday's regression: nothing fitted on this day
+        # Yesterday's model with yesterday's regression: nothing fitted on this day (the day's own is set when it is
+        # first asked for, at the first checkpoint).
+        if self.restored_baseline:
             self.scorer.set_baseline(self.restored_baseline)
         parts = []  # the counts of each shard only: its rows' predictions go as soon as it is scored
         for rel in shards:
             raw, calibrated, _, _ = self.scorer.score(Path(self.job.data_dir), [rel], calibration)
             parts.append(calibrated if calibration else raw)
         counts = ScoreCounts.merge(parts)
-        if self.restored_baseline:
-            self.scorer.set_baseline(self.baseline or {})
         round_key = f"day-{day}"
         protocol.upload_scores(self.store, round_key, DAY_SPLIT, self.index, counts, self.workdir)
         self.barrier()
@@ -107,6 +121,7 @@ class Checkpointer:
         inside it after ``chunk`` of its ``chunks_in_pass`` chunks. Returns worker 0's verdict (None on the
         others, or without validation)."""
         fleet, cfg = self.fleet, self.cfg
+        baseline = self.baseline  # before the round: a baseline fitted beside the job may keep every worker waiting
         # The round's name on every worker (checkpoint ids carry worker 0's clock): the servers' staging path and
         # the workers' scores in the store.
         round_key = f"pass-{epoch:04d}-{chunk:05d}"
@@ -153,7 +168,7 @@ class Checkpointer:
         self.scorer.take_parameters()
         # The test split is scored after the calibration is fitted, by a program that applies it as the served one
         # does: the evaluation's calibrated metrics come from the same float32 arithmetic.
-        if self.baseline:
+        if baseline:
             calibration, verdict = self._blended_validation(round_key, ckpt_id, local)
         else:
             verdict = self._score_validation(round_key, ckpt_id, local)

@@ -172,7 +172,9 @@ class JobSpec:
     string on every machine); ``restore``: what the job starts from; ``run_id``: the run, recorded in every
     checkpoint it commits (a restarted job resumes only its own run's checkpoints); ``baseline``: the fitted
     baseline's directory (a local path or a remote fsspec URL) a model that blends it in (``model.blend_baseline``)
-    scores with, when the checkpoint it starts from holds none.
+    scores with, when the checkpoint it starts from holds none; ``baseline_beside``: it is fitted beside the job
+    (on Kubeflow) and published at the URL ``baseline`` later: a worker waits for it when it first needs it
+    (:mod:`components.networks.baseline_handoff`).
     """
 
     config: dict
@@ -183,11 +185,13 @@ class JobSpec:
     restore: Optional[RestoreTarget] = None
     run_id: str = ""
     baseline: str = ""
+    baseline_beside: bool = False
 
     def to_json(self) -> str:
         return json.dumps({"config": self.config, "plan": self.plan.to_dict(), "data_dir": self.data_dir,
                            "workdir": self.workdir, "staging_dir": self.staging_dir, "run_id": self.run_id,
-                           "baseline": self.baseline, "restore": self.restore.to_dict() if self.restore else None},
+                           "baseline": self.baseline, "restore": self.restore.to_dict() if self.restore else None,
+                           **({"baseline_beside": True} if self.baseline_beside else {})},
                           sort_keys=True)
 
     @classmethod
@@ -197,7 +201,7 @@ class JobSpec:
         return cls(config=raw["config"], plan=JobPlan.from_dict(raw["plan"]), data_dir=raw["data_dir"],
                    workdir=raw["workdir"], staging_dir=raw["staging_dir"],
                    restore=RestoreTarget.from_dict(restore) if restore else None, run_id=raw.get("run_id", ""),
-                   baseline=raw.get("baseline", ""))
+                   baseline=raw.get("baseline", ""), baseline_beside=raw.get("baseline_beside", False))
 
     @classmethod
     def load(cls, path: Optional[str]) -> "JobSpec":

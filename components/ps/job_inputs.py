@@ -45,7 +45,8 @@ def load_job(job_path: Optional[str]) -> tuple[JobSpec, CtrConfig]:
     if "://" in data_dir:
         data_dir = str(fetch_dataset(data_dir, Path(job.workdir) / "data"))
     baseline = job.baseline
-    if "://" in baseline and os.environ.get("TRAINING_ROLE") == "TRAINER":
+    # A baseline fitted beside the job is fetched when it is published (role.Worker._baseline).
+    if "://" in baseline and os.environ.get("TRAINING_ROLE") == "TRAINER" and not job.baseline_beside:
         baseline = str(fetch_baseline(baseline, Path(job.workdir) / "baseline"))
     attempt = int(os.environ.get(RESTART_ENV) or 0)
     run_id = os.environ.get(RUN_ID_ENV) or job.run_id

@@ -22,7 +22,7 @@ import numpy as np
 from components.config import CtrConfig, Mode
 from components.data_prep.multislot import Schema, read_shards
 from components.metrics import ScoreCounts
-from components.networks.models import EMBEDDING_TABLE, baseline_features
+from components.networks.models import BASELINE_PARAMETERS, EMBEDDING_TABLE, baseline_features
 from components.networks.scoring import network_program, predict_batches
 
 # Operators that send anything to the servers or change a table: a scoring program holds none.
@@ -50,7 +50,7 @@ class PullScorer:
     """One worker's scorer: :meth:`score` its share of a split with the parameters :meth:`take_parameters` copied."""
 
     def __init__(self, cfg: CtrConfig, schema: Schema, train_main: Any, train_scope: Any, place: Any, paddle: Any,
-                 negative_sample_rate: float, baseline: Optional[dict] = None):
+                 negative_sample_rate: float):
         """``negative_sample_rate``: the rate the job's data was prepared with (its plan's), which the predictions
         are corrected for."""
         self.cfg, self.schema, self.paddle, self.place = cfg, schema, paddle, place
@@ -76,9 +76,6 @@ class PullScorer:
         self.scope = paddle.static.Scope()
         if not self.geo:
             self.scope.var(EMBEDDING_TABLE).get_tensor().set(np.zeros((1, dim), np.float32), place)
-        # The baseline a model that blends it in scores with (model.blend_baseline): trained by nobody.
-        self.baseline: dict = {}
-        self.set_baseline(baseline or {})
 
     def program(self, calibration: Optional[dict] = None):
         """The scoring network: its probability corrected for the negative sample rate, then (with
@@ -97,13 +94,13 @@ class PullScorer:
         """Copy the parameters from the training scope (after ``fleet.save_dense_params`` the dense ones are the
         servers': the checkpoint's); once per checkpoint, before :meth:`score`."""
         for param in self.raw.main.all_parameters():
-            if (self.geo or param.name != EMBEDDING_TABLE) and param.name not in self.baseline:
+            if (self.geo or param.name != EMBEDDING_TABLE) and param.name not in BASELINE_PARAMETERS:
                 value = np.array(self.train_scope.find_var(param.name).get_tensor())
                 self.scope.var(param.name).get_tensor().set(value, self.place)
 
     def set_baseline(self, values: dict) -> None:
-        """Score with the baseline of ``values`` (its parameters by name) from now on."""
-        self.baseline = values
+        """Score with the baseline of ``values`` (its parameters by name) from now on: the one a model that blends
+        it in (model.blend_baseline) scores with, trained by nobody (:meth:`take_parameters` leaves it)."""
         for name, value in values.items():
             self.scope.var(name).get_tensor().set(value, self.place)
 

@@ -25,7 +25,7 @@ import time
 import traceback
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -36,6 +36,7 @@ from components.checkpoint.store import CheckpointStore, StoreRefused
 from components.config import ConfigError, CtrConfig, Mode
 from components.data_prep.multislot import Schema
 from components.networks import models
+from components.networks.baseline_handoff import FAILED_GRACE_S, BaselineUnavailable, wait_for_baseline
 from components.ps.checkpointing import Checkpointer
 from components.days import day_of
 from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX,
@@ -211,18 +212,24 @@ class Worker:
         self._chunk_files[batches] = files
         return files
 
-    def _baseline(self, kept: dict) -> Optional[dict]:
-        """The baseline's parameters a model that blends it in (``model.blend_baseline``) scores with: the job's fit
-        (a day's job: the day's own regression, while the network continues from yesterday's), else ``kept``, those
-        of the checkpoint it starts from."""
+    def _baseline(self, kept: dict) -> Callable[[], Optional[dict]]:
+        """What gives the baseline's parameters a model that blends it in (``model.blend_baseline``) scores with:
+        the job's fit (a day's job: the day's own regression, while the network continues from yesterday's), else
+        ``kept``, those of the checkpoint it starts from. A fit published beside the job (``baseline_beside``) is
+        waited for when it is asked for."""
         if not models.baseline_features(self.cfg):
-            return None
+            return lambda: None
+        if self.job.baseline_beside:
+            grace = FAILED_GRACE_S if self.cfg.cluster.step_retries else 0.0  # a retry may yet publish it
+            return lambda: models.baseline_values(str(wait_for_baseline(self.job.baseline, self.workdir / "baseline",
+                                                                        grace)))
         if self.job.baseline:
-            return models.baseline_values(self.job.baseline)
+            values = models.baseline_values(self.job.baseline)
+            return lambda: values
         if not kept:
             raise ConfigError("model.blend_baseline", True, "false for a job given no fitted baseline",
                               "the train step fits it (or takes the pipeline's fit-baseline step's)")
-        return kept
+        return lambda: kept
 
     def train(self) -> list[dict]:
         fleet = self.fleet
@@ -439,6 +446,10 @@ if __name__ == "__main__":
     except ConfigError as err:
         print(f"configuration error: {err}", file=sys.stderr, flush=True)
         sys.exit(CONFIG_ERROR_EXIT)
+    except BaselineUnavailable as err:  # no restart brings it: the job fails as on a configuration error
+        print(f"baseline unavailable: {err}", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(CONFIG_ERROR_EXIT)  # not sys.exit: the worker's client is running (below)
     except StoreRefused as err:
         print(f"{STORE_REFUSED_PREFIX}{err}", flush=True)
         sys.stderr.flush()

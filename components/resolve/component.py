@@ -11,10 +11,10 @@ from components.config import DEFAULT_IMAGE
 @dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
 def resolve_config(config: dict, data_uri: str, epochs: int, learning_rate: float, table_learning_rate: float,
                    batch_size: int, checkpoint_uri: str, resume: str, day: str, schedule_time: str = ""
-                   ) -> NamedTuple("Resolved", [("config", dict), ("train", bool)]):
-    """The compiled-in config with this run's parameters applied, validated: what every later step uses; and whether
-    the run trains (false: its day is trained already). ``schedule_time``: the run's scheduled time (KFP's
-    placeholder), from which a daily run without a ``day`` takes its day."""
+                   ) -> NamedTuple("Resolved", [("config", dict), ("train", bool), ("checkpoint_uri", str)]):
+    """The compiled-in config with this run's parameters applied, validated: what every later step uses; whether
+    the run trains (false: its day is trained already); its checkpoint store. ``schedule_time``: the run's scheduled
+    time (KFP's placeholder), from which a daily run without a ``day`` takes its day."""
     from components.resolve.step import effective_config
 
     return effective_config(config, schedule_time=schedule_time, data_uri=data_uri, epochs=epochs,

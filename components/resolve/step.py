@@ -223,11 +223,13 @@ def trained_day(cfg: CtrConfig) -> Optional[dict]:
 
 
 class ResolvedRun(NamedTuple):
-    """The resolve step's outputs: the effective config, and whether the run trains (false: its day is trained
-    already, and there is nothing to do)."""
+    """The resolve step's outputs: the effective config, whether the run trains (false: its day is trained
+    already, and there is nothing to do), and its checkpoint store's URI (where, on Kubeflow, fit-baseline hands its
+    fit to the job training beside it, without taking the whole config and so losing its cache per dataset)."""
 
     config: dict
     train: bool
+    checkpoint_uri: str
 
 
 def effective_config(config: Any, schedule_time: str = "", **run_parameters: Any) -> ResolvedRun:
@@ -250,4 +252,4 @@ def effective_config(config: Any, schedule_time: str = "", **run_parameters: Any
     if trained is not None:
         print(f"day '{cfg.data.day}' is trained already (checkpoint {trained.get('checkpoint')}): nothing to do",
               flush=True)
-    return ResolvedRun(resolved, trained is None)
+    return ResolvedRun(resolved, trained is None, cfg.checkpoint.uri)

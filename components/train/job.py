@@ -102,11 +102,13 @@ class PreparedJob:
     plan: JobPlan
     run_id: str = field(default_factory=new_run_id)
     baseline: str = ""  # where the roles read the fitted baseline (model.blend_baseline): a path or a URL
+    baseline_beside: bool = False  # fitted beside the job: the roles wait for it at ``baseline``
 
     def spec(self, data_dir: str, workdir: str, staging_dir: str) -> JobSpec:
         """The spec every role of this job gets (see :class:`components.ps.contract.JobSpec`)."""
         return JobSpec(config=to_dict(self.cfg), plan=self.plan, data_dir=data_dir, workdir=workdir,
-                       staging_dir=staging_dir, restore=self.restore, run_id=self.run_id, baseline=self.baseline)
+                       staging_dir=staging_dir, restore=self.restore, run_id=self.run_id, baseline=self.baseline,
+                       baseline_beside=self.baseline_beside)
 
     def lines(self) -> list[str]:
         """What the job starts from and its memory plan, as lines to print before it starts."""

@@ -23,6 +23,7 @@ from components.checkpoint.verify import checkpoint_problem, describe_skipped
 from components.config import ClusterBackend, CtrConfig, from_dict
 from components.config_rules import is_remote_uri
 from components.days import day_of
+from components.networks.baseline_handoff import handoff_uri
 from components.ps.liveness import driver_from_env, stop_when_gone
 from components.train.backends.base import JobBackend, StepInputs
 from components.train.job import JobResult, prepare_job
@@ -59,13 +60,24 @@ BACKENDS: dict[ClusterBackend, Callable[[], type[JobBackend]]] = {
 @dataclass(frozen=True)
 class Baseline:
     """The fitted baseline (:mod:`components.evaluate.baseline_step`): its directory on this machine and, when
-    stored remotely (the fit-baseline step's ``Model`` artifact), its URL."""
+    stored remotely (the fit-baseline step's ``Model`` artifact), its URL. ``beside``: fitted beside the job (on
+    Kubeflow) and published at ``uri`` while it trains, where the roles wait for it (:meth:`fitted_beside`)."""
 
     path: str
     uri: Optional[str] = None
+    beside: bool = False
+
+    @classmethod
+    def fitted_beside(cls, cfg: CtrConfig, data_uri: str) -> "Baseline":
+        """The baseline the fit-baseline step running beside the job publishes for the dataset at ``data_uri``."""
+        uri = handoff_uri(cfg.checkpoint.uri, data_uri, cfg.eval.baseline_rows, cfg.eval.baseline_features)
+        return cls("", uri, beside=True)
 
     def for_roles(self, backend: ClusterBackend) -> str:
-        """Where the roles of ``backend`` read it: local processes here, pods at its URL."""
+        """Where the roles of ``backend`` read it: local processes here, pods at its URL; the roles of a job it is
+        fitted beside, where it is published."""
+        if self.beside:
+            return self.uri
         if backend is ClusterBackend.local:
             return self.path
         from components.train.backends.manifests import pod_data_uri
@@ -121,7 +133,8 @@ def _launch(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[[str],
     with StoreLease(store, run_id) as lease:
         job = prepare_job(cfg, stats, run_id, store)
         if cfg.model.blend_baseline and baseline is not None:
-            job = dataclasses.replace(job, baseline=baseline.for_roles(cfg.cluster.backend))
+            job = dataclasses.replace(job, baseline=baseline.for_roles(cfg.cluster.backend),
+                                      baseline_beside=baseline.beside)
         inputs = StepInputs(data_dir=Path(data_dir), data_uri=data_uri, log_dir=Path(log_dir), echo=echo, lease=lease)
         return BACKENDS[cfg.cluster.backend]().for_step(job, inputs).run()
 
@@ -226,15 +239,18 @@ def server_report(result: JobResult) -> list[str]:
 
 def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
                 echo: Callable[[str], None] = echo_now, data_uri: Optional[str] = None,
-                baseline: Optional[Baseline] = None) -> dict:
+                baseline: Optional[Baseline] = None, baseline_beside: bool = False) -> dict:
     """Run the PS job of ``config`` on ``data_dir`` (stored at ``data_uri``: the Kubernetes backends need it);
-    returns the summary for the Model artifact.
+    returns the summary for the Model artifact. ``baseline_beside``: the baseline is fitted beside this step
+    (:meth:`Baseline.fitted_beside`).
 
     The checkpoint goes to ``checkpoint.uri``; the pointer file to ``pointer_path``; the logs to
     ``log_dir`` (the launcher's per-role scratch directories are dropped from it after a successful job).
     """
     cfg = from_dict(config)
     store = CheckpointStore(cfg.checkpoint.uri)  # opened once for the step: the job, its summary, the day's ledger
+    if baseline_beside:
+        baseline = Baseline.fitted_beside(cfg, data_uri)
     result = launch_ps_job(cfg, Path(data_dir), Path(log_dir), echo=echo, data_uri=data_uri, store=store,
                            baseline=baseline)
     shutil.rmtree(Path(log_dir) / "work", ignore_errors=True)  # kept on failure, for debugging

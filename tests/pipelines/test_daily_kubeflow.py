@@ -70,7 +70,8 @@ def test_compiled_daily_pipeline_gates_its_steps_on_the_day_and_matches_golden(t
     assert json_format.MessageToDict(resolve["config"].runtime_value.constant) == config_struct(compiled_config(cfg))
     outputs = spec.components["comp-resolve-config"].output_definitions.parameters
     assert {name: p.parameter_type for name, p in outputs.items()} == {
-        "config": pipeline_spec_pb2.ParameterType.STRUCT, "train": pipeline_spec_pb2.ParameterType.BOOLEAN}
+        "config": pipeline_spec_pb2.ParameterType.STRUCT, "train": pipeline_spec_pb2.ParameterType.BOOLEAN,
+        "checkpoint_uri": pipeline_spec_pb2.ParameterType.STRING}
     # KFP allows no pipeline outputs from inside a condition.
     assert not spec.root.output_definitions.artifacts and not spec.root.output_definitions.parameters
 

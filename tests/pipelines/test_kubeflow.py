@@ -39,8 +39,9 @@ from pipelines.ctr import run
 from pipelines.errors import ExitStatus
 from pipelines.kubeflow import RunError, SubmitError
 from components.train.backends import manifests
-from pipelines.pipeline import (EXIT_HANDLER, EXIT_HANDLER_NAME, EXIT_TASK, LAUNCHER_POD_FIELDS, LAUNCHER_TASKS,
-                                RETRIED_TASKS, TASKS, compile_pipeline, compiled_config, display_names)
+from pipelines.pipeline import (BASELINE_TASK, EXIT_HANDLER, EXIT_HANDLER_NAME, EXIT_TASK, KUBEFLOW_DEPENDENCIES,
+                                LAUNCHER_POD_FIELDS, LAUNCHER_TASKS, RETRIED_TASKS, TASKS, compile_pipeline,
+                                compiled_config, display_names)
 from tests.conftest import FAKE_KEY_ID, FAKE_SECRET, compose_config, needs_schemas
 from tests.pipelines.spec import pipeline_tasks
 from tests.train.backends.kube_controllers import training_runtime_errors, trainjob_jobset
@@ -98,6 +99,15 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
     assert list(exit_task.dependent_tasks) == [EXIT_HANDLER]
     assert exit_task.trigger_policy.strategy == exit_task.trigger_policy.TriggerStrategy.ALL_UPSTREAM_TASKS_COMPLETED
     assert not exit_task.caching_options.enable_cache  # a cached clean-up would delete nothing
+    # fit-baseline runs beside the train step, which the model that blends it in waits for at its first checkpoint:
+    # the fit is handed over through the run's checkpoint store (components.networks.baseline_handoff).
+    handler = spec.components[spec.root.dag.tasks[EXIT_HANDLER].component_ref.name].dag.tasks
+    for name in (BASELINE_TASK, "train", "evaluate-model"):
+        assert set(handler[name].dependent_tasks) == set(KUBEFLOW_DEPENDENCIES[name]), name
+    train_inputs, fit_inputs = handler["train"].inputs, handler[BASELINE_TASK].inputs
+    assert "baseline" not in train_inputs.artifacts and train_inputs.parameters["baseline_beside"].runtime_value.constant.bool_value
+    store = fit_inputs.parameters["handoff_store"].task_output_parameter
+    assert (store.producer_task, store.output_parameter_key) == ("resolve-config", "checkpoint_uri")
     cluster = exit_task.inputs.parameters["cluster"].runtime_value.constant
     assert json_format.MessageToDict(cluster) == config_struct(compiled_config(cfg))["cluster"]
     # KFP allows no pipeline outputs from inside an exit handler: the driver reads the run's metrics from the store.

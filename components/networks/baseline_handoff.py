@@ -1,0 +1,106 @@
+"""The fitted baseline handed to a job that is already training: on Kubeflow, fit-baseline runs beside the train step.
+
+A model that blends the baseline in (``model.blend_baseline``) trains without it: its workers need it first when
+they judge a checkpoint on the blended predictions. So on Kubeflow the train step starts as soon as the dataset is
+prepared, and fit-baseline, running beside it, publishes its fit where both find it without passing anything to each
+other: under the checkpoint store, at a name made of the dataset artifact's URI and the fit's settings
+(:func:`handoff_uri`). A worker waits for it there when it first needs it (:func:`wait_for_baseline`).
+
+The name follows the step cache: KFP serves a cached fit-baseline only for the same dataset artifact and settings,
+and then the hand-off its first run published is still there. The baseline file is published before the
+:data:`READY_FILE` that names its digest, so a reader sees the whole file or waits. A fit that fails publishes its
+error (:data:`FAILED_FILE`); its retry clears it when it starts, so where the step is retried a worker gives up only
+when no retry has cleared it within :data:`FAILED_GRACE_S`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+from typing import Callable
+
+from components.networks.models import BASELINE_FILE
+from components.storage import Storage
+
+HANDOFF_DIR = "baselines"  # under the checkpoint store
+READY_FILE, FAILED_FILE = "READY.json", "FAILED.json"
+# How long a worker waits for the baseline: the fit of eval.baseline_rows rows takes ~40 s at 800k rows here.
+HANDOFF_WAIT_S = 3600.0
+# How long a published failure stands before a worker gives up where the step is retried (cluster.step_retries):
+# KFP retries it after 60 s, then 120 s, ...
+FAILED_GRACE_S = 300.0
+POLL_S = 2.0
+
+_sleep = time.sleep  # tests patch it
+
+
+class BaselineUnavailable(RuntimeError):
+    """The baseline fitted beside the job did not arrive: its step failed, or nothing published it in time."""
+
+
+def handoff_uri(store_uri: str, dataset_uri: str, rows: int, features: int) -> str:
+    """Where fit-baseline publishes its fit of the dataset at ``dataset_uri`` for a job whose checkpoints go to
+    ``store_uri``: the same for the step and the job, and for a cached step and the run that first fitted it."""
+    key = hashlib.sha256(json.dumps([dataset_uri, rows, features]).encode()).hexdigest()[:20]
+    return f"{store_uri.rstrip('/')}/{HANDOFF_DIR}/{key}"
+
+
+def clear_failure(uri: str) -> None:
+    """A fit starting again (the step's retry) withdraws the failure an earlier try published."""
+    Storage(uri).remove(FAILED_FILE)
+
+
+def publish(baseline_dir: str | Path, uri: str) -> None:
+    """Publish the fit in ``baseline_dir`` at ``uri``: the file, then the marker naming its digest."""
+    store = Storage(uri)
+    sent = store.send_file(Path(baseline_dir) / BASELINE_FILE, None, BASELINE_FILE)
+    store.write_json(None, READY_FILE, {"file": BASELINE_FILE, **sent})
+    store.remove(FAILED_FILE)
+
+
+def publish_failure(uri: str, error: str) -> None:
+    """Tell the waiting workers the fit failed, and why (one line)."""
+    Storage(uri).write_json(None, FAILED_FILE, {"error": error})
+
+
+def wait_for_baseline(uri: str, local: Path, failed_grace_s: float, timeout_s: float = HANDOFF_WAIT_S,
+                      poll_s: float = POLL_S, say: Callable[[str], None] = print) -> Path:
+    """The directory ``local`` holding the baseline published at ``uri``, once it is there and its digest checks;
+    raises :class:`BaselineUnavailable` after ``timeout_s``, or ``failed_grace_s`` after a published failure that no
+    retry withdrew (0 where the step is not retried)."""
+    store = Storage(uri)
+    started = time.monotonic()
+    failed_since = None
+    said = False
+    while True:
+        ready = store.read_json(None, READY_FILE)
+        if ready is not None:
+            return _fetch(store, ready, local)
+        failed = store.read_json(None, FAILED_FILE)
+        now = time.monotonic()
+        failed_since = (failed_since or now) if failed is not None else None
+        if failed_since is not None and now - failed_since >= failed_grace_s:
+            raise BaselineUnavailable(f"the fit-baseline step beside this job failed: {failed.get('error')} "
+                                      f"(published at {store.display_uri}); fix it and run the pipeline again")
+        if now - started >= timeout_s:
+            raise BaselineUnavailable(
+                f"no baseline at {store.display_uri} after {timeout_s:.0f}s: the fit-baseline step beside this job "
+                "did not publish it (it failed without a word, or its cached result's hand-off was deleted: run the "
+                "pipeline again with caching off), or set model.blend_baseline=false")
+        if not said:
+            say(f"waiting for the baseline fitted beside this job at {store.display_uri}")
+            said = True
+        _sleep(poll_s)
+
+
+def _fetch(store: Storage, ready: dict, local: Path) -> Path:
+    local.mkdir(parents=True, exist_ok=True)
+    target = local / BASELINE_FILE
+    store.get_file(BASELINE_FILE, target)
+    data = target.read_bytes()
+    if len(data) != ready.get("size") or hashlib.sha256(data).hexdigest() != ready.get("sha256"):
+        raise BaselineUnavailable(f"{store.url(None, BASELINE_FILE)} is not the file its {READY_FILE} names "
+                                  f"({len(data):,} bytes; {ready.get('size')} published): altered since")
+    return local
