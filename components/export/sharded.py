@@ -18,8 +18,8 @@ A version directory (:mod:`components.export.store` names and publishes it)::
 shard: its files, ``written``, ``removed``, ``total``), ``source_checkpoint`` (uri and id or path, its MANIFEST.json
 sha256), ``transform`` (the transform's description, or None), and ``files`` (every other file's size and sha256).
 
-Memory: one table shard (the checkpoint's, and for a delta its parent's rebuilt) at a time, plus the dense
-parameters; the checkpoint's shard files are fetched and dropped one by one.
+Memory: one table shard (the checkpoint's, and for a delta its parent's rebuilt) at a time and the next one being
+read, plus the dense parameters; the checkpoint's shard files are fetched and dropped one by one.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A committed checkpoint's sparse table, one shard at a time: what the serving export converts.
+"""A committed checkpoint's sparse table, one shard at a time (the next read meanwhile): what the serving export
+converts.
 
 The rows come from the servers' own shard files (``tables/NNN/part-SSS-XXXXX``, one per table shard, in the
 directory ``model.json["sparse_table"]`` names) or, for geo and SSD checkpoints, whose servers cannot save, from
@@ -14,6 +15,7 @@ import json
 import os
 import re
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional
@@ -86,15 +88,25 @@ class CheckpointTable:
         if sorted(files) != list(range(self.shard_num)):
             raise ckpt_io.CheckpointError(f"{self.root}: {table_dir} holds files for shards {sorted(files)}, "
                                           f"model.json says shard_num {self.shard_num}")
-        for index in range(self.shard_num):
-            with self._local(files[index]) as path:
-                ids, rows = read_sparse_shard(path, self.config.rule, self.embedding_dim)
-            misplaced = ids % np.uint64(self.shard_num) != np.uint64(index)
-            if misplaced.any():
-                raise ckpt_io.CheckpointError(f"{path} (shard {index} of {self.shard_num}) holds id "
-                                              f"{ids[misplaced][0]}, which belongs to shard "
-                                              f"{ids[misplaced][0] % np.uint64(self.shard_num)}")
-            yield TableShard(index, ids, rows)
+        # The next shard is read while the caller writes this one: the parse (NumPy and Arrow, without the GIL)
+        # overlaps the writing, for one more shard's rows in memory.
+        with ThreadPoolExecutor(1) as pool:
+            ahead = pool.submit(self._saved_shard, 0, files[0])
+            for index in range(self.shard_num):
+                shard = ahead.result()
+                if index + 1 < self.shard_num:
+                    ahead = pool.submit(self._saved_shard, index + 1, files[index + 1])
+                yield shard
+
+    def _saved_shard(self, index: int, rel: str) -> TableShard:
+        with self._local(rel) as path:
+            ids, rows = read_sparse_shard(path, self.config.rule, self.embedding_dim)
+        misplaced = ids % np.uint64(self.shard_num) != np.uint64(index)
+        if misplaced.any():
+            raise ckpt_io.CheckpointError(f"{path} (shard {index} of {self.shard_num}) holds id "
+                                          f"{ids[misplaced][0]}, which belongs to shard "
+                                          f"{ids[misplaced][0] % np.uint64(self.shard_num)}")
+        return TableShard(index, ids, rows)
 
     def _exported_shards(self) -> Iterator[TableShard]:
         path = self.root / ckpt_io.EXPORT / ckpt_io.EMBEDDING_FILE

@@ -359,8 +359,8 @@ def parsed_row_bytes(table: TableConfig) -> int:
 
 
 def export_process(cfg: CtrConfig, rows: int, shard_num: int) -> ProcessPlan:
-    """The export step: one table shard of ``shard_num`` at a time (``export.format=sharded``), or every row
-    (``single``)."""
+    """The export step: one table shard of ``shard_num`` written while the next is read (``export.format=sharded``),
+    or every row (``single``)."""
     parsed = parsed_row_bytes(cfg.table)
     parts = [Part(EXPORT_PROCESS_BYTES, "base"), Part(EXPORT_FIXED_BYTES, "the dense program and parse blocks")]
     if cfg.export.format is ExportFormat.single:
@@ -368,9 +368,10 @@ def export_process(cfg: CtrConfig, rows: int, shard_num: int) -> ProcessPlan:
                           f"the whole table ({rows:,} rows x {parsed} B parsed x {EXPORT_PARSE_FACTOR})"))
         return ProcessPlan("export", 1, tuple(parts), "the table's rows (export.format=single)")
     largest = math.ceil(rows / shard_num)  # hashed ids spread evenly over the shards
-    parts.append(Part(largest * parsed * EXPORT_PARSE_FACTOR,
-                      f"the largest shard ({rows:,} rows / shard_num {shard_num} = {largest:,} rows x {parsed} B "
-                      f"parsed x {EXPORT_PARSE_FACTOR})"))
+    parts += [Part(largest * parsed * EXPORT_PARSE_FACTOR,
+                   f"the largest shard ({rows:,} rows / shard_num {shard_num} = {largest:,} rows x {parsed} B "
+                   f"parsed x {EXPORT_PARSE_FACTOR})"),
+              Part(largest * parsed, f"the shard written while the next is read ({largest:,} rows x {parsed} B)")]
     return ProcessPlan("export", 1, tuple(parts), "the table's rows / table.shard_num")
 
 
