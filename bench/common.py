@@ -48,7 +48,7 @@ class PeakMemory:
     def __init__(self, pid: int, kind_of: Callable[[int], str] = lambda pid: "all", period_s: float = 0.2) -> None:
         self.pid, self.kind_of, self.period_s = pid, kind_of, period_s
         self.peaks: dict[str, int] = {}
-        self._kinds: dict[int, str] = {}
+        self._kinds: dict[int, tuple[bytes, str]] = {}  # pid -> (its command line, its kind)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -60,6 +60,19 @@ class PeakMemory:
         self._stop.set()
         self._thread.join()
 
+    def _kind(self, pid: int) -> str | None:
+        """The kind of ``pid``, classified again when its command line changed: a child seen between its fork and
+        its exec has its parent's (a worker counted as the step that started it, before 2026-12-06)."""
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                argv = cmdline.read()
+        except OSError:
+            return None  # it ended meanwhile
+        known = self._kinds.get(pid)
+        if known is None or known[0] != argv:
+            known = self._kinds[pid] = (argv, self.kind_of(pid))
+        return known[1]
+
     def _run(self) -> None:
         while True:
             for pid in descendants(self.pid):
@@ -68,7 +81,8 @@ class PeakMemory:
                         rss = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) * 1024
                 except (OSError, StopIteration):
                     continue  # it ended meanwhile
-                kind = self._kinds.get(pid) or self._kinds.setdefault(pid, self.kind_of(pid))
-                self.peaks[kind] = max(self.peaks.get(kind, 0), rss)
+                kind = self._kind(pid)
+                if kind is not None:
+                    self.peaks[kind] = max(self.peaks.get(kind, 0), rss)
             if self._stop.wait(self.period_s):
                 return

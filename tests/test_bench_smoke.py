@@ -128,3 +128,17 @@ def test_network_table_shows_the_median_of_the_rounds_and_ratios_of_medians():
     assert "(1 of 2 failed: exited 1)" in rows["100mbit", "sync"] and "| 0.67x |" in rows["100mbit", "sync"]
     assert "| failed |" in rows["none", "sync"]
     assert "no sch_netem" in table
+
+
+def test_peak_memory_counts_a_process_under_what_it_runs_after_exec():
+    """A child seen before its exec (its parent's command line) is counted, once it execs, under its new kind."""
+    import subprocess
+
+    common = _load("common")
+    grow = "x = bytearray(200 << 20); import time; time.sleep(1.5)"
+    child = subprocess.Popen([sys.executable, "-c", "import os, sys, time; time.sleep(0.8); "
+                              f"os.execv(sys.executable, [sys.executable, '-c', {grow!r}])"])
+    kind = lambda pid: "before exec" if b"execv" in Path(f"/proc/{pid}/cmdline").read_bytes() else "grown"  # noqa: E731
+    with common.PeakMemory(child.pid, kind_of=kind, period_s=0.05) as peaks:
+        child.wait()
+    assert peaks.peaks["grown"] >= 200 << 20 > peaks.peaks["before exec"]
