@@ -10,6 +10,7 @@ from components.networks import baseline_handoff
 from components.networks.baseline_handoff import (FAILED_FILE, READY_FILE, BaselineUnavailable, clear_failure,
                                                   handoff_uri, publish, publish_failure, wait_for_baseline)
 from components.networks.models import BASELINE_FILE, FittedBaseline
+from components.storage import Storage
 
 
 def _fitted(directory, seed=0):
@@ -123,3 +124,18 @@ def test_a_fit_published_by_another_thread_a_moment_later_is_taken(tmp_path):
     finally:
         timer.cancel()
     assert FittedBaseline.load(local).bias == 0.25
+
+
+def test_the_hand_off_works_through_an_s3_store_as_on_kubeflow(tmp_path, s3_endpoint):
+    """On Kubeflow the checkpoint store is an object store: a retried step's failure withdrawn, its fit published
+    and taken, byte for byte."""
+    uri = handoff_uri(s3_endpoint, "minio://kfp/run/merge-data/dataset", 1000, 1 << 12)
+    publish_failure(uri, "OSError: a lost node")
+    with pytest.raises(BaselineUnavailable, match="failed: OSError: a lost node"):
+        wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=0)
+    clear_failure(uri)
+    assert not Storage(uri).is_file(None, FAILED_FILE)
+    fitted = _fitted(tmp_path / "fit")
+    publish(fitted, uri)
+    local = wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=0, timeout_s=10, say=lambda line: None)
+    assert (local / BASELINE_FILE).read_bytes() == (fitted / BASELINE_FILE).read_bytes()
