@@ -63,7 +63,8 @@ DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOO
                 "train": ("resolve-config", "merge-data", BASELINE_TASK),  # model.blend_baseline, the default
                 "evaluate-model": ("resolve-config", "merge-data", BASELINE_TASK, "train"),
                 EXPORT_GATE: ("resolve-config", "merge-data", "train", "evaluate-model")}
-# On Kubeflow fit-baseline takes the run's checkpoint store, where it publishes its fit, and trains beside it.
+# On Kubeflow fit-baseline takes the run's checkpoint store, where it publishes its fit, and the train step runs
+# beside it.
 KUBEFLOW_DEPENDENCIES = {**DEPENDENCIES, BASELINE_TASK: ("resolve-config", "merge-data"),
                          "train": ("resolve-config", "merge-data")}
 # On Kubeflow the root DAG holds EXIT_HANDLER, the group of every task above, and EXIT_TASK, which runs once that

@@ -20,6 +20,7 @@ from components.data_prep.multislot import RaggedIds, Schema, read_shards
 from components.evaluate.baseline import HashedLogisticRegression, Split
 from components.networks import baseline_handoff
 from components.networks.models import FittedBaseline
+from components.storage import Storage
 
 FIT_FILE = "baseline.json"
 
@@ -32,13 +33,14 @@ def fit_baseline(data_dir: str | os.PathLike, rows: int, features: int, out_dir:
     is told of a failure too."""
     if not handoff:
         return _fit(data_dir, rows, features, out_dir)
-    baseline_handoff.clear_failure(handoff)
+    store = Storage(handoff)
+    baseline_handoff.clear_failure(store)
     try:
         fit = _fit(data_dir, rows, features, out_dir)
     except Exception as err:
-        baseline_handoff.publish_failure(handoff, f"{type(err).__name__}: {err}")
+        baseline_handoff.publish_failure(store, f"{type(err).__name__}: {err}")
         raise
-    baseline_handoff.publish(out_dir, handoff)
+    baseline_handoff.publish(out_dir, store)
     return fit
 
 

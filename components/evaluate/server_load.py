@@ -58,7 +58,8 @@ def server_load(cfg: CtrConfig, shards: list[tuple[np.ndarray, np.ndarray]], sha
     ``bytes`` per pass (:func:`row_transfer_bytes` each)."""
     servers = cfg.ps.servers
     # The split's distinct ids and each shard's distinct (batch, id) pairs are sorts of their own, which NumPy runs
-    # without the GIL: side by side on the step's cores (the evaluate step on 800k rows with 1.3M distinct ids: 3.9 -> 3.1 s).
+    # without the GIL: side by side on the step's cores (the evaluate step on 800k rows with 1.3M distinct ids:
+    # 3.9 -> 3.1 s).
     with ThreadPoolExecutor(LOAD_THREADS) as pool:
         distinct = (pool.submit(distinct_ids, np.concatenate([ids for ids, _ in shards])) if shards else None)
         pushes = [pool.submit(batch_row_pushes, ids, rows, cfg.ps.batch_size, shard_num, servers)

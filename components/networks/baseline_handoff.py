@@ -4,7 +4,8 @@ A model that blends the baseline in (``model.blend_baseline``) trains without it
 they judge a checkpoint on the blended predictions. So on Kubeflow the train step starts as soon as the dataset is
 prepared, and fit-baseline, running beside it, publishes its fit where both find it without passing anything to each
 other: under the checkpoint store, at a name made of the dataset artifact's URI and the fit's settings
-(:func:`handoff_uri`). A worker waits for it there when it first needs it (:func:`wait_for_baseline`).
+(:func:`handoff_uri`; the functions below take the :class:`~components.storage.Storage` opened there). A worker
+waits for it there when it first needs it (:func:`wait_for_baseline`).
 
 The name follows the step cache: KFP serves a cached fit-baseline only for the same dataset artifact and settings,
 and then the hand-off its first run published is still there. The baseline file is published before the
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
+from components.checkpoint.format import file_digest
 from components.networks.models import BASELINE_FILE
 from components.storage import Storage
 
@@ -47,30 +49,28 @@ def handoff_uri(store_uri: str, dataset_uri: str, rows: int, features: int) -> s
     return f"{store_uri.rstrip('/')}/{HANDOFF_DIR}/{key}"
 
 
-def clear_failure(uri: str) -> None:
+def clear_failure(store: Storage) -> None:
     """A fit starting again (the step's retry) withdraws the failure an earlier try published."""
-    Storage(uri).remove(FAILED_FILE)
-
-
-def publish(baseline_dir: str | Path, uri: str) -> None:
-    """Publish the fit in ``baseline_dir`` at ``uri``: the file, then the marker naming its digest."""
-    store = Storage(uri)
-    sent = store.send_file(Path(baseline_dir) / BASELINE_FILE, None, BASELINE_FILE)
-    store.write_json(None, READY_FILE, {"file": BASELINE_FILE, **sent})
     store.remove(FAILED_FILE)
 
 
-def publish_failure(uri: str, error: str) -> None:
+def publish(baseline_dir: str | Path, store: Storage) -> None:
+    """Publish the fit in ``baseline_dir``: the file, then the marker naming its digest (a reader looks for the
+    marker first: a failure an earlier try published no longer counts)."""
+    sent = store.send_file(Path(baseline_dir) / BASELINE_FILE, None, BASELINE_FILE)
+    store.write_json(None, READY_FILE, {"file": BASELINE_FILE, **sent})
+
+
+def publish_failure(store: Storage, error: str) -> None:
     """Tell the waiting workers the fit failed, and why (one line)."""
-    Storage(uri).write_json(None, FAILED_FILE, {"error": error})
+    store.write_json(None, FAILED_FILE, {"error": error})
 
 
-def wait_for_baseline(uri: str, local: Path, failed_grace_s: float, timeout_s: float = HANDOFF_WAIT_S,
+def wait_for_baseline(store: Storage, local: Path, failed_grace_s: float, timeout_s: float = HANDOFF_WAIT_S,
                       poll_s: float = POLL_S, say: Callable[[str], None] = print) -> Path:
-    """The directory ``local`` holding the baseline published at ``uri``, once it is there and its digest checks;
+    """The directory ``local`` holding the baseline published in ``store``, once it is there and its digest checks;
     raises :class:`BaselineUnavailable` after ``timeout_s``, or ``failed_grace_s`` after a published failure that no
     retry withdrew (0 where the step is not retried)."""
-    store = Storage(uri)
     started = time.monotonic()
     failed_since = None
     said = False
@@ -99,8 +99,8 @@ def _fetch(store: Storage, ready: dict, local: Path) -> Path:
     local.mkdir(parents=True, exist_ok=True)
     target = local / BASELINE_FILE
     store.get_file(BASELINE_FILE, target)
-    data = target.read_bytes()
-    if len(data) != ready.get("size") or hashlib.sha256(data).hexdigest() != ready.get("sha256"):
+    size, sha256 = file_digest(target)
+    if (size, sha256) != (ready.get("size"), ready.get("sha256")):
         raise BaselineUnavailable(f"{store.url(None, BASELINE_FILE)} is not the file its {READY_FILE} names "
-                                  f"({len(data):,} bytes; {ready.get('size')} published): altered since")
+                                  f"({size:,} bytes; {ready.get('size')} published): altered since")
     return local

@@ -44,6 +44,7 @@ from components.ps.contract import (CONFIG_ERROR_EXIT, DONE, EPOCH, PROGRESS, ST
 from components.ps.liveness import (Heartbeat, HeartbeatRecord, children_die_with_this_process, die_with_parent,
                                     parent_from_env)
 from components.networks.models import EMBEDDING_TABLE
+from components.storage import Storage
 from components.ps.job_inputs import load_job
 from components.ps.network import bind_to_own_host, pin_addresses
 from components.ps.strategy import (build_strategy, dense_optimizer, install_ps_desc_settings, load_dense_tables,
@@ -221,8 +222,8 @@ class Worker:
             return lambda: None
         if self.job.baseline_beside:
             grace = FAILED_GRACE_S if self.cfg.cluster.step_retries else 0.0  # a retry may yet publish it
-            return lambda: models.baseline_values(str(wait_for_baseline(self.job.baseline, self.workdir / "baseline",
-                                                                        grace)))
+            return lambda: models.baseline_values(str(wait_for_baseline(Storage(self.job.baseline),
+                                                                        self.workdir / "baseline", grace)))
         if self.job.baseline:
             values = models.baseline_values(self.job.baseline)
             return lambda: values

@@ -40,10 +40,10 @@ def test_a_worker_waits_for_the_fit_and_gets_the_very_file(tmp_path, monkeypatch
     def poll(seconds):  # the step publishes while the worker waits: after its third look
         polls.append(seconds)
         if len(polls) == 3:
-            publish(fitted, uri)
+            publish(fitted, Storage(uri))
 
     monkeypatch.setattr(baseline_handoff, "_sleep", poll)
-    local = wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=0, say=said.append)
+    local = wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0, say=said.append)
     assert (local / BASELINE_FILE).read_bytes() == (fitted / BASELINE_FILE).read_bytes()
     assert len(polls) == 3 and said == [f"waiting for the baseline fitted beside this job at {uri}"]
     assert json.loads((tmp_path / "store" / "baselines" / "key" / READY_FILE).read_text())["size"] == \
@@ -52,10 +52,10 @@ def test_a_worker_waits_for_the_fit_and_gets_the_very_file(tmp_path, monkeypatch
 
 def test_a_published_failure_ends_the_wait_with_the_steps_error_unless_a_retry_withdraws_it(tmp_path, monkeypatch):
     uri = str(tmp_path / "store" / "key")
-    publish_failure(uri, "MemoryError: the design matrix")
+    publish_failure(Storage(uri), "MemoryError: the design matrix")
     monkeypatch.setattr(baseline_handoff, "_sleep", lambda s: None)
     with pytest.raises(BaselineUnavailable, match="fit-baseline step beside this job failed: MemoryError: the design"):
-        wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=0)
+        wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0)
 
     # Where the step is retried, the worker waits out the grace: the retry clears the failure when it starts, and
     # publishes.
@@ -66,12 +66,12 @@ def test_a_published_failure_ends_the_wait_with_the_steps_error_unless_a_retry_w
     def retry(seconds):
         clock[0] += seconds
         if clock[0] == 60:
-            clear_failure(uri)
+            clear_failure(Storage(uri))
         if clock[0] == 400:  # beyond the grace counted from the first failure: the clearing restarted it
-            publish(fitted, uri)
+            publish(fitted, Storage(uri))
 
     monkeypatch.setattr(baseline_handoff, "_sleep", retry)
-    local = wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=300, poll_s=20, say=lambda line: None)
+    local = wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=300, poll_s=20, say=lambda line: None)
     assert (local / BASELINE_FILE).is_file() and not (tmp_path / "store" / "key" / FAILED_FILE).exists()
 
 
@@ -81,14 +81,15 @@ def test_no_fit_in_time_or_an_altered_file_is_refused_in_one_line(tmp_path, monk
     monkeypatch.setattr(baseline_handoff.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(baseline_handoff, "_sleep", lambda s: clock.__setitem__(0, clock[0] + s))
     with pytest.raises(BaselineUnavailable, match=r"no baseline at .* after 30s: .*model.blend_baseline=false") as err:
-        wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=0, timeout_s=30, poll_s=2, say=lambda line: None)
+        wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0, timeout_s=30, poll_s=2,
+                          say=lambda line: None)
     assert "\n" not in str(err.value)
 
-    publish(_fitted(tmp_path / "fit"), uri)
+    publish(_fitted(tmp_path / "fit"), Storage(uri))
     stored = tmp_path / "store" / "key" / BASELINE_FILE
     stored.write_bytes(stored.read_bytes()[:-1])
     with pytest.raises(BaselineUnavailable, match="is not the file its READY.json names"):
-        wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=0)
+        wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0)
 
 
 def test_the_baseline_step_publishes_its_fit_or_its_failure(tmp_path):
@@ -99,9 +100,9 @@ def test_the_baseline_step_publishes_its_fit_or_its_failure(tmp_path):
     prepare_synthetic(dataset_dir, rows=4_000, test_fraction=0.2, valid_fraction=0.2, num_shards=1,
                       vocab_size=1 << 16, seed=1)
     uri = str(tmp_path / "store" / "key")
-    publish_failure(uri, "an earlier try's")
+    publish_failure(Storage(uri), "an earlier try's")
     fit_baseline(dataset_dir, rows=2_000, features=1 << 12, out_dir=tmp_path / "fit", handoff=uri)
-    local = wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=0)
+    local = wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0)
     assert (local / BASELINE_FILE).read_bytes() == (tmp_path / "fit" / BASELINE_FILE).read_bytes()
     assert not (tmp_path / "store" / "key" / FAILED_FILE).exists()
 
@@ -109,17 +110,17 @@ def test_the_baseline_step_publishes_its_fit_or_its_failure(tmp_path):
     with pytest.raises(FileNotFoundError):
         fit_baseline(tmp_path / "no-dataset", rows=2_000, features=1 << 12, out_dir=tmp_path / "x", handoff=broken)
     with pytest.raises(BaselineUnavailable, match="failed: FileNotFoundError: .*stats.json"):
-        wait_for_baseline(broken, tmp_path / "worker-2", failed_grace_s=0)
+        wait_for_baseline(Storage(broken), tmp_path / "worker-2", failed_grace_s=0)
 
 
 def test_a_fit_published_by_another_thread_a_moment_later_is_taken(tmp_path):
     """The real clock and sleep: a fit published from another thread a moment later is taken."""
     uri = str(tmp_path / "store" / "key")
     fitted = _fitted(tmp_path / "fit")
-    timer = threading.Timer(0.3, publish, (fitted, uri))
+    timer = threading.Timer(0.3, publish, (fitted, Storage(uri)))
     timer.start()
     try:
-        local = wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=0, timeout_s=30, poll_s=0.05,
+        local = wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0, timeout_s=30, poll_s=0.05,
                                   say=lambda line: None)
     finally:
         timer.cancel()
@@ -130,12 +131,12 @@ def test_the_hand_off_works_through_an_s3_store_as_on_kubeflow(tmp_path, s3_endp
     """On Kubeflow the checkpoint store is an object store: a retried step's failure withdrawn, its fit published
     and taken, byte for byte."""
     uri = handoff_uri(s3_endpoint, "minio://kfp/run/merge-data/dataset", 1000, 1 << 12)
-    publish_failure(uri, "OSError: a lost node")
+    publish_failure(Storage(uri), "OSError: a lost node")
     with pytest.raises(BaselineUnavailable, match="failed: OSError: a lost node"):
-        wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=0)
-    clear_failure(uri)
+        wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0)
+    clear_failure(Storage(uri))
     assert not Storage(uri).is_file(None, FAILED_FILE)
     fitted = _fitted(tmp_path / "fit")
-    publish(fitted, uri)
-    local = wait_for_baseline(uri, tmp_path / "worker", failed_grace_s=0, timeout_s=10, say=lambda line: None)
+    publish(fitted, Storage(uri))
+    local = wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0, timeout_s=10, say=lambda line: None)
     assert (local / BASELINE_FILE).read_bytes() == (fitted / BASELINE_FILE).read_bytes()

@@ -15,6 +15,7 @@ from components.data_prep.prepare import prepare_synthetic
 from components.evaluate.baseline_step import fit_baseline
 from components.networks import models
 from components.networks.baseline_handoff import publish_failure
+from components.storage import Storage
 from components.train.job import RoleFailed
 from components.train.step import Baseline, launch_ps_job
 
@@ -64,7 +65,7 @@ def test_the_workers_train_first_wait_for_the_fit_at_their_first_checkpoint_and_
 
 def test_a_failed_fit_fails_the_job_at_its_first_checkpoint_without_a_restart(tmp_path):
     cfg, baseline = _job(tmp_path, step_retries=0, max_restarts=2)
-    publish_failure(baseline.uri, "MemoryError: the design matrix")
+    publish_failure(Storage(baseline.uri), "MemoryError: the design matrix")
     with pytest.raises(RoleFailed, match="restarting cannot mend it") as failed:
         launch_ps_job(cfg, tmp_path / "data", tmp_path / "logs", echo=lambda line: None, baseline=baseline)
     assert "baseline unavailable: the fit-baseline step beside this job failed: MemoryError: the design matrix" \
