@@ -30,7 +30,7 @@ from kfp import compiler, dsl
 from kfp.dsl import HTML, Artifact, Metrics, Model
 
 from components.cleanup.component import clean_up_run
-from components.config import ClusterConfig, CtrConfig, DataSource, PipelineRunner
+from components.config import ClusterBackend, ClusterConfig, CtrConfig, DataSource, PipelineRunner
 from components.data_prep.component import convert_data, merge_data, plan_data
 from components.days import is_daily
 from components.deploy.component import deploy_model
@@ -44,29 +44,34 @@ from components.train.backends.manifests import (KFP_RUN_LABEL, KFP_WORKFLOW_LAB
 from components.train.component import train
 
 PIPELINE_NAME = "ctr-ps-training"
-# Every task, in a topological order. convert-data runs inside the data-prep fan-out: a ParallelFor over the plan's
-# groups, the root DAG's PREP_LOOP; export-model inside the AUC gate, the root DAG's EXPORT_GATE.
-# fit-baseline needs only the dataset. A model that blends it in (model.blend_baseline, the default) needs it first
-# when its workers judge a checkpoint on the blended predictions: kfp.local, which runs one task at a time, fits it
-# before training; on Kubeflow it runs beside the train step and publishes its fit to the workers
-# (components.networks.baseline_handoff), and the evaluation waits for both.
+# Every task. convert-data runs inside the data-prep fan-out: a ParallelFor over the plan's groups, the root DAG's
+# PREP_LOOP; export-model inside the AUC gate, the root DAG's EXPORT_GATE.
+# fit-baseline needs only the dataset. A model that blends it in (model.blend_baseline, the default) needs it only
+# when its workers first judge a checkpoint on the blended predictions, so its fit runs beside the train step and
+# publishes itself to the workers (components.networks.baseline_handoff). On Kubeflow fit-baseline is that fit. On
+# kfp.local, which runs one task at a time, the train step of a local job fits it beside its processes
+# (components.train.fit_beside), and fit-baseline, after it, takes the published fit; beside a job of another
+# backend it is fitted first. The evaluation waits for both.
 BASELINE_TASK = "fit-baseline"
-TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", BASELINE_TASK, "train", "evaluate-model",
+TASKS = ("resolve-config", "plan-data", "convert-data", "merge-data", "train", BASELINE_TASK, "evaluate-model",
          "export-model")
 PREP_LOOP, EXPORT_GATE = "for-loop-1", "condition-2"
 # With cluster.serving.deploy (Kubeflow only), inside the AUC gate after the export: the online server's
 # InferenceService created or updated (components.deploy), acting as the launcher account.
 DEPLOY_TASK = "deploy-model"
-# What each task of the root DAG waits for, in a topological order: the export, on the evaluation that gates it.
+# What each task of the root DAG waits for, in a topological order, as kfp.local runs the default config (a local
+# job, model.blend_baseline): the export on the evaluation that gates it.
 DEPENDENCIES = {"resolve-config": (), "plan-data": ("resolve-config",), PREP_LOOP: ("plan-data",),
-                "merge-data": ("plan-data", PREP_LOOP), BASELINE_TASK: ("merge-data",),
-                "train": ("resolve-config", "merge-data", BASELINE_TASK),  # model.blend_baseline, the default
+                "merge-data": ("plan-data", PREP_LOOP), "train": ("resolve-config", "merge-data"),
+                BASELINE_TASK: ("merge-data", "train"),
                 "evaluate-model": ("resolve-config", "merge-data", BASELINE_TASK, "train"),
                 EXPORT_GATE: ("resolve-config", "merge-data", "train", "evaluate-model")}
+# kfp.local beside a job of another backend (its pods or containers read the fit from fit-baseline's artifact).
+FIT_FIRST_DEPENDENCIES = {**DEPENDENCIES, "train": ("resolve-config", "merge-data", BASELINE_TASK),
+                          BASELINE_TASK: ("merge-data",)}
 # On Kubeflow fit-baseline takes the run's checkpoint store, where it publishes its fit, and the train step runs
 # beside it.
-KUBEFLOW_DEPENDENCIES = {**DEPENDENCIES, BASELINE_TASK: ("resolve-config", "merge-data"),
-                         "train": ("resolve-config", "merge-data")}
+KUBEFLOW_DEPENDENCIES = {**DEPENDENCIES, BASELINE_TASK: ("resolve-config", "merge-data")}
 # On Kubeflow the root DAG holds EXIT_HANDLER, the group of every task above, and EXIT_TASK, which runs once that
 # group ended however it ended (succeeded, failed, cancelled) and deletes the PS job objects the run left
 # (components.train.backends.kubernetes.cleanup): a launcher killed outright, or cancelled before it could delete
@@ -109,6 +114,15 @@ def compiled_config(cfg: CtrConfig) -> CtrConfig:
     """The config a pipeline carries, without what only the driver uses: ``run_dir`` (Hydra's folder) and
     ``cluster.image_signing_key`` (a file on the driver's machine, read into ``k8s/image-policy.yaml``)."""
     return dataclasses.replace(cfg, run_dir=".", cluster=dataclasses.replace(cfg.cluster, image_signing_key=None))
+
+
+def local_handoff_root(cfg: CtrConfig) -> str:
+    """Where kfp.local's train step publishes the baseline it fits beside its job: the step cache's root, which a
+    sweep's jobs and the runs of every day share, as they share fit-baseline's cached result."""
+    if cfg.cluster.local_cache_root is None:
+        raise ValueError("a local run's config names its step cache (pipelines.local.local_config sets "
+                         "cluster.local_cache_root)")
+    return cfg.cluster.local_cache_root
 
 
 def display_names(cfg: CtrConfig) -> dict[str, str]:
@@ -160,17 +174,25 @@ def ctr_pipeline(cfg: CtrConfig):
             prep = merge_data(groups=planned.output, parts=dsl.Collected(converted.outputs["parts"]))
             if is_daily(cfg.data.uri):  # a day's drift check reads the checkpoint store, which changes between runs
                 prep.set_caching_options(False)
-            # The baseline reads the dataset alone: cached per dataset (and store, on Kubeflow). A model that blends
-            # it in (model.blend_baseline) trains after it on kfp.local; on Kubeflow it is fitted while the job
-            # trains, and handed to its workers through the checkpoint store.
-            beside = on_kubeflow and cfg.model.blend_baseline
-            baseline = (fit_baseline(dataset=prep.outputs["dataset"], rows=cfg.eval.baseline_rows,
-                                     features=cfg.eval.baseline_features,
-                                     **({"handoff_store": resolved.outputs["checkpoint_uri"]} if beside else {}))
-                        if cfg.eval.baseline or cfg.model.blend_baseline else None)
-            handed = ({"baseline_beside": True} if beside else
-                      {"baseline": baseline.outputs["baseline"]} if cfg.model.blend_baseline else {})
+            # The baseline reads the dataset alone: cached per dataset (and where its fit is published). A model
+            # that blends it in (model.blend_baseline) trains beside its fit (BASELINE_TASK's comment).
+            blended = cfg.model.blend_baseline
+            fitted_by_train = blended and not on_kubeflow and cfg.cluster.backend is ClusterBackend.local
+            handoff_root = (resolved.outputs["checkpoint_uri"] if on_kubeflow and blended else
+                            local_handoff_root(cfg) if fitted_by_train else None)
+
+            def baseline_step():
+                return fit_baseline(dataset=prep.outputs["dataset"], rows=cfg.eval.baseline_rows,
+                                    features=cfg.eval.baseline_features,
+                                    **({"handoff_root": handoff_root} if handoff_root is not None else {}))
+
+            baseline = baseline_step() if (cfg.eval.baseline or blended) and not fitted_by_train else None
+            handed = ({} if not blended else
+                      {"baseline": baseline.outputs["baseline"]} if handoff_root is None else  # fitted first
+                      {"baseline_root": handoff_root, **({"fits_baseline": True} if fitted_by_train else {})})
             fit = train(config=effective, dataset=prep.outputs["dataset"], **handed)
+            if fitted_by_train:  # after it, the fit it published
+                baseline = baseline_step().after(fit)
             # The checkpoint lives outside the artifact store (checkpoint.uri): a cached step would only point at it.
             fit.set_caching_options(False)
             scored = evaluate_model(config=effective, dataset=prep.outputs["dataset"],

@@ -9,13 +9,13 @@ from components.config import DEFAULT_IMAGE
 
 
 @dsl.component(base_image=DEFAULT_IMAGE, install_kfp_package=False)
-def fit_baseline(dataset: Input[Dataset], rows: int, features: int, baseline: Output[Model], handoff_store: str = ""):
+def fit_baseline(dataset: Input[Dataset], rows: int, features: int, baseline: Output[Model], handoff_root: str = ""):
     """The hashed logistic regression the evaluation scores beside the model: it needs the dataset, not the model.
-    ``handoff_store``: the checkpoint store of a job training beside this step, which waits for the fit there."""
+    ``handoff_root``: where the fit is published for a job training beside it (taken from there when it is)."""
     from components.evaluate.baseline_step import fit_baseline as fit
     from components.networks.baseline_handoff import handoff_uri
 
-    handoff = handoff_uri(handoff_store, dataset.uri, rows, features) if handoff_store else ""
+    handoff = handoff_uri(handoff_root, dataset.uri, rows, features) if handoff_root else ""
     baseline.metadata.update(fit(dataset.path, rows, features, baseline.path, handoff))
 
 

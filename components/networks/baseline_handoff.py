@@ -1,17 +1,19 @@
-"""The fitted baseline handed to a job that is already training: on Kubeflow, fit-baseline runs beside the train step.
+"""The fitted baseline handed to a job that is already training: the baseline is fitted beside the train step.
 
 A model that blends the baseline in (``model.blend_baseline``) trains without it: its workers need it first when
-they judge a checkpoint on the blended predictions. So on Kubeflow the train step starts as soon as the dataset is
-prepared, and fit-baseline, running beside it, publishes its fit where both find it without passing anything to each
-other: under the checkpoint store, at a name made of the dataset artifact's URI and the fit's settings
-(:func:`handoff_uri`; the functions below take the :class:`~components.storage.Storage` opened there). A worker
-waits for it there when it first needs it (:func:`wait_for_baseline`).
+they judge a checkpoint on the blended predictions. So the train step starts as soon as the dataset is prepared, and
+the fit, running beside it, publishes itself where the workers find it without anything passed between them: under
+a root (on Kubeflow the checkpoint store, where fit-baseline, a step of its own, publishes; on kfp.local, which runs
+one task at a time, the step cache's root, where the train step's own fit beside its job publishes), at a name made
+of the dataset artifact's URI and the fit's settings (:func:`handoff_uri`; the functions below take the
+:class:`~components.storage.Storage` opened there). A worker waits for it there when it first needs it
+(:func:`wait_for_baseline`); a fit-baseline step that finds a fit published takes it (:func:`take_published`).
 
 The name follows the step cache: KFP serves a cached fit-baseline only for the same dataset artifact and settings,
 and then the hand-off its first run published is still there. The baseline file is published before the
-:data:`READY_FILE` that names its digest, so a reader sees the whole file or waits. A fit that fails publishes its
-error (:data:`FAILED_FILE`); its retry clears it when it starts, so where the step is retried a worker gives up only
-when no retry has cleared it within :data:`FAILED_GRACE_S`.
+:data:`READY_FILE` that names its digest and what it was fitted with, so a reader sees the whole file or waits. A
+fit that fails publishes its error (:data:`FAILED_FILE`); its retry clears it when it starts, so where the step is
+retried a worker gives up only when no retry has cleared it within :data:`FAILED_GRACE_S`.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from components.checkpoint.format import file_digest
 from components.networks.models import BASELINE_FILE
 from components.storage import Storage
 
-HANDOFF_DIR = "baselines"  # under the checkpoint store
+HANDOFF_DIR = "baselines"  # under the root: the checkpoint store, or kfp.local's step cache
 READY_FILE, FAILED_FILE = "READY.json", "FAILED.json"
 # How long a worker waits for the baseline: the fit of eval.baseline_rows rows takes ~40 s at 800k rows here.
 HANDOFF_WAIT_S = 3600.0
@@ -42,11 +44,11 @@ class BaselineUnavailable(RuntimeError):
     """The baseline fitted beside the job did not arrive: its step failed, or nothing published it in time."""
 
 
-def handoff_uri(store_uri: str, dataset_uri: str, rows: int, features: int) -> str:
-    """Where fit-baseline publishes its fit of the dataset at ``dataset_uri`` for a job whose checkpoints go to
-    ``store_uri``: the same for the step and the job, and for a cached step and the run that first fitted it."""
+def handoff_uri(root: str, dataset_uri: str, rows: int, features: int) -> str:
+    """Where the fit of the dataset at ``dataset_uri`` is published under ``root``: the same for the fit and the job,
+    and for a cached step and the run that first fitted it."""
     key = hashlib.sha256(json.dumps([dataset_uri, rows, features]).encode()).hexdigest()[:20]
-    return f"{store_uri.rstrip('/')}/{HANDOFF_DIR}/{key}"
+    return f"{root.rstrip('/')}/{HANDOFF_DIR}/{key}"
 
 
 def clear_failure(store: Storage) -> None:
@@ -54,11 +56,25 @@ def clear_failure(store: Storage) -> None:
     store.remove(FAILED_FILE)
 
 
-def publish(baseline_dir: str | Path, store: Storage) -> None:
-    """Publish the fit in ``baseline_dir``: the file, then the marker naming its digest (a reader looks for the
-    marker first: a failure an earlier try published no longer counts)."""
+def publish(baseline_dir: str | Path, store: Storage, fit: dict) -> None:
+    """Publish the fit in ``baseline_dir``: the file, then the marker naming its digest and ``fit``, what it was
+    fitted with (a reader looks for the marker first: a failure an earlier try published no longer counts)."""
     sent = store.send_file(Path(baseline_dir) / BASELINE_FILE, None, BASELINE_FILE)
-    store.write_json(None, READY_FILE, {"file": BASELINE_FILE, **sent})
+    store.write_json(None, READY_FILE, {"file": BASELINE_FILE, **sent, "fit": fit})
+
+
+def is_published(store: Storage) -> bool:
+    return store.read_json(None, READY_FILE) is not None
+
+
+def take_published(store: Storage, local: Path) -> dict | None:
+    """What the fit published in ``store`` was fitted with, its file fetched into ``local`` and checked; None when
+    nothing is published there."""
+    ready = store.read_json(None, READY_FILE)
+    if ready is None:
+        return None
+    _fetch(store, ready, local)
+    return ready["fit"]
 
 
 def publish_failure(store: Storage, error: str) -> None:
@@ -82,11 +98,11 @@ def wait_for_baseline(store: Storage, local: Path, failed_grace_s: float, timeou
         now = time.monotonic()
         failed_since = (failed_since or now) if failed is not None else None
         if failed_since is not None and now - failed_since >= failed_grace_s:
-            raise BaselineUnavailable(f"the fit-baseline step beside this job failed: {failed.get('error')} "
+            raise BaselineUnavailable(f"the baseline's fit beside this job failed: {failed.get('error')} "
                                       f"(published at {store.display_uri}); fix it and run the pipeline again")
         if now - started >= timeout_s:
             raise BaselineUnavailable(
-                f"no baseline at {store.display_uri} after {timeout_s:.0f}s: the fit-baseline step beside this job "
+                f"no baseline at {store.display_uri} after {timeout_s:.0f}s: the baseline's fit beside this job "
                 "did not publish it (it failed without a word, or its cached result's hand-off was deleted: run the "
                 "pipeline again with caching off), or set model.blend_baseline=false")
         if not said:

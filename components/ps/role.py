@@ -33,7 +33,7 @@ from components.checkpoint import format as checkpoint
 from components.checkpoint import protocol
 from components.checkpoint.restore import restore_dense, resume_state, server_restore_dir
 from components.checkpoint.store import CheckpointStore, StoreRefused
-from components.config import ConfigError, CtrConfig, Mode
+from components.config import ConfigError, CtrConfig, Mode, PipelineRunner
 from components.data_prep.multislot import Schema
 from components.networks import models
 from components.networks.baseline_handoff import FAILED_GRACE_S, BaselineUnavailable, wait_for_baseline
@@ -221,7 +221,9 @@ class Worker:
         if not models.baseline_features(self.cfg):
             return lambda: None
         if self.job.baseline_beside:
-            grace = FAILED_GRACE_S if self.cfg.cluster.step_retries else 0.0  # a retry may yet publish it
+            # Only Kubeflow retries the fit-baseline step, whose retry may yet publish it.
+            retried = self.cfg.cluster.runner is PipelineRunner.kubeflow and self.cfg.cluster.step_retries
+            grace = FAILED_GRACE_S if retried else 0.0
             return lambda: models.baseline_values(str(wait_for_baseline(Storage(self.job.baseline),
                                                                         self.workdir / "baseline", grace)))
         if self.job.baseline:

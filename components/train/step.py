@@ -5,6 +5,7 @@ The checkpoint is not copied into the artifact store: the job writes it to ``cfg
 ``logs`` artifact directory as ``<role>-<i>.log``.
 """
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -26,6 +27,7 @@ from components.days import day_of
 from components.networks.baseline_handoff import handoff_uri
 from components.ps.liveness import driver_from_env, stop_when_gone
 from components.train.backends.base import JobBackend, StepInputs
+from components.train.fit_beside import fitting_beside
 from components.train.job import JobResult, prepare_job
 from components.train.planner import GIB, load_balance_lines, max_over_mean, size
 
@@ -60,18 +62,24 @@ BACKENDS: dict[ClusterBackend, Callable[[], type[JobBackend]]] = {
 @dataclass(frozen=True)
 class Baseline:
     """The fitted baseline (:mod:`components.evaluate.baseline_step`): its directory on this machine and, when
-    stored remotely (the fit-baseline step's ``Model`` artifact), its URL. ``beside``: fitted beside the job (on
-    Kubeflow) and published at ``uri`` while it trains, where the roles wait for it (:meth:`fitted_beside`)."""
+    stored remotely (the fit-baseline step's ``Model`` artifact), its URL. ``beside``: fitted beside the job and
+    published at ``uri`` while it trains, where the roles wait for it (:meth:`fitted_beside`); ``fitted_here``: by
+    this step, beside its local processes (:mod:`components.train.fit_beside`), unless published there already."""
 
     path: str
     uri: Optional[str] = None
     beside: bool = False
+    fitted_here: bool = False
 
     @classmethod
-    def fitted_beside(cls, cfg: CtrConfig, data_uri: str) -> "Baseline":
-        """The baseline the fit-baseline step running beside the job publishes for the dataset at ``data_uri``."""
-        uri = handoff_uri(cfg.checkpoint.uri, data_uri, cfg.eval.baseline_rows, cfg.eval.baseline_features)
-        return cls("", uri, beside=True)
+    def fitted_beside(cls, cfg: CtrConfig, root: str, data_uri: str, here: bool = False) -> "Baseline":
+        """The baseline of the dataset at ``data_uri`` that a fit beside the job publishes under ``root``;
+        ``here``: this step fits it."""
+        if here and cfg.cluster.backend is not ClusterBackend.local:
+            raise ValueError(f"the train step fits the baseline beside local processes only, not beside "
+                             f"cluster.backend={cfg.cluster.backend.value}'s")
+        uri = handoff_uri(root, data_uri, cfg.eval.baseline_rows, cfg.eval.baseline_features)
+        return cls("", uri, beside=True, fitted_here=here)
 
     def for_roles(self, backend: ClusterBackend) -> str:
         """Where the roles of ``backend`` read it: local processes here, pods at its URL; the roles of a job it is
@@ -121,7 +129,11 @@ def launch_ps_job(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[
     with tempfile.TemporaryDirectory(prefix="ctr-baseline-") as fitted_here:
         if cfg.model.blend_baseline and baseline is None and cfg.cluster.backend is ClusterBackend.local:
             baseline = fit_here(cfg, data_dir, fitted_here, echo)
-        return _launch(cfg, data_dir, log_dir, echo, data_uri, store, baseline)
+        fitting = (fitting_beside(data_dir, cfg.eval.baseline_rows, cfg.eval.baseline_features, baseline.uri,
+                                  Path(fitted_here), log_dir, echo)
+                   if baseline is not None and baseline.fitted_here else contextlib.nullcontext())
+        with fitting:
+            return _launch(cfg, data_dir, log_dir, echo, data_uri, store, baseline)
 
 
 def _launch(cfg: CtrConfig, data_dir: Path, log_dir: Path, echo: Callable[[str], None], data_uri: Optional[str],
@@ -239,18 +251,18 @@ def server_report(result: JobResult) -> list[str]:
 
 def train_model(config: Any, data_dir: str, pointer_path: str, log_dir: str,
                 echo: Callable[[str], None] = echo_now, data_uri: Optional[str] = None,
-                baseline: Optional[Baseline] = None, baseline_beside: bool = False) -> dict:
+                baseline: Optional[Baseline] = None, baseline_root: str = "", fits_baseline: bool = False) -> dict:
     """Run the PS job of ``config`` on ``data_dir`` (stored at ``data_uri``: the Kubernetes backends need it);
-    returns the summary for the Model artifact. ``baseline_beside``: the baseline is fitted beside this step
-    (:meth:`Baseline.fitted_beside`).
+    returns the summary for the Model artifact. ``baseline_root``: the baseline is fitted beside this step and
+    published under it (:meth:`Baseline.fitted_beside`), by this step when ``fits_baseline``.
 
     The checkpoint goes to ``checkpoint.uri``; the pointer file to ``pointer_path``; the logs to
     ``log_dir`` (the launcher's per-role scratch directories are dropped from it after a successful job).
     """
     cfg = from_dict(config)
     store = CheckpointStore(cfg.checkpoint.uri)  # opened once for the step: the job, its summary, the day's ledger
-    if baseline_beside:
-        baseline = Baseline.fitted_beside(cfg, data_uri)
+    if baseline_root:
+        baseline = Baseline.fitted_beside(cfg, baseline_root, data_uri, here=fits_baseline)
     result = launch_ps_job(cfg, Path(data_dir), Path(log_dir), echo=echo, data_uri=data_uri, store=store,
                            baseline=baseline)
     shutil.rmtree(Path(log_dir) / "work", ignore_errors=True)  # kept on failure, for debugging

@@ -8,9 +8,13 @@ import pytest
 
 from components.networks import baseline_handoff
 from components.networks.baseline_handoff import (FAILED_FILE, READY_FILE, BaselineUnavailable, clear_failure,
-                                                  handoff_uri, publish, publish_failure, wait_for_baseline)
+                                                  handoff_uri, publish, publish_failure, take_published,
+                                                  wait_for_baseline)
 from components.networks.models import BASELINE_FILE, FittedBaseline
 from components.storage import Storage
+
+FIT = {"baseline_rows": 1000, "baseline_l2": 30.0, "baseline_l2_chosen_by": "validation logloss of 1,000 rows",
+       "baseline_features": 64}
 
 
 def _fitted(directory, seed=0):
@@ -40,7 +44,7 @@ def test_a_worker_waits_for_the_fit_and_gets_the_very_file(tmp_path, monkeypatch
     def poll(seconds):  # the step publishes while the worker waits: after its third look
         polls.append(seconds)
         if len(polls) == 3:
-            publish(fitted, Storage(uri))
+            publish(fitted, Storage(uri), FIT)
 
     monkeypatch.setattr(baseline_handoff, "_sleep", poll)
     local = wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0, say=said.append)
@@ -54,7 +58,7 @@ def test_a_published_failure_ends_the_wait_with_the_steps_error_unless_a_retry_w
     uri = str(tmp_path / "store" / "key")
     publish_failure(Storage(uri), "MemoryError: the design matrix")
     monkeypatch.setattr(baseline_handoff, "_sleep", lambda s: None)
-    with pytest.raises(BaselineUnavailable, match="fit-baseline step beside this job failed: MemoryError: the design"):
+    with pytest.raises(BaselineUnavailable, match="baseline's fit beside this job failed: MemoryError: the design"):
         wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0)
 
     # Where the step is retried, the worker waits out the grace: the retry clears the failure when it starts, and
@@ -68,7 +72,7 @@ def test_a_published_failure_ends_the_wait_with_the_steps_error_unless_a_retry_w
         if clock[0] == 60:
             clear_failure(Storage(uri))
         if clock[0] == 400:  # beyond the grace counted from the first failure: the clearing restarted it
-            publish(fitted, Storage(uri))
+            publish(fitted, Storage(uri), FIT)
 
     monkeypatch.setattr(baseline_handoff, "_sleep", retry)
     local = wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=300, poll_s=20, say=lambda line: None)
@@ -85,7 +89,7 @@ def test_no_fit_in_time_or_an_altered_file_is_refused_in_one_line(tmp_path, monk
                           say=lambda line: None)
     assert "\n" not in str(err.value)
 
-    publish(_fitted(tmp_path / "fit"), Storage(uri))
+    publish(_fitted(tmp_path / "fit"), Storage(uri), FIT)
     stored = tmp_path / "store" / "key" / BASELINE_FILE
     stored.write_bytes(stored.read_bytes()[:-1])
     with pytest.raises(BaselineUnavailable, match="is not the file its READY.json names"):
@@ -117,7 +121,7 @@ def test_a_fit_published_by_another_thread_a_moment_later_is_taken(tmp_path):
     """The real clock and sleep: a fit published from another thread a moment later is taken."""
     uri = str(tmp_path / "store" / "key")
     fitted = _fitted(tmp_path / "fit")
-    timer = threading.Timer(0.3, publish, (fitted, Storage(uri)))
+    timer = threading.Timer(0.3, publish, (fitted, Storage(uri), FIT))
     timer.start()
     try:
         local = wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0, timeout_s=30, poll_s=0.05,
@@ -137,6 +141,10 @@ def test_the_hand_off_works_through_an_s3_store_as_on_kubeflow(tmp_path, s3_endp
     clear_failure(Storage(uri))
     assert not Storage(uri).is_file(None, FAILED_FILE)
     fitted = _fitted(tmp_path / "fit")
-    publish(fitted, Storage(uri))
+    publish(fitted, Storage(uri), FIT)
     local = wait_for_baseline(Storage(uri), tmp_path / "worker", failed_grace_s=0, timeout_s=10, say=lambda line: None)
     assert (local / BASELINE_FILE).read_bytes() == (fitted / BASELINE_FILE).read_bytes()
+    # A fit-baseline step that finds it published (a rerun whose cached result expired) takes it, with its facts.
+    assert take_published(Storage(uri), tmp_path / "step") == FIT
+    assert (tmp_path / "step" / BASELINE_FILE).read_bytes() == (fitted / BASELINE_FILE).read_bytes()
+    assert take_published(Storage(handoff_uri(s3_endpoint, "minio://kfp/other", 1000, 1 << 12)), tmp_path / "x") is None

@@ -105,9 +105,10 @@ def test_compiled_prod_pipeline_matches_golden(tmp_path, fake_credentials):
     for name in (BASELINE_TASK, "train", "evaluate-model"):
         assert set(handler[name].dependent_tasks) == set(KUBEFLOW_DEPENDENCIES[name]), name
     train_inputs, fit_inputs = handler["train"].inputs, handler[BASELINE_TASK].inputs
-    assert "baseline" not in train_inputs.artifacts and train_inputs.parameters["baseline_beside"].runtime_value.constant.bool_value
-    store = fit_inputs.parameters["handoff_store"].task_output_parameter
-    assert (store.producer_task, store.output_parameter_key) == ("resolve-config", "checkpoint_uri")
+    assert "baseline" not in train_inputs.artifacts and "fits_baseline" not in train_inputs.parameters
+    for inputs in (train_inputs, fit_inputs):
+        store = inputs.parameters["baseline_root" if inputs is train_inputs else "handoff_root"].task_output_parameter
+        assert (store.producer_task, store.output_parameter_key) == ("resolve-config", "checkpoint_uri")
     cluster = exit_task.inputs.parameters["cluster"].runtime_value.constant
     assert json_format.MessageToDict(cluster) == config_struct(compiled_config(cfg))["cluster"]
     # KFP allows no pipeline outputs from inside an exit handler: the driver reads the run's metrics from the store.

@@ -29,15 +29,16 @@ from components.checkpoint.format import Checkpoint
 from components.checkpoint.pointer import read_pointer
 from components.checkpoint.store import CheckpointStore
 from pipelines.ctr import run
-from pipelines.local import PipelineRunError, step_error
-from pipelines.pipeline import DEPENDENCIES, EXPORT_GATE, PREP_LOOP, TASKS, compile_pipeline
+from pipelines.local import PipelineRunError, local_config, step_error
+from pipelines.pipeline import (BASELINE_TASK, DEPENDENCIES, EXPORT_GATE, FIT_FIRST_DEPENDENCIES, PREP_LOOP, TASKS,
+                               compile_pipeline)
 from tests.conftest import CRITEO, committed_checkpoints, compose_config, needs_criteo, score_serving_model
 from tests.pipelines.spec import pipeline_tasks
 
 
 
 def _spec(tmp_path, *overrides) -> pipeline_spec_pb2.PipelineSpec:
-    path = compile_pipeline(from_dict(compose_config(tmp_path, *overrides)), tmp_path / "pipeline.yaml")
+    path = compile_pipeline(local_config(from_dict(compose_config(tmp_path, *overrides))), tmp_path / "pipeline.yaml")
     documents = list(yaml.safe_load_all(Path(path).read_text()))
     assert len(documents) == 1  # a local-runner pipeline carries no Kubernetes platform spec
     return json_format.ParseDict(documents[0], pipeline_spec_pb2.PipelineSpec())
@@ -52,6 +53,12 @@ def test_pipeline_compiles_with_data_prep_fanned_out_and_export_gated(tmp_path):
     # train -> evaluate-model -> export-model once the evaluation passed its gate.
     for i, name in enumerate(DEPENDENCIES):  # DEPENDENCIES is a topological order
         assert set(DEPENDENCIES[name]) == set(tasks[name].dependent_tasks) <= set(list(DEPENDENCIES)[:i]), name
+    # The train step fits the baseline beside its local job, published under the step cache's root, where
+    # fit-baseline, after it, takes it from (components.train.fit_beside).
+    train_inputs, fit_inputs = tasks["train"].inputs, tasks[BASELINE_TASK].inputs
+    cache_root = local_config(from_dict(compose_config(tmp_path))).cluster.local_cache_root
+    assert _constant(train_inputs, "baseline_root") == _constant(fit_inputs, "handoff_root") == cache_root
+    assert _constant(train_inputs, "fits_baseline") is True and "baseline" not in train_inputs.artifacts
     for name in ("plan-data", "train", "evaluate-model", "export-model"):
         task, group = pipeline_tasks(spec)[name]
         config = task.inputs.parameters["config"]
@@ -75,6 +82,20 @@ def test_pipeline_compiles_with_data_prep_fanned_out_and_export_gated(tmp_path):
     source = gate.inputs.parameters["pipelinechannel--evaluate-model-Output"].task_output_parameter
     assert (source.producer_task, source.output_parameter_key) == ("evaluate-model", "Output")  # the test AUC
     assert set(spec.root.dag.outputs.artifacts) == {"checkpoint", "logs", "metrics", "report"}
+
+
+def _constant(inputs, name):
+    return json_format.MessageToDict(inputs.parameters[name].runtime_value.constant)
+
+
+def test_beside_a_job_of_another_backend_kfp_local_fits_the_baseline_first_and_hands_its_artifact(tmp_path):
+    tasks = _spec(tmp_path, "cluster.backend=jobset").root.dag.tasks
+    for name in FIT_FIRST_DEPENDENCIES:
+        assert set(FIT_FIRST_DEPENDENCIES[name]) == set(tasks[name].dependent_tasks), name
+    source = tasks["train"].inputs.artifacts["baseline"].task_output_artifact
+    assert (source.producer_task, source.output_artifact_key) == (BASELINE_TASK, "baseline")
+    assert {"baseline_root", "fits_baseline"}.isdisjoint(tasks["train"].inputs.parameters)
+    assert "handoff_root" not in tasks[BASELINE_TASK].inputs.parameters
 
 
 def test_run_parameters_default_to_the_composed_config(tmp_path):

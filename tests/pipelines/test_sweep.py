@@ -116,6 +116,13 @@ def test_a_sweep_over_model_keys_prepares_the_data_once(tmp_path):
     second = (sweep_dir / "1" / "ctr.log").read_text()
     assert "Task convert-data cache hit" in second and "Task merge-data cache hit" in second
     assert re.search(r"^  merge-data +cached +14,000 train", done.stdout, re.M), done.stdout
+    # The baseline both models blend in is fitted once, beside the first job's training, and taken from there by the
+    # second's (components.train.fit_beside) and by both fit-baseline steps.
+    first = (sweep_dir / "0" / "ctr.log").read_text()
+    assert "fitting beside the job" in first and "fitting beside" not in second
+    assert "baseline for the blend: fitted already, published at" in second
+    assert len(list((sweep_dir / ".kfp-cache" / "baselines").glob("*/READY.json"))) == 1
+    assert re.search(r"^  fit-baseline +cached", done.stdout, re.M), done.stdout
 
 
 @pytest.mark.slow  # its fast twin: test_a_sweep_over_model_keys_prepares_the_data_once (the same cache, one command)

@@ -29,7 +29,7 @@ def _job(tmp_path, **cluster):
                      "eval": {"baseline_rows": 4_000, "baseline_features": 1 << 12},
                      "checkpoint": {"uri": str(tmp_path / "ckpt"), "keep_last": 5}, "cluster": cluster,
                      "run_dir": str(tmp_path)})
-    return cfg, Baseline.fitted_beside(cfg, f"minio://kfp/{tmp_path.name}/merge-data/dataset")
+    return cfg, Baseline.fitted_beside(cfg, cfg.checkpoint.uri, f"minio://kfp/{tmp_path.name}/merge-data/dataset")
 
 
 def _worker_logs(tmp_path) -> str:
@@ -68,5 +68,5 @@ def test_a_failed_fit_fails_the_job_at_its_first_checkpoint_without_a_restart(tm
     publish_failure(Storage(baseline.uri), "MemoryError: the design matrix")
     with pytest.raises(RoleFailed, match="restarting cannot mend it") as failed:
         launch_ps_job(cfg, tmp_path / "data", tmp_path / "logs", echo=lambda line: None, baseline=baseline)
-    assert "baseline unavailable: the fit-baseline step beside this job failed: MemoryError: the design matrix" \
+    assert "baseline unavailable: the baseline's fit beside this job failed: MemoryError: the design matrix" \
         in str(failed.value)
