@@ -121,7 +121,6 @@ class Checkpointer:
         inside it after ``chunk`` of its ``chunks_in_pass`` chunks. Returns worker 0's verdict (None on the
         others, or without validation)."""
         fleet, cfg = self.fleet, self.cfg
-        baseline = self.baseline  # before the round: a baseline fitted beside the job may keep every worker waiting
         # The round's name on every worker (checkpoint ids carry worker 0's clock): the servers' staging path and
         # the workers' scores in the store.
         round_key = f"pass-{epoch:04d}-{chunk:05d}"
@@ -164,6 +163,9 @@ class Checkpointer:
             ids, rows = self._worker_rows()
             protocol.upload_worker_rows(self.store, epoch, self.index, ids, rows, self.workdir)
         local = self.workdir / f"checkpoint-{round_key}"  # worker 0 stages the checkpoint's own files here
+        # Asked once the servers saved the tables: a baseline fitted beside the job (on kfp.local, on the same cores)
+        # goes on through the save instead of keeping every worker and server idle before it.
+        baseline = self.baseline
         started = time.time()
         self.scorer.take_parameters()
         # The test split is scored after the calibration is fitted, by a program that applies it as the served one
