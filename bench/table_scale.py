@@ -71,7 +71,8 @@ def input_file(work: Path, rows: int, name: str, tail: tuple[tuple[int, ...], fl
 
 # -- what every process of the run needed -------------------------------------------------------------------------
 def process_kind(pid: int) -> str:
-    """A readable kind for a process of the run: driver, step:<task>, server, worker, sidecar, or its program."""
+    """A readable kind for a process of the run: driver, step:<task>, server, worker, sidecar, the baseline's fit
+    beside the job, or its program."""
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         env = dict(item.split(b"=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
@@ -84,6 +85,8 @@ def process_kind(pid: int) -> str:
         return "server" if env.get(b"TRAINING_ROLE") == b"PSERVER" else "worker"
     if "components.ps.shard_uploader" in joined:
         return "server sidecar"
+    if "components.evaluate.baseline_step" in joined:
+        return "baseline fit beside the job"
     if "pipelines.ctr" in joined:
         return "driver"
     found = re.search(r"--function_to_execute\s+(\S+)", joined)
@@ -96,6 +99,7 @@ def process_kind(pid: int) -> str:
 _TASK_END = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) - INFO - Task .*'([\w-]+)'.* finished with status")
 _TASK_START = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) - INFO - Executing task '([\w-]+)'")
 _EPOCH = re.compile(r"== epoch (\d+) done: ([\d,]+) examples in ([\d.]+)s")
+_FIT_BESIDE = re.compile(r"== baseline for the blend: fitted beside the job in ([\d.]+)s")
 _CHECKPOINT = re.compile(r"== checkpoint \S+ committed .*\[([\d,]+) rows; save ([\d.]+)s(?: \(([\d,]+) rows/s per "
                          r"server\))?, scoring ([\d.]+)s, upload and commit ([\d.]+)s\]")
 
@@ -124,6 +128,7 @@ def pipeline_run(source: Path, oracle: dict, work: Path, name: str) -> dict:
     def took(task: str) -> float:
         return ends[task] - starts[task]
     epoch = _EPOCH.search(log_text)
+    fit_beside = _FIT_BESIDE.search(log_text)
     saved = _CHECKPOINT.search(log_text)
     summary = json.loads(next((run_dir / "kfp").rglob("train/checkpoint")).read_text())
     stats = json.loads(next((run_dir / "kfp").rglob("merge-data/dataset/stats.json")).read_text())
@@ -140,6 +145,7 @@ def pipeline_run(source: Path, oracle: dict, work: Path, name: str) -> dict:
             "upload_s": float(upload_s), "evaluate_s": took("evaluate-model"), "export_s": export_s,
             "export_rows_per_s": rows / export_s / 2, "wall_s": wall, "auc": metrics["auc"],
             "auc_ratio": metrics["auc"] / oracle["auc"],
+            "fit_beside_s": float(fit_beside.group(1)) if fit_beside else None,
             "steps": {task: took(task) for task in ends if task in starts}, "peaks": dict(sorted(peaks.peaks.items())), **restore}
 
 
@@ -185,16 +191,14 @@ def render(runs: list[dict], rows: int) -> str:
                      f"{run['table_rows'] / 2 / run['restore_load_s']:,.0f} | {run['auc_ratio']:.3f} |")
     tasks = list(runs[0]["steps"])
     lines += ["", "Each step's wall time (s; kfp.local runs the steps one after another), what the run spent outside "
-              "the steps (driver start, kfp.local between steps), and what would be outside the train step with "
-              "fit-baseline beside it, as Kubeflow's DAG runs it (docs/kubeflow.md; derived from this run, not "
-              "measured on a cluster):", "",
-              "| variant | " + " | ".join(tasks) + " | outside the steps | outside the train step, fit beside it | "
-              "the same / train step |", "|---|" + "---:|" * (len(tasks) + 3)]
+              "the steps (driver start, kfp.local between steps), and the baseline's fit, which the train step runs "
+              "beside its job (components/train/fit_beside.py; fit-baseline then takes the published fit):", "",
+              "| variant | " + " | ".join(tasks) + " | outside the steps | the fit, beside the train step |",
+              "|---|" + "---:|" * (len(tasks) + 2)]
     for run in runs:
-        beside = run["outside_train_s"] - run["steps"].get("fit-baseline", 0)
+        fit = f"{run['fit_beside_s']:.1f}" if run["fit_beside_s"] is not None else "(published already)"
         lines.append(f"| {run['name']} | " + " | ".join(f"{run['steps'].get(t, 0):.1f}" for t in tasks)
-                     + f" | {run['wall_s'] - sum(run['steps'].values()):.1f} | {beside:.1f} | "
-                     f"{beside / run['train_step_s']:.2f} |")
+                     + f" | {run['wall_s'] - sum(run['steps'].values()):.1f} | {fit} |")
     lines += ["", "Peak RSS by process kind (MiB; the largest process of each kind), and the large table's over the "
               "small's:", "", "| process | " + " | ".join(run["name"] for run in runs) + " | large / small |",
               "|---|" + "---:|" * (len(runs) + 1)]
