@@ -104,6 +104,23 @@ _CHECKPOINT = re.compile(r"== checkpoint \S+ committed .*\[([\d,]+) rows; save (
                          r"server\))?, scoring ([\d.]+)s, upload and commit ([\d.]+)s\]")
 
 
+def run_log(run_dir: Path) -> str:
+    """The run's ctr.log without its terminal colours."""
+    return re.sub(r"\x1b\[[0-9;]*m", "", (run_dir / "ctr.log").read_text())
+
+
+def step_seconds(log_text: str) -> dict[str, float]:
+    """Each step's wall time, from kfp.local's task log lines, in the order the steps ran."""
+    starts, ends = {}, {}
+    for line in log_text.splitlines():
+        for pattern, times in ((_TASK_START, starts), (_TASK_END, ends)):
+            found = pattern.match(line)
+            if found:
+                h, m, s, task = found.groups()
+                times[task] = int(h) * 3600 + int(m) * 60 + float(s)
+    return {task: ends[task] - starts[task] for task in ends if task in starts}
+
+
 def pipeline_run(source: Path, oracle: dict, work: Path, name: str) -> dict:
     run_dir = work / f"run-{name}"
     shutil.rmtree(run_dir, ignore_errors=True)  # Hydra appends to an existing ctr.log: one run's lines only
@@ -116,17 +133,8 @@ def pipeline_run(source: Path, oracle: dict, work: Path, name: str) -> dict:
     wall = time.perf_counter() - started
     if child.returncode:
         raise RuntimeError(f"pipeline on {source} failed (exit {child.returncode}):\n{stderr[-3000:]}")
-    log_text = re.sub(r"\x1b\[[0-9;]*m", "", (run_dir / "ctr.log").read_text())
-    starts, ends = {}, {}
-    for line in log_text.splitlines():
-        for pattern, times in ((_TASK_START, starts), (_TASK_END, ends)):
-            found = pattern.match(line)
-            if found:
-                h, m, s, task = found.groups()
-                times[task] = int(h) * 3600 + int(m) * 60 + float(s)
-
-    def took(task: str) -> float:
-        return ends[task] - starts[task]
+    log_text = run_log(run_dir)
+    steps = step_seconds(log_text)
     epoch = _EPOCH.search(log_text)
     fit_beside = _FIT_BESIDE.search(log_text)
     saved = _CHECKPOINT.search(log_text)
@@ -136,17 +144,17 @@ def pipeline_run(source: Path, oracle: dict, work: Path, name: str) -> dict:
     restore = restore_run(run_dir, summary["uri"])
     rows, save_s, rate, score_s, upload_s = saved.groups()
     rows = int(rows.replace(",", ""))
-    export_s = took("export-model")
-    train_s = took("train")
+    export_s = steps["export-model"]
+    train_s = steps["train"]
     return {"name": name, "distinct_ids": sum(stats["distinct_ids"].values()), "table_rows": rows,
             "server_rows": summary.get("server_rows"), "pass_s": float(epoch.group(3)),
             "train_step_s": train_s, "outside_train_s": wall - train_s, "save_s": float(save_s),
             "save_rows_per_s": float(rate.replace(",", "")) if rate else None, "score_s": float(score_s),
-            "upload_s": float(upload_s), "evaluate_s": took("evaluate-model"), "export_s": export_s,
+            "upload_s": float(upload_s), "evaluate_s": steps["evaluate-model"], "export_s": export_s,
             "export_rows_per_s": rows / export_s / 2, "wall_s": wall, "auc": metrics["auc"],
             "auc_ratio": metrics["auc"] / oracle["auc"],
             "fit_beside_s": float(fit_beside.group(1)) if fit_beside else None,
-            "steps": {task: took(task) for task in ends if task in starts}, "peaks": dict(sorted(peaks.peaks.items())), **restore}
+            "steps": steps, "peaks": dict(sorted(peaks.peaks.items())), **restore}
 
 
 _RESTORED = re.compile(r"\[server (\d+)\] restored its tables: download ([\d.]+)s, load ([\d.]+)s")

@@ -6,6 +6,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
 from components.data_prep.multislot import Schema, read_shards
 from components.data_prep.prepare import prepare_synthetic
@@ -73,17 +74,33 @@ def test_table_scale_report_names_the_processes_that_grew_with_the_table():
     run = dict(table_rows=1_000_000, server_rows=[500_000, 500_000], pass_s=60.0, train_step_s=100.0, save_s=10.0,
                save_rows_per_s=50_000.0, score_s=2.0, upload_s=1.0, evaluate_s=5.0, export_s=20.0,
                export_rows_per_s=25_000.0, restore_download_s=1.0, restore_load_s=5.0, auc_ratio=0.95,
-               wall_s=400.0, outside_train_s=300.0, steps={"prep": 30.0, "train": 100.0, "evaluate": 20.0})
+               wall_s=400.0, outside_train_s=300.0, steps={"prep": 30.0, "train": 100.0, "evaluate": 20.0},
+               fit_beside_s=None)
     small = {**run, "name": "small", "distinct_ids": 1_000_000,
              "peaks": {"server": 400 * mib, "worker": 600 * mib, "step export_model": 400 * mib}}
-    large = {**run, "name": "large", "distinct_ids": 16_000_000, "train_step_s": 150.0,
+    large = {**run, "name": "large", "distinct_ids": 16_000_000, "train_step_s": 150.0, "fit_beside_s": 42.0,
              "peaks": {"server": 1600 * mib, "worker": 610 * mib, "step export_model": 700 * mib}}
     table = ts.render([small, large], 1_000_000)
     assert "| server | 400 | 1,600 | 4.00 |" in table and "| worker | 600 | 610 | 1.02 |" in table
     assert "above 1.5x their small-table peak: step export_model." in table  # the server may grow; others not
     assert "Train step / pass on the largest table: 2.50" in table
     assert "| small | 1,000,000 | 1,000,000 | 400.0 | 300.0 | 3.00 |" in table  # outside / train step
-    assert "| small | 30.0 | 100.0 | 20.0 | 250.0 |" in table  # what the run spent outside its steps
+    # What the run spent outside its steps, and the baseline's fit beside the train step (a published one taken).
+    assert "| small | 30.0 | 100.0 | 20.0 | 250.0 | (published already) |" in table
+    assert "| large | 30.0 | 100.0 | 20.0 | 250.0 | 42.0 |" in table
+
+
+def test_step_seconds_are_read_from_kfp_locals_task_log():
+    ts = _load("table_scale")
+    log = """09:32:01.139 - INFO - Executing task 'resolve-config'
+09:32:01.639 - INFO - Task 'resolve-config' finished with status SUCCESS
+09:59:59.500 - INFO - Executing task 'train'
+    == baseline for the blend: fitted beside the job in 33.6s
+10:00:42.750 - INFO - Task 'train' finished with status SUCCESS
+10:00:43.000 - INFO - Executing task 'fit-baseline'
+"""
+    assert ts.step_seconds(log) == pytest.approx({"resolve-config": 0.5, "train": 43.25})
+    assert ts._FIT_BESIDE.search(log).group(1) == "33.6"
 
 
 def test_headroom_of_interactions_is_what_the_true_interaction_logit_adds_to_a_regression():
