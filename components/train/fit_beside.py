@@ -53,12 +53,14 @@ def fitting_beside(data_dir: Path, rows: int, features: int, handoff: str, work_
             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             env={**os.environ, "PYTHONUNBUFFERED": "1", PARENT_PID_ENV: str(os.getpid())})
     echo(f"== baseline for the blend: fitting beside the job on {rows:,} rows at most (log: {log_path})")
-    watcher = threading.Thread(target=_watch, args=(popen, store, log_path, started, echo), daemon=True)
+    stopped = threading.Event()  # by this step, whose job ended: not a failure of the fit
+    watcher = threading.Thread(target=_watch, args=(popen, store, log_path, started, stopped, echo), daemon=True)
     watcher.start()
     try:
         yield
     finally:
         if popen.poll() is None:
+            stopped.set()
             os.killpg(popen.pid, signal.SIGTERM)
             try:
                 popen.wait(STOP_GRACE_S)
@@ -68,14 +70,15 @@ def fitting_beside(data_dir: Path, rows: int, features: int, handoff: str, work_
         watcher.join()
 
 
-def _watch(popen: subprocess.Popen, store: Storage, log_path: Path, started: float,
+def _watch(popen: subprocess.Popen, store: Storage, log_path: Path, started: float, stopped: threading.Event,
            echo: Callable[[str], None]) -> None:
-    """Say how the fit ended; publish its failure for it when it ended without a word (killed, out of memory)."""
+    """Say how the fit ended; publish its failure for it when it ended without a word (killed, out of memory) and
+    not because this step stopped it."""
     code = popen.wait()
     if code == 0:
         echo(f"== baseline for the blend: fitted beside the job in {time.monotonic() - started:.1f}s")
         return
-    if is_published(store) or store.read_json(None, FAILED_FILE) is not None:
+    if stopped.is_set() or is_published(store) or store.read_json(None, FAILED_FILE) is not None:
         return
     with open(log_path, errors="replace") as log:
         last = next((line.strip() for line in reversed(deque(log, maxlen=20)) if line.strip()), "")

@@ -108,3 +108,4 @@ def test_a_fit_that_outlives_the_job_is_stopped_with_it(tmp_path, data):
                         lambda line: None):
         assert len(_children() - before) == 1
     assert _children() == before
+    assert Storage(str(tmp_path / "cache" / "key")).read_json(None, FAILED_FILE) is None  # stopped, not failed
