@@ -25,6 +25,7 @@ from components.config import ConfigError, from_dict
 from components.resolve.step import RUN_PARAMETERS, config_struct, effective_config, run_parameters
 from pipelines.ctr import run
 from pipelines.kubeflow import RunError, SubmitError
+from pipelines.local import local_config
 from pipelines.pipeline import (DAY_GATE, DAY_GATE_NAME, DEPENDENCIES, EXIT_HANDLER, EXIT_TASK, TASKS, compile_pipeline,
                                compiled_config)
 from tests.conftest import compose_config
@@ -84,7 +85,8 @@ def test_compiled_daily_pipeline_gates_its_steps_on_the_day_and_matches_golden(t
 def test_a_local_daily_pipeline_runs_its_steps_ungated(tmp_path):
     """kfp.local 2.17 reads a condition on a named task output as false and fails on the schedule-time placeholder:
     a local daily pipeline has neither (its driver skips the trained days)."""
-    cfg = from_dict(compose_config(tmp_path, "data=criteo", "data.uri='/logs/day_{day}.tsv'", "data.days=[0,1]"))
+    cfg = local_config(from_dict(compose_config(tmp_path, "data=criteo", "data.uri='/logs/day_{day}.tsv'",
+                                                "data.days=[0,1]")))
     spec = next(yaml.safe_load_all(Path(compile_pipeline(cfg, tmp_path / "pipeline.yaml")).read_text()))
     assert set(spec["root"]["dag"]["tasks"]) == set(DEPENDENCIES)
     assert "schedule_time" not in spec["root"]["dag"]["tasks"]["resolve-config"]["inputs"]["parameters"]

@@ -38,6 +38,7 @@ import pipelines.kubeflow
 from pipelines.ctr import run
 from pipelines.errors import ExitStatus
 from pipelines.kubeflow import RunError, SubmitError
+from pipelines.local import local_config
 from components.train.backends import manifests
 from pipelines.pipeline import (BASELINE_TASK, EXIT_HANDLER, EXIT_HANDLER_NAME, EXIT_TASK, KUBEFLOW_DEPENDENCIES,
                                 LAUNCHER_POD_FIELDS, LAUNCHER_TASKS, RETRIED_TASKS, TASKS, compile_pipeline,
@@ -189,7 +190,8 @@ def test_a_step_given_gpus_gets_an_accelerator_and_retries_can_be_turned_off(tmp
 
 
 def test_local_runner_compiles_without_kubernetes_settings(tmp_path):
-    text = Path(compile_pipeline(from_dict(compose_config(tmp_path)), tmp_path / "pipeline.yaml")).read_text()
+    cfg = local_config(from_dict(compose_config(tmp_path)))  # as a local run makes it: its step cache named
+    text = Path(compile_pipeline(cfg, tmp_path / "pipeline.yaml")).read_text()
     assert len(list(yaml.safe_load_all(text))) == 1
     assert "pipelineConfig" not in text
 
