@@ -25,6 +25,7 @@ import ctypes
 import multiprocessing.util
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -55,6 +56,15 @@ def die_with_parent(expected_parent: Optional[int], sig: int = signal.SIGKILL) -
         return
     if os.getppid() != expected_parent:  # the parent died before the guard was set: nobody will signal us
         os.kill(os.getpid(), sig)
+
+
+def signal_group(popen: subprocess.Popen, sig: int) -> None:
+    """Send ``sig`` to the process group ``popen`` leads (started with ``start_new_session``); nothing if it has
+    gone already."""
+    try:
+        os.killpg(popen.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def parent_from_env() -> Optional[int]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from components.networks.baseline_handoff import FAILED_FILE, is_published, publish_failure
-from components.ps.liveness import PARENT_PID_ENV
+from components.ps.liveness import PARENT_PID_ENV, signal_group
 from components.storage import Storage
 
 LOG_FILE = "baseline.log"  # beside the roles' logs
@@ -61,11 +61,11 @@ def fitting_beside(data_dir: Path, rows: int, features: int, handoff: str, work_
     finally:
         if popen.poll() is None:
             stopped.set()
-            os.killpg(popen.pid, signal.SIGTERM)
+            signal_group(popen, signal.SIGTERM)
             try:
                 popen.wait(STOP_GRACE_S)
             except subprocess.TimeoutExpired:
-                os.killpg(popen.pid, signal.SIGKILL)
+                signal_group(popen, signal.SIGKILL)
                 popen.wait()
         watcher.join()
 

@@ -36,7 +36,7 @@ from components.checkpoint.restore import restart_target
 from components.checkpoint.store import CheckpointStoreError
 from components.ps.contract import (HEARTBEAT, STORE_REFUSED_EXIT, STORE_REFUSED_PREFIX, ClusterLayout, Role,
                                     endpoint_accepts, role_env)
-from components.ps.liveness import PARENT_PID_ENV, process_state
+from components.ps.liveness import PARENT_PID_ENV, process_state, signal_group
 from components.train.backends.base import JobBackend, StepInputs
 from components.train.job import (JobResult, PreparedJob, PsJobError, PsJobStoreError, RoleFailed, StopSignals,
                                   check_lease, clean_store)
@@ -208,17 +208,17 @@ class LocalJob(JobBackend):
     def stop(self) -> None:
         alive = [p for p in self.processes if p.popen.poll() is None]
         for p in alive:
-            _signal_group(p.popen, signal.SIGTERM)
-            _signal_group(p.popen, signal.SIGCONT)  # a stopped process acts on SIGTERM only once it runs
+            signal_group(p.popen, signal.SIGTERM)
+            signal_group(p.popen, signal.SIGCONT)  # a stopped process acts on SIGTERM only once it runs
         deadline = time.time() + TERM_GRACE_S
         for p in alive:
             try:
                 p.popen.wait(max(0.0, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                _signal_group(p.popen, signal.SIGKILL)
+                signal_group(p.popen, signal.SIGKILL)
                 p.popen.wait()
         for p in self.processes:  # Paddle may leave helpers in the group after its leader exits
-            _signal_group(p.popen, signal.SIGKILL)
+            signal_group(p.popen, signal.SIGKILL)
         # A killed process lingers until the kernel has torn it down (a large one, a moment): wait for that, so that
         # nothing of the job is running once stop() returns.
         deadline = time.time() + TERM_GRACE_S
@@ -369,13 +369,6 @@ def _running_in(groups: set[int]) -> bool:
         if int(pgrp) in groups and state != "Z":
             return True
     return False
-
-
-def _signal_group(popen: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(popen.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 def _signal_name(code: int) -> str:
