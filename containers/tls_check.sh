@@ -6,7 +6,7 @@
 # Each run: generate the compose file with the image's own generator, run the job (containers/compose_up.py), and
 # while the workers train
 # * capture the job network's traffic of every server and worker (tcpdump on eth0 inside each container's network
-#   namespace: the loopback legs between a role and its terminator are not the network), again for a container the
+#   namespace: the loopback legs between a role and its store terminator are not the network), again for a container the
 #   driver creates anew after a fault;
 # * let a stranger (a container on the job's network without the job's certificate: containers/ps_stranger.py) send
 #   a brpc request to every server's PS port, server 0's store and every worker's client-service port (8500), in

@@ -94,3 +94,12 @@ def test_ctr_script_takes_hydra_overrides(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "model       deepfm" in out.stdout
     assert not list(tmp_path.iterdir())
+
+
+
+def test_the_brpc_tls_library_source_is_package_data():
+    """A built package carries brpc_tls.cc beside brpc_tls.py, which builds the library from it off the image."""
+    from components.ps import brpc_tls
+
+    package_data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    assert brpc_tls.SOURCE.name in package_data["components.ps"] and brpc_tls.SOURCE.is_file()

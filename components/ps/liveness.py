@@ -25,6 +25,7 @@ import ctypes
 import multiprocessing.util
 import os
 import signal
+import ssl
 import subprocess
 import sys
 import threading
@@ -122,10 +123,12 @@ def children_die_with_this_process() -> None:
     multiprocessing.util.register_after_fork(_GUARD, lambda _guard: die_with_parent(parent))
 
 
-def brpc_answers(endpoint: str, timeout_s: float) -> bool:
-    """True when the brpc server at ``host:port`` answers its built-in ``/health`` page."""
+def brpc_answers(endpoint: str, timeout_s: float, context: Optional[ssl.SSLContext] = None) -> bool:
+    """True when the brpc server at ``host:port`` answers its built-in ``/health`` page (over TLS with
+    ``context``: :func:`components.ps.brpc_tls.client_context`)."""
+    url = f"{'https' if context else 'http'}://{endpoint}/health"
     try:
-        with urllib.request.urlopen(f"http://{endpoint}/health", timeout=timeout_s) as reply:
+        with urllib.request.urlopen(url, timeout=timeout_s, context=context) as reply:
             return reply.status == 200
     except OSError:
         return False

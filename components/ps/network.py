@@ -8,8 +8,7 @@ Paddle 2.6.2 binds two kinds of sockets of its own choosing:
 * gloo's TCP transport, which workers use for barriers and all-reduce on ephemeral ports, binds the address
   of the interface it is given, and Paddle gives it none (``Gloo._iface = ""``), so it binds whatever the
   machine's host name resolves to (on many machines the LAN address). It is given the interface that holds
-  ``POD_IP``'s address instead, or, when the PS ports are on loopback behind TLS (:mod:`components.ps.tls`), the
-  interface of ``PS_TRANSPORT_HOST`` (the host's name on the job's network): peers dial it from other hosts.
+  ``POD_IP``'s address instead: peers dial it from other hosts.
 
 The brpc PS servers bind ``POD_IP:PADDLE_PORT`` themselves. Nothing falls back to every interface: a store host
 that does not resolve yet (a pod's own DNS name before its headless service publishes it) is waited for, up to
@@ -30,8 +29,6 @@ from typing import MutableMapping, Optional
 _SIOCGIFADDR = 0x8915
 # How long server 0 waits for its own DNS name to resolve before its rendezvous store gives up.
 RESOLVE_TIMEOUT_S = 60.0
-# The host name whose interface gloo's transport binds instead of POD_IP's, when POD_IP is loopback (TLS on).
-TRANSPORT_HOST_ENV = "PS_TRANSPORT_HOST"
 
 
 def _interface_address(name: str) -> Optional[str]:
@@ -119,7 +116,7 @@ def bind_to_own_host() -> None:
             http_server.HTTPServer.server_bind(self)
 
         http_server.KVHTTPServer.server_bind = server_bind
-    iface = interface_of(os.environ.get(TRANSPORT_HOST_ENV) or os.environ.get("POD_IP", ""))
+    iface = interface_of(os.environ.get("POD_IP", ""))
     if iface:
         init_http = role_maker.Gloo._init_http
 

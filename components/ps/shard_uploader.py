@@ -44,6 +44,7 @@ from components.checkpoint.format import TABLES
 from components.checkpoint.protocol import JOB_STORE_RETRIES
 from components.checkpoint.store import CheckpointStore, CheckpointStoreError
 from components.redaction import redact
+from components.ps.brpc_tls import client_context
 from components.ps.contract import PROGRESS, emit
 from components.ps.liveness import Heartbeat, HeartbeatRecord, brpc_answers, die_with_parent
 from components.table.sharding import distinct_ids
@@ -287,9 +288,9 @@ def main(argv: list[str]) -> None:
     logging.basicConfig(level=logging.INFO, format="%(name)s: %(levelname)s: %(message)s", stream=sys.stdout)
     heartbeat = HeartbeatRecord.from_env(args.store, "server", args.server)
     if args.endpoint:
-        timeout_s = min(args.report_every, 5.0)
-        Heartbeat("server", args.server, args.report_every, healthy=lambda: brpc_answers(args.endpoint, timeout_s),
-                  record=heartbeat).start()
+        timeout_s, context = min(args.report_every, 5.0), client_context()  # the role's TLS, when it has it
+        Heartbeat("server", args.server, args.report_every,
+                  healthy=lambda: brpc_answers(args.endpoint, timeout_s, context), record=heartbeat).start()
     serve(CheckpointStore(args.store, retries=JOB_STORE_RETRIES), args.server, args.parent_pid,
           Path(args.workdir) if args.workdir else None, heartbeat)
 

@@ -1,36 +1,36 @@
-"""Mutual TLS on every PS connection that leaves a host, by a TLS terminator (HAProxy) beside each role.
+"""Mutual TLS on every PS connection that leaves a host: brpc's own TLS inside each role, and a TLS terminator
+(HAProxy) beside each role for gloo's rendezvous store.
 
-Paddle 2.6.2's brpc cannot be told to use TLS, and gloo's rendezvous store is plain HTTP, so with TLS on every role
-listens on its host's loopback only and the terminator carries what crosses hosts:
+Paddle 2.6.2 builds its brpc servers and channels without SSL options; :mod:`components.ps.brpc_tls` gives them the
+role's certificate in the role's own process (a preloaded library), so the PS traffic (rows, gradients, table
+commands) is encrypted where brpc writes it, with no extra hop, and a connection that does not start with TLS or
+brings no certificate of the job's CA is closed. Every role keeps its network endpoint, as without TLS.
 
-* a role's peers are dialled at *local* client ports of its terminator, one per peer endpoint, on the same loopback
-  port number the peer itself listens on (:func:`loopback_layout`): so the endpoint lists every role gets are one
-  list of ``127.0.0.1:port`` entries, the same in every process, and a server still finds its own entry in it;
-* each client port forwards over TLS to the peer host's network-facing port (``cluster.paddle_port`` for a server's
-  PS port, the gloo port for server 0's store: the ports the NetworkPolicy opens, as without TLS), where the peer's
-  terminator checks the client's certificate and forwards to the peer's loopback port.
+gloo's rendezvous store is plain HTTP (Python's server on server 0, gloo's own client), so it alone goes through a
+terminator, little traffic at the job's start and end:
+
+* the store's endpoint every role gets is a *local* client port of its own terminator (:func:`store_on_loopback`:
+  the store's port plus :data:`LOOPBACK_PORT_OFFSET` on loopback), the same in every process;
+* that port forwards over TLS to server 0's network-facing store port (the port the NetworkPolicy opens, as without
+  TLS), where server 0's terminator checks the client's certificate and forwards to the store on loopback.
 
 Both ends present a certificate of the job's own CA (:mod:`components.ps.tls_certs`) and verify the other's chain;
-a client also checks the name it dialled. A connection without the job's certificate never reaches a PS or store
-port. HAProxy, not stunnel: the same tunnels cost its one event-driven thread 0.69x the CPU per GB
-(``bench/tls_terminators.py``), and on a CPU-bound host that CPU is the workers'.
+a terminator's client also checks the name it dialled (brpc 1.4 checks the chain only).
 
-A role's terminator is configured where it runs (``python -m components.ps.tls -- COMMAND...``, :func:`plan`), from
-the env its launcher gives every role (the host layout, the role, its index): it resolves the peers' names to
-addresses first (a name that does not resolve yet is waited for; HAProxy would refuse to start, and brpc segfaults
-on a failed lookup: :func:`components.ps.network.pin_addresses`), writes the configuration, starts HAProxy, waits
-until its ports listen, and becomes the role on the loopback layout (exec: the container's init stops HAProxy with
-the container). Its credentials are files in :data:`TLS_DIR`: the job's CA certificate and the role's certificate
-and key in one PEM file named by role and index (:func:`pem_name`): a compose service gets its own file
-(:func:`role_files`), a Kubernetes pod its role's Secret, which holds every index's (a pod template serves them all).
+A role's TLS is configured where it runs (``python -m components.ps.tls -- COMMAND...``, :func:`plan`), from the env
+its launcher gives every role (the host layout, the role, its index): it resolves server 0's name first (a name that
+does not resolve yet is waited for; HAProxy would refuse to start), writes the terminator's configuration, starts
+HAProxy, waits until its ports listen, and becomes the role with the store on loopback and brpc's TLS preloaded
+(exec: the container's init stops HAProxy with the container). Its credentials are files in :data:`TLS_DIR`: the
+job's CA certificate and the role's certificate and key in one PEM file named by role and index (:func:`pem_name`),
+read by HAProxy and brpc alike: a compose service gets its own file (:func:`role_files`), a Kubernetes pod its
+role's Secret, which holds every index's (a pod template serves them all).
 
-A worker's own brpc client service (``StartClientService``: the first free port from 8500 on the address the
-host name resolves to) must stay off the network too: the compose backend names each container's host ``localhost``
-so it binds loopback; a Kubernetes pod's host name is its DNS name (JobSet sets it), so there that port stays on the
-pod's address, plaintext, reachable by the job's own pods only (the NetworkPolicy). Not carried: gloo's TCP
-transport between workers (barriers and the all-reduce of AUC statistics, on ephemeral ports whose addresses gloo
-exchanges through the store): it binds the host's network interface (:data:`TRANSPORT_HOST_ENV`,
-:mod:`components.ps.network`) and stays plaintext (docs/security.md).
+A worker's own brpc client service (``StartClientService``: the first free port from 8500 on the address the host
+name resolves to) speaks TLS too. The compose backend names each container's host ``localhost`` so it binds
+loopback all the same; a Kubernetes pod's host name is its DNS name, so there it listens on the pod's address. Not
+carried: gloo's TCP transport between workers (barriers and the all-reduce of AUC statistics, on ephemeral ports
+whose addresses gloo exchanges through the store) stays plaintext (docs/security.md).
 """
 
 from __future__ import annotations
@@ -45,18 +45,18 @@ from typing import Callable, Mapping
 from components.config import ClusterBackend, ConfigError, CtrConfig, PsTls
 from components.ps.contract import (INDEX_ENV, ROLE_ENV, ClusterLayout, Role, layout_from_env, role_env,
                                     wait_until_listening)
-from components.ps.network import TRANSPORT_HOST_ENV, resolved_own_host
+from components.ps.brpc_tls import preload_env
+from components.ps.network import resolved_own_host
 from components.ps.tls_certs import RoleCredentials, issue_job_credentials
 
 LOOPBACK = "127.0.0.1"
-# A role's loopback port is its network-facing port plus this (both are bound on the same host: a server's terminator
-# accepts on paddle_port while the server listens on loopback) and its index among the servers (each server's entry
-# in the endpoint list is distinct).
+# The store's loopback port is its network-facing port plus this (both are bound on server 0's host: its terminator
+# accepts on the store's port while the store listens on loopback).
 LOOPBACK_PORT_OFFSET = 100
 TLS_DIR = "/etc/ctr-ps/tls"  # the job's CA certificate and a role's certificate and key (read-only)
 CA_FILE = "ca.crt"
 TERMINATOR_START_TIMEOUT_S = 30.0
-# How long a role waits for a peer's name to resolve before its terminator starts (a pod's DNS name is published a
+# How long a role waits for server 0's name to resolve before its terminator starts (a pod's DNS name is published a
 # moment after the pod starts; compose's servers start together).
 PEER_RESOLVE_TIMEOUT_S = 120.0
 # Where the terminator's configuration is written (TLS_DIR is read-only; /tmp is a pod's emptyDir).
@@ -109,31 +109,19 @@ class Tunnel:
     peer: str = ""
 
 
-def loopback_layout(hosts: ClusterLayout) -> ClusterLayout:
-    """The layout the roles get with TLS on: every endpoint of ``hosts`` (one host per role) moved to loopback at its
-    port plus :data:`LOOPBACK_PORT_OFFSET` plus its index (servers, then workers), the store likewise."""
-    def local(endpoint: str, index: int) -> str:
-        return f"{LOOPBACK}:{int(endpoint.rsplit(':', 1)[1]) + LOOPBACK_PORT_OFFSET + index}"
-
-    servers = tuple(local(ep, i) for i, ep in enumerate(hosts.server_endpoints))
-    workers = tuple(local(ep, hosts.servers + i) for i, ep in enumerate(hosts.worker_endpoints))
-    return ClusterLayout(servers, workers, local(hosts.gloo_endpoint, 0), hosts.job_id)
+def store_on_loopback(hosts: ClusterLayout) -> ClusterLayout:
+    """The layout the roles get with TLS on: ``hosts`` with the rendezvous store's endpoint moved to loopback, at its
+    port plus :data:`LOOPBACK_PORT_OFFSET` (where each role's terminator, and server 0's store, listen)."""
+    port = _port(hosts.gloo_endpoint) + LOOPBACK_PORT_OFFSET
+    return ClusterLayout(hosts.server_endpoints, hosts.worker_endpoints, f"{LOOPBACK}:{port}", hosts.job_id)
 
 
 def tunnels(hosts: ClusterLayout, role: Role, index: int) -> list[Tunnel]:
-    """The tunnels of one role: a server terminates TLS on its PS port (server 0 on the store's too); a
-    worker dials every server and the store, a server other than 0 the store (servers do not dial each other)."""
-    local = loopback_layout(hosts)
-    store = Tunnel("store", f"{LOOPBACK}:{_port(local.gloo_endpoint)}", hosts.gloo_endpoint, client=True,
-                   peer=_host(hosts.gloo_endpoint))
-    if role is Role.SERVER:
-        own = [Tunnel("ps-in", f"0.0.0.0:{_port(hosts.server_endpoints[index])}", local.server_endpoints[index],
-                      client=False)]
-        if index == 0:
-            return own + [Tunnel("store-in", f"0.0.0.0:{_port(hosts.gloo_endpoint)}", local.gloo_endpoint, client=False)]
-        return own + [store]
-    return [Tunnel(f"ps-{i}", f"{LOOPBACK}:{_port(local.server_endpoints[i])}", endpoint, client=True,
-                   peer=_host(endpoint)) for i, endpoint in enumerate(hosts.server_endpoints)] + [store]
+    """The tunnels of one role: server 0 terminates TLS on the store's port; every other role dials the store."""
+    local = store_on_loopback(hosts).gloo_endpoint
+    if role is Role.SERVER and index == 0:
+        return [Tunnel("store-in", f"0.0.0.0:{_port(hosts.gloo_endpoint)}", local, client=False)]
+    return [Tunnel("store", local, hosts.gloo_endpoint, client=True, peer=_host(hosts.gloo_endpoint))]
 
 
 def _host(endpoint: str) -> str:
@@ -175,7 +163,7 @@ def listen_endpoints(role_tunnels: list[Tunnel]) -> list[str]:
 
 
 def pem_name(role: Role, index: int) -> str:
-    """A role's certificate and key, in one PEM file (what HAProxy reads)."""
+    """A role's certificate and key, in one PEM file (what HAProxy and brpc read)."""
     return f"{role.value}-{index}.pem"
 
 
@@ -195,8 +183,8 @@ def role_files(hosts: ClusterLayout) -> dict[tuple[Role, int], dict[str, str]]:
 
 @dataclass(frozen=True)
 class TerminatorPlan:
-    """A role's terminator: its configuration, where it listens, and the variables that move the role onto the
-    loopback layout."""
+    """A role's TLS: its terminator's configuration, where the terminator listens, and the variables that move the
+    store onto loopback and turn brpc's TLS on."""
 
     conf: str
     listens: list[str]
@@ -204,21 +192,17 @@ class TerminatorPlan:
 
 
 def plan(environ: Mapping[str, str], resolve: Callable[[str], str]) -> TerminatorPlan:
-    """A role's terminator, from the env its launcher gives (the host layout, :data:`ROLE_ENV`, :data:`INDEX_ENV`):
-    its configuration, each peer dialled at the address ``resolve`` gives its name, and the variables that move the
-    role onto the loopback layout (:func:`role_env` of :func:`loopback_layout`, :func:`transport_env`)."""
+    """A role's TLS, from the env its launcher gives (the host layout, :data:`ROLE_ENV`, :data:`INDEX_ENV`): its
+    terminator's configuration, server 0 dialled at the address ``resolve`` gives its name, and the variables: the
+    role's layout with the store on loopback (:func:`role_env` of :func:`store_on_loopback`) and brpc's TLS with the
+    role's credentials (:func:`components.ps.brpc_tls.preload_env`)."""
     hosts = layout_from_env(environ)
     role, index = Role(environ[ROLE_ENV]), int(environ[INDEX_ENV])
     role_tunnels = tunnels(hosts, role, index)
     addresses = {peer: resolve(peer) for peer in dict.fromkeys(t.peer for t in role_tunnels if t.client)}
+    brpc = preload_env(f"{TLS_DIR}/{pem_name(role, index)}", f"{TLS_DIR}/{CA_FILE}", environ)
     return TerminatorPlan(terminator_config(role_tunnels, pem_name(role, index), addresses),
-                          listen_endpoints(role_tunnels),
-                          {**role_env(loopback_layout(hosts), role, index), **transport_env(hosts, role, index)})
-
-
-def transport_env(hosts: ClusterLayout, role: Role, index: int) -> dict[str, str]:
-    """The variable that keeps gloo's transport on the host's network interface while POD_IP is loopback."""
-    return {TRANSPORT_HOST_ENV: _host(hosts.endpoint(role, index))}
+                          listen_endpoints(role_tunnels), {**role_env(store_on_loopback(hosts), role, index), **brpc})
 
 
 def _peer_address(host: str) -> str:

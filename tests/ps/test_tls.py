@@ -19,7 +19,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 
 from components.config import ClusterBackend, ConfigError, CtrConfig, PsTls
-from components.ps import tls
+from components.ps import brpc_tls, tls
 from components.ps.contract import Role, endpoint_accepts, host_layout, role_env, wait_until_listening
 from components.ps.tls_certs import issue_job_credentials
 
@@ -113,32 +113,23 @@ def test_the_ca_signs_nothing_but_role_certificates():
 
 # -- the address rewrite and the terminator's configuration -------------------------------------------------------
 
-def test_every_role_gets_the_same_loopback_endpoint_lists_and_finds_its_own_entry():
-    local = tls.loopback_layout(HOSTS)
-    assert local.server_endpoints == ("127.0.0.1:36100", "127.0.0.1:36101")
-    assert local.worker_endpoints == ("127.0.0.1:36102", "127.0.0.1:36103", "127.0.0.1:36104")
-    assert local.gloo_endpoint == "127.0.0.1:36118"
+def test_only_the_store_moves_to_loopback_and_every_role_keeps_its_network_endpoint():
+    layout = tls.store_on_loopback(HOSTS)
+    assert (layout.server_endpoints, layout.worker_endpoints) == (HOSTS.server_endpoints, HOSTS.worker_endpoints)
+    assert layout.gloo_endpoint == "127.0.0.1:36118" and HOSTS.gloo_endpoint == "ps-0:36018"
     for i in range(HOSTS.servers):
-        env = role_env(local, Role.SERVER, i)
+        env = role_env(layout, Role.SERVER, i)
         assert f"{env['POD_IP']}:{env['PADDLE_PORT']}" == env["PADDLE_PSERVERS_IP_PORT_LIST"].split(",")[i]
 
 
-def test_a_worker_dials_every_server_and_the_store_through_its_own_loopback_ports():
-    tunnels = {t.name: t for t in tls.tunnels(HOSTS, Role.WORKER, 1)}
-    assert set(tunnels) == {"ps-0", "ps-1", "store"}
-    assert (tunnels["ps-1"].accept, tunnels["ps-1"].connect, tunnels["ps-1"].peer) == (
-        "127.0.0.1:36101", "ps-1:36000", "ps-1")
-    assert (tunnels["store"].accept, tunnels["store"].connect) == ("127.0.0.1:36118", "ps-0:36018")
-    assert all(t.client for t in tunnels.values())
-
-
-def test_servers_terminate_tls_on_their_network_ports_and_forward_to_loopback():
-    server0 = {t.name: t for t in tls.tunnels(HOSTS, Role.SERVER, 0)}
-    assert {n: (t.accept, t.connect, t.client) for n, t in server0.items()} == {
-        "ps-in": ("0.0.0.0:36000", "127.0.0.1:36100", False), "store-in": ("0.0.0.0:36018", "127.0.0.1:36118", False)}
-    server1 = {t.name: (t.accept, t.connect, t.client) for t in tls.tunnels(HOSTS, Role.SERVER, 1)}
-    assert server1 == {"ps-in": ("0.0.0.0:36000", "127.0.0.1:36101", False),
-                       "store": ("127.0.0.1:36118", "ps-0:36018", True)}
+def test_only_the_store_goes_through_a_terminator():
+    """Server 0 terminates TLS on the store's network port and forwards to the store on loopback; every other role
+    dials the store through its own loopback port. brpc's ports carry their own TLS: no tunnel."""
+    server0 = [(t.name, t.accept, t.connect, t.client) for t in tls.tunnels(HOSTS, Role.SERVER, 0)]
+    assert server0 == [("store-in", "0.0.0.0:36018", "127.0.0.1:36118", False)]
+    for role, index in ((Role.SERVER, 1), (Role.WORKER, 0), (Role.WORKER, 2)):
+        assert [(t.name, t.accept, t.connect, t.client, t.peer) for t in tls.tunnels(HOSTS, role, index)] == [
+            ("store", "127.0.0.1:36118", "ps-0:36018", True, "ps-0")]
 
 
 def binds(conf: str) -> list[str]:
@@ -147,20 +138,20 @@ def binds(conf: str) -> list[str]:
 
 
 def test_the_terminator_verifies_the_peer_against_the_jobs_ca_and_checks_the_dialled_name():
-    text = tls.terminator_config(tls.tunnels(HOSTS, Role.WORKER, 0), "worker-0.pem", {"ps-1": "10.0.0.7"}, "/tls")
+    text = tls.terminator_config(tls.tunnels(HOSTS, Role.WORKER, 0), "worker-0.pem", {"ps-0": "10.0.0.7"}, "/tls")
     lines = [line.strip() for line in text.splitlines()]
-    assert ("server ps-1 10.0.0.7:36000 ssl crt /tls/worker-0.pem ca-file /tls/ca.crt verify required "
-            "verifyhost ps-1 ssl-min-ver TLSv1.2") in lines  # dialled at its address, its name checked
-    assert ("server ps-0 ps-0:36000 ssl crt /tls/worker-0.pem ca-file /tls/ca.crt verify required "
-            "verifyhost ps-0 ssl-min-ver TLSv1.2") in lines  # no address given: by name
+    assert ("server ps-0 10.0.0.7:36018 ssl crt /tls/worker-0.pem ca-file /tls/ca.crt verify required "
+            "verifyhost ps-0 ssl-min-ver TLSv1.2") in lines  # dialled at its address, its name checked
+    by_name = tls.terminator_config(tls.tunnels(HOSTS, Role.WORKER, 0), "worker-0.pem", tls_dir="/tls")
+    assert "server ps-0 ps-0:36018 ssl" in by_name  # no address given: by name
     assert "mode tcp" in lines and "nbthread 1" in lines
-    assert binds(text) == ["127.0.0.1:36100", "127.0.0.1:36101", "127.0.0.1:36118"]
+    assert binds(text) == ["127.0.0.1:36118"]
     server_tunnels = tls.tunnels(HOSTS, Role.SERVER, 0)
     server = tls.terminator_config(server_tunnels, "server-0.pem", tls_dir="/tls")
-    assert ("bind 0.0.0.0:36000 ssl crt /tls/server-0.pem ca-file /tls/ca.crt verify required ssl-min-ver TLSv1.2"
+    assert ("bind 0.0.0.0:36018 ssl crt /tls/server-0.pem ca-file /tls/ca.crt verify required ssl-min-ver TLSv1.2"
             in [line.strip() for line in server.splitlines()])  # a client without the job's certificate: refused
-    assert binds(server) == ["0.0.0.0:36000", "0.0.0.0:36018"]
-    assert tls.listen_endpoints(server_tunnels) == ["127.0.0.1:36000", "127.0.0.1:36018"]  # dialled on this host
+    assert binds(server) == ["0.0.0.0:36018"]
+    assert tls.listen_endpoints(server_tunnels) == ["127.0.0.1:36018"]  # dialled on this host
 
 
 def test_role_files_hold_each_roles_own_key_and_one_ca():
@@ -169,32 +160,42 @@ def test_role_files_hold_each_roles_own_key_and_one_ca():
     assert len({f[tls.CA_FILE] for f in files.values()}) == 1
     pems = [f[tls.pem_name(*role)] for role, f in files.items()]
     assert len(set(pems)) == len(files) and all("PRIVATE KEY" in pem and "CERTIFICATE" in pem for pem in pems)
-    assert tls.transport_env(HOSTS, Role.WORKER, 2) == {"PS_TRANSPORT_HOST": "worker-2"}
 
 
-def test_a_role_configures_its_terminator_from_its_env_and_gets_the_loopback_layout():
+def test_a_role_configures_its_tls_from_its_env(tmp_path):
+    library = tmp_path / "libbrpc_tls.so"
+    library.touch()
     resolved = []
 
     def resolve(host):
         resolved.append(host)
-        return f"10.0.0.{len(resolved)}"
+        return "10.0.0.1"
 
-    role_plan = tls.plan(role_env(HOSTS, Role.WORKER, 2), resolve)  # what a launcher gives worker 2
+    def plan(role, index):
+        resolved.clear()
+        return tls.plan({**role_env(HOSTS, role, index), brpc_tls.LIBRARY_ENV: str(library)}, resolve)
+
+    role_plan = plan(Role.WORKER, 2)  # what a launcher gives worker 2
     conf, env = role_plan.conf, role_plan.env
-    assert resolved == ["ps-0", "ps-1"]  # each peer once (ps-0 serves the store too)
-    assert f"ssl crt {tls.TLS_DIR}/worker-2.pem" in conf
-    assert role_plan.listens == binds(conf) == ["127.0.0.1:36100", "127.0.0.1:36101", "127.0.0.1:36118"]
-    assert "server ps-1 10.0.0.2:36000 ssl" in conf and "server ps-0 10.0.0.1:36018 ssl" in conf
-    assert env["POD_IP"] == "127.0.0.1" and env["PADDLE_PORT"] == "36104"
-    assert env["PADDLE_PSERVERS_IP_PORT_LIST"] == "127.0.0.1:36100,127.0.0.1:36101"
-    assert env["PADDLE_GLOO_HTTP_ENDPOINT"] == "127.0.0.1:36118" and env["PS_TRANSPORT_HOST"] == "worker-2"
-    resolved.clear()
-    role_plan = tls.plan(role_env(HOSTS, Role.SERVER, 1), resolve)
-    conf, env = role_plan.conf, role_plan.env
-    assert resolved == ["ps-0"]  # the store only: a server never waits for a worker
-    assert binds(conf) == ["0.0.0.0:36000", "127.0.0.1:36118"]  # its PS port; the store's client
-    assert role_plan.listens == ["127.0.0.1:36000", "127.0.0.1:36118"]
-    assert "server local 127.0.0.1:36101" in conf and env["PADDLE_PORT"] == "36101"
+    assert resolved == ["ps-0"]  # the store's host only
+    assert f"ssl crt {tls.TLS_DIR}/worker-2.pem" in conf and "server ps-0 10.0.0.1:36018 ssl" in conf
+    assert role_plan.listens == binds(conf) == ["127.0.0.1:36118"]
+    assert env["POD_IP"] == "worker-2" and env["PADDLE_PSERVERS_IP_PORT_LIST"] == "ps-0:36000,ps-1:36000"
+    assert env["PADDLE_GLOO_HTTP_ENDPOINT"] == "127.0.0.1:36118"
+    assert env["LD_PRELOAD"] == str(library)  # brpc's TLS, with the role's own files
+    assert (env[brpc_tls.PEM_ENV], env[brpc_tls.CA_ENV]) == (f"{tls.TLS_DIR}/worker-2.pem", f"{tls.TLS_DIR}/ca.crt")
+    server0 = plan(Role.SERVER, 0)
+    assert resolved == [] and server0.listens == ["127.0.0.1:36018"]  # it serves the store: dials no one
+    assert "server local 127.0.0.1:36118" in server0.conf
+    assert server0.env["POD_IP"] == "ps-0" and server0.env["PADDLE_PORT"] == "36000"
+
+
+def test_a_role_without_the_brpc_tls_library_fails_in_one_line_naming_the_fix(tmp_path):
+    environ = {**role_env(HOSTS, Role.SERVER, 1), brpc_tls.LIBRARY_ENV: str(tmp_path / "missing.so")}
+    with pytest.raises(FileNotFoundError) as error:
+        tls.plan(environ, lambda host: "10.0.0.1")
+    message = str(error.value)
+    assert "\n" not in message and "missing.so" in message and "python -m components.ps.brpc_tls" in message
 
 
 # -- a real terminator pair ------------------------------------------------------------------------------------------

@@ -93,7 +93,8 @@ def role_service_name(role: Role, index: int) -> str:
 
 def compose_layout(cfg: CtrConfig) -> ClusterLayout:
     """Every process listens on ``cluster.paddle_port`` of its own container, named by its service (with TLS on,
-    its terminator does, and the process on loopback: :func:`components.ps.tls.loopback_layout`)."""
+    the rendezvous store listens on loopback behind server 0's terminator:
+    :func:`components.ps.tls.store_on_loopback`)."""
     return host_layout(role_service_name, cfg.ps.servers, cfg.ps.workers, cfg.cluster.paddle_port, gloo_port(cfg),
                        job_id=PROJECT)
 
@@ -168,15 +169,15 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str, tls
     run ``gpu_image`` and reserve ``cluster.workers.gpus`` GPUs each (distinct devices) when that is > 0, else
     ``image``. Storage credentials are passed through from the shell running ``docker compose`` by name only
     (``cluster.storage_secrets`` keys), never written into the file. With TLS on (:func:`components.ps.tls.tls_on`)
-    each role runs behind its terminator (``python -m components.ps.tls``, in the role's container: it lives and dies
-    with the role, and compose's readiness and exit rules stay the role's) on the loopback layout, its TLS files
-    mounted from ``tls_dir/<service>`` (relative to the compose file), its host named ``localhost`` so that a
-    worker's brpc client service binds loopback (:mod:`components.ps.tls`).
+    each role speaks brpc's own TLS and reaches the store through its terminator (``python -m components.ps.tls``,
+    in the role's container: it lives and dies with the role, and compose's readiness and exit rules stay the
+    role's), its TLS files mounted from ``tls_dir/<service>`` (relative to the compose file), its host named
+    ``localhost`` so that a worker's brpc client service binds loopback (:mod:`components.ps.tls`).
     """
     _check(cfg)
     hosts = compose_layout(cfg)
     secure = tls.tls_on(cfg, compose=True)
-    layout = tls.loopback_layout(hosts) if secure else hosts  # where the roles listen (the health checks ask)
+    layout = tls.store_on_loopback(hosts) if secure else hosts  # where the roles listen (the health checks ask)
     credentials = {name: None for secret in cfg.cluster.storage_secrets for name in secret.keys}
     store = [f"checkpoints:{CHECKPOINT_MOUNT}"] if _local_path(cfg.checkpoint.uri) is not None else []
     spec_volume = f"./{spec_file}:{SPEC_MOUNT}:ro"
@@ -195,7 +196,7 @@ def compose_file(cfg: CtrConfig, image: str, gpu_image: str, spec_file: str, tls
 
     def role_service(role: Role, index: int, service_image: str) -> dict:
         command, env, volumes = ["python", "-m", "components.ps.role"], role_env(hosts, role, index), []
-        if secure:  # the terminator moves the role onto the loopback layout
+        if secure:  # brpc's TLS preloaded, the store on loopback behind the terminator
             command = ["python", "-m", "components.ps.tls", "--", *command]
             volumes = [f"./{tls_dir}/{role_service_name(role, index)}:{tls.TLS_DIR}:ro"]
         role_doc = service(service_image, command, env, [f"dataset:{DATA_MOUNT}:ro", *store, *volumes])

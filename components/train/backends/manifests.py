@@ -47,7 +47,7 @@ from typing import Optional
 from components.config import ClusterBackend, CtrConfig, PodConfig, to_dict
 from components.ps.contract import (CONFIG_ERROR_EXIT, STORE_REFUSED_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, ClusterLayout, JobSpec, Role,
                                     host_layout, ready_probe_command, role_env)
-from components.ps.tls import loopback_layout, tls_on
+from components.ps.tls import store_on_loopback, tls_on
 from components.train.backends import pod_tls
 from components.train.backends.network_policy import policy_spec
 from components.train.job import PreparedJob
@@ -271,7 +271,7 @@ def pod_template(cfg: CtrConfig, name: str, role: Role, spec_json: str) -> dict:
         # rendezvous store listens (workers then wait for each PS port themselves). The kubelet expands no $(VAR)
         # in a probe: the store's address comes from the env it expanded (PADDLE_GLOO_HTTP_ENDPOINT), by the shell.
         # Behind a terminator, which accepts before the store listens, the probe asks the store's loopback port.
-        store = loopback_layout(layout).gloo_endpoint if secure else f'"${GLOO_ENDPOINT_ENV}"'
+        store = store_on_loopback(layout).gloo_endpoint if secure else f'"${GLOO_ENDPOINT_ENV}"'
         probe = shlex.join(ready_probe_command([]))
         container["readinessProbe"] = {"exec": {"command": ["sh", "-c", f"exec {probe} {store}"]},
                                        "periodSeconds": 3, "timeoutSeconds": 3}

@@ -1,15 +1,15 @@
 """Mutual TLS on a Kubernetes job's PS plane (``ps.tls``, :mod:`components.ps.tls`): what a pod template carries and
 the Secrets the launcher creates.
 
-Each role runs behind its terminator (HAProxy), started in its own container by ``python -m components.ps.tls``,
-which configures it from the env the template gives (the host layout, the role, its index) and hands the role the
-loopback layout: the terminator lives and dies with the role, so the Job's completion and failure rules stay the
-role's. The certificates come from one Secret per role of the job, holding every index's certificate and key (a pod
-template serves every index; :func:`components.ps.tls.pem_name`) and the job's CA certificate, issued when the launcher
-creates the job by a CA whose key is never written (:mod:`components.ps.tls_certs`). The launcher creates them right
-after the job object, which it makes their owner: Kubernetes deletes them with the job whoever deletes it, so the
-launcher account creates Secrets and never reads, lists or deletes one. A pod created before its Secret waits for it
-(the kubelet retries the mount).
+Each role speaks brpc's own TLS and reaches the rendezvous store through its terminator (HAProxy), both set up in
+its own container by ``python -m components.ps.tls``, which configures them from the env the template gives (the
+host layout, the role, its index) and then becomes the role: the terminator lives and dies with the role, so the
+Job's completion and failure rules stay the role's. The certificates come from one Secret per role of the job,
+holding every index's certificate and key (a pod template serves every index; :func:`components.ps.tls.pem_name`)
+and the job's CA certificate, issued when the launcher creates the job by a CA whose key is never written
+(:mod:`components.ps.tls_certs`). The launcher creates them right after the job object, which it makes their owner:
+Kubernetes deletes them with the job whoever deletes it, so the launcher account creates Secrets and never reads,
+lists or deletes one. A pod created before its Secret waits for it (the kubelet retries the mount).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ def secret_name(job: str, role: Role) -> str:
 
 
 def secure_pod(spec: dict, container: dict, job: str, role: Role) -> None:
-    """Put ``container`` (of the pod ``spec``) of ``role`` in the job ``job`` behind its terminator: the command
-    wrapped, its role's Secret mounted read-only at :data:`~components.ps.tls.TLS_DIR`."""
+    """Give ``container`` (of the pod ``spec``) of ``role`` in the job ``job`` its TLS: the command wrapped, its
+    role's Secret mounted read-only at :data:`~components.ps.tls.TLS_DIR`."""
     container["command"] = COMMAND + container["command"]
     container["volumeMounts"].append({"name": VOLUME, "mountPath": TLS_DIR, "readOnly": True})
     spec["volumes"].append({"name": VOLUME, "secret": {"secretName": secret_name(job, role),

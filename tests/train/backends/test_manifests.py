@@ -19,7 +19,7 @@ from components.checkpoint.store import CheckpointStore
 from components.config import ConfigError, from_dict, to_dict
 from components.config_rules import validate
 from components.ps.contract import CONFIG_ERROR_EXIT, INDEX_ENV, RESTART_ENV, SPEC_ENV, Role, role_env
-from components.ps import tls
+from components.ps import brpc_tls, tls
 from components.train.backends import manifests, pod_tls, rbac
 from components.train.backends.kubernetes.cleanup import RUN_OBJECT_KINDS
 from components.train.job import PreparedJob
@@ -272,8 +272,10 @@ def test_the_readiness_probe_asks_the_store_itself(prod, tls):
 
 
 @pytest.mark.parametrize("backend", JOBSET_BACKENDS)
-def test_with_tls_each_role_runs_behind_its_terminator_with_its_roles_secret(prod, backend):
+def test_with_tls_each_role_gets_brpcs_tls_and_its_store_terminator_with_its_roles_secret(prod, backend, tmp_path):
     cfg = prod(f"cluster.backend={backend}")  # ps.tls=auto: on, without cluster.mesh_encryption
+    library = tmp_path / "libbrpc_tls.so"
+    library.touch()
     templates = _pod_templates(_running(_objects(cfg)[1:]))
     hosts = manifests.kubernetes_layout(cfg, "ctr-1a2b3c")
     for key, role in (("ps", Role.SERVER), ("worker", Role.WORKER)):
@@ -284,13 +286,15 @@ def test_with_tls_each_role_runs_behind_its_terminator_with_its_roles_secret(pro
         assert {"name": "tls", "mountPath": tls.TLS_DIR, "readOnly": True} in container["volumeMounts"]
         assert {"name": "tls", "secret": {"secretName": f"ctr-1a2b3c-tls-{role.value}", "defaultMode": 0o440}} \
             in spec["volumes"]
-        # What the terminator of index 1 makes of the pod's env: its own certificate, the peers' pod names dialled.
-        env = kubelet_env(container["env"], _index_fields(backend, 1))
+        # What index 1 makes of the pod's env (the image's brpc TLS library stood in for): its own certificate for
+        # brpc and the terminator, server 0's store dialled by its pod name, its own pod's address kept.
+        env = {**kubelet_env(container["env"], _index_fields(backend, 1)), brpc_tls.LIBRARY_ENV: str(library)}
         role_plan = tls.plan(env, resolve=lambda host: host)
         conf, role_env_ = role_plan.conf, role_plan.env
-        assert f"ssl crt {tls.TLS_DIR}/{role.value}-1.pem" in conf
-        assert f" {hosts.gloo_endpoint} ssl" in conf or role is Role.SERVER
-        assert role_env_["POD_IP"] == "127.0.0.1"
+        assert f"ssl crt {tls.TLS_DIR}/{role.value}-1.pem" in conf and f" {hosts.gloo_endpoint} ssl" in conf
+        assert role_env_[brpc_tls.PEM_ENV] == f"{tls.TLS_DIR}/{role.value}-1.pem"
+        assert role_env_["LD_PRELOAD"] == str(library)
+        assert role_env_["POD_IP"] == hosts.endpoint(role, 1).rsplit(":", 1)[0]
     # The Secrets the launcher makes: each index's certificate names the host its peers dial it by.
     owner = {"apiVersion": "x/v1", "kind": "JobSet", "name": "ctr-1a2b3c", "uid": "u-1"}
     secrets = pod_tls.job_secrets(hosts, "team-a", {manifests.JOB_LABEL: "ctr-1a2b3c"}, owner)
