@@ -10,17 +10,17 @@
 // * Create{Client,Server}SSLContext: TLS 1.2 exactly. brpc 1.4 takes OpenSSL 1.1.1's TLS 1.3 post-handshake
 //   messages for a renegotiation and closes the connection.
 // * DetectSSLState: a server with SSL options still takes plaintext connections in brpc 1.4 (force_ssl came in
-//   1.10); a connection whose first bytes are not TLS is failed as brpc 1.10 does.
+//   1.6); a connection whose first bytes are not TLS is failed as force_ssl does.
 // * IOBuf::cut_multiple_into_SSL_channel, IOPortal::append_from_SSL_channel: brpc 1.4 reads and writes one SSL
 //   session from two threads at once, which OpenSSL does not allow. Each call holds a lock of its session, as
 //   brpc 1.6 does (apache/brpc#2180).
 // * ... and a write finishes its flush: brpc 1.4 writes through a buffering BIO and flushes it once; a flush that
 //   meets a full socket leaves the end of the message in the buffer until the next write, which may never come (a
-//   PS job's dense pull waited forever for its reply's end). brpc 1.17 dropped the buffer instead, but unbuffered
-//   each record is a system call and a packet of its own: the compose job ran at 0.75-0.79x its speed without TLS
-//   that way, 0.91-0.94x with the buffer kept and its flush finished here (bench/results/tls.md). The flush waits
-//   for the socket as long as the peer takes to read, up to kFlushTimeoutMs, then fails the connection (brpc
-//   retries the call on a new one).
+//   PS job's dense pull waited forever for its reply's end). brpc 1.15 dropped the buffer instead, but unbuffered
+//   each record is a system call and a packet of its own: the compose job ran at 0.75-0.82x its speed without
+//   TLS that way, 0.83-1.03x (median 0.91x) with the buffer kept and its flush finished here
+//   (bench/results/tls.md). The flush waits for the socket as long as the peer takes to read, up to
+//   kFlushTimeoutMs, then fails the connection (brpc retries the call on a new one).
 //
 // The structs below are brpc 1.4.0's (src/brpc/ssl_options.h). The options are created by libpaddle's own
 // constructors; their defaults are checked before anything is written, and a mismatch aborts the role with a line
