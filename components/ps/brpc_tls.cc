@@ -18,7 +18,7 @@
 //   meets a full socket leaves the end of the message in the buffer until the next write, which may never come (a
 //   PS job's dense pull waited forever for its reply's end). brpc 1.15 dropped the buffer instead, but unbuffered
 //   each record is a system call and a packet of its own: the compose job ran at 0.75-0.82x its speed without
-//   TLS that way, 0.83-1.03x (median 0.91x) with the buffer kept and its flush finished here
+//   TLS that way, 0.83-1.03x (median 0.90x) with the buffer kept and its flush finished here
 //   (bench/results/tls.md). The flush waits for the socket as long as the peer takes to read, up to
 //   kFlushTimeoutMs, then fails the connection (brpc retries the call on a new one).
 //

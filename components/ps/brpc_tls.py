@@ -5,7 +5,7 @@ Paddle 2.6.2 builds its brpc servers and channels without SSL options, but the b
 of the process the role's certificate and the job's CA (:data:`PEM_ENV`, :data:`CA_ENV`), TLS 1.2 only, fails a
 connection that does not start with TLS, and mends brpc 1.4's SSL path where the job met its bugs. The PS traffic
 then crosses hosts encrypted with no extra hop: a TLS terminator beside each role had cost the compose job 0.74x
-its examples/s, in-process TLS 0.91x (medians, bench/results/tls.md). It is for ``paddlepaddle==2.6.2`` only
+its examples/s, in-process TLS 0.90x (medians, bench/results/tls.md). It is for ``paddlepaddle==2.6.2`` only
 (brpc 1.4.0's structs): the library checks their defaults before writing and aborts the role otherwise.
 
 The image builds it (containers/Dockerfile: ``python3 brpc_tls.py OUT``, needing nothing but g++) at
