@@ -38,16 +38,6 @@ def _stranger():
     return module
 
 
-def _client_context(credentials, directory: Path) -> ssl.SSLContext:
-    """A client holding a certificate of the job's CA, verifying the server against that CA alone."""
-    (directory / "own.pem").write_bytes(credentials.cert + credentials.key)
-    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    context.check_hostname = False  # brpc 1.4 checks chains, not names: the job's CA is the trust
-    context.load_verify_locations(cadata=credentials.ca.decode())
-    context.load_cert_chain(directory / "own.pem")
-    return context
-
-
 def test_a_job_trains_through_brpc_tls_and_its_server_answers_only_the_jobs_certificate(
         tmp_path, datasets, library, monkeypatch):
     issued = issue_job_credentials("job", {"localhost": []})["localhost"]
@@ -67,7 +57,9 @@ def test_a_job_trains_through_brpc_tls_and_its_server_answers_only_the_jobs_cert
     tries = {"plain": stranger.attempt(endpoint, stop, None),
              "tls-none": stranger.attempt(endpoint, stop, ssl._create_unverified_context()),
              "tls-foreign": stranger.attempt(endpoint, stop, stranger.foreign_context(tmp_path))}
-    own = stranger.attempt(endpoint, stranger.brpc_request(UNKNOWN_COMMAND), _client_context(issued, tmp_path))
+    own_context = brpc_tls.client_context({brpc_tls.PEM_ENV: str(tmp_path / "role.pem"),
+                                           brpc_tls.CA_ENV: str(tmp_path / "ca.crt")})  # the job's certificate
+    own = stranger.attempt(endpoint, stranger.brpc_request(UNKNOWN_COMMAND), own_context)
     assert own["result"] == "answered" and own["brpc"], own  # the port speaks brpc inside the job's TLS
     assert {name: t["result"] for name, t in tries.items()} == dict.fromkeys(tries, "closed"), tries
     # The server's sidecar reports it alive while brpc answers /health: over the same TLS, with the role's files.
